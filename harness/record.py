@@ -1,0 +1,112 @@
+"""Record: the one JSON file a cell's run leaves behind, written atomically.
+
+Schema (version 1) — every key is always present; unknown values are null:
+
+    {
+      "schema_version": 1,
+      "run_id": "20261129T193000Z-ab12cd",      # one per harness invocation
+      "created_at": "2026-11-29T19:31:02Z",
+      "cell": {... Cell.to_dict(), "id": "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1"},
+      "versions": {"vllm": "0.32.0", "nixl": "1.5.1", "lm_eval": "0.4.13", "torch": "2.13.0+cpu",
+                   "harness": "<git sha or version>", "python": "3.11.7"},
+      "hardware": {"platform": "cpu"|"cuda", "cpu": "...", "cpu_count": 2, "gpus": ["NVIDIA H200"],
+                   "hostname": "..."},
+      "options": {... RunOptions as dict},
+      "metrics": {
+        "n": 50,
+        "baseline_accuracy": 0.94, "pd_accuracy": 0.94,
+        "accuracy_delta": 0.0,                       # pd - baseline
+        "delta_ci": [-0.04, 0.04],                   # paired bootstrap CI of the delta
+        "mcnemar_p": 1.0,                            # one-sided, "P/D is worse"
+        "discordant": {"baseline_only": 0, "pd_only": 0},
+        "mde": 0.12,                                 # minimum detectable drop at 80% power
+        "agreement": 0.98,                           # exact generation agreement
+        "noise_floor": {...} | null,                 # A/A disagreement, when measured
+        "logprob": {...} | null,                     # |Δ logprob| summary, when measured
+        "transfer": {                                # decode /metrics deltas + proxy records
+          "requests": 50, "requests_with_params": 50,
+          "prompt_tokens_external": 15000, "prompt_tokens_local": 0,
+          "prompt_tokens_total": 15000,
+          "nixl_bytes": 123456, "nixl_failed_transfers": 0, "nixl_failed_notifications": 0
+        }
+      },
+      "verdict": {"status": "PASS"|"FAIL"|"INCONCLUSIVE"|"ERROR",
+                  "reason": "one line",
+                  "expected_failure": null | "reason",
+                  "outcome": "PASS"|"FAIL"|"INCONCLUSIVE"|"ERROR"|"XFAIL"|"XPASS",
+                  "checks": [{"name": "transfer", "passed": true, "detail": "..."}, ...]},
+      "timings": {"startup_s": 31.2, "baseline_eval_s": 20.1, "pd_eval_s": 25.3, "total_s": 80.0},
+      "artifacts": {"baseline_samples": "path.jsonl", "pd_samples": "path.jsonl",
+                    "logs": {"baseline": "...log", "prefill-0": "...", "decode-0": "...",
+                             "proxy": "..."},
+                    "proxy_records": "path.jsonl"}
+    }
+
+Paths in "artifacts" are relative to the record's own directory when they lie below it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+SCHEMA_VERSION = 1
+RECORD_KEYS = (
+    "schema_version", "run_id", "created_at", "cell", "versions", "hardware", "options",
+    "metrics", "verdict", "timings", "artifacts",
+)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write `text` to `path` so readers see either the old file or the whole new one."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return target
+
+
+def atomic_write_json(path: str | os.PathLike[str], data: Any) -> Path:
+    return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def validate_record(record: Mapping[str, Any]) -> None:
+    missing = [k for k in RECORD_KEYS if k not in record]
+    if missing:
+        raise ValueError(f"record lacks keys: {', '.join(missing)}")
+    if record["schema_version"] != SCHEMA_VERSION:
+        raise ValueError(f"record schema_version {record['schema_version']} != {SCHEMA_VERSION}")
+
+
+def write_record(results_dir: str | os.PathLike[str], record: Mapping[str, Any]) -> Path:
+    validate_record(record)
+    name = f"{record['cell']['id']}.json"
+    return atomic_write_json(Path(results_dir) / record["run_id"] / name, record)
+
+
+def load_records(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every record JSON below `root` (recursively), oldest run first."""
+    out = []
+    for p in sorted(Path(root).rglob("*.json")):
+        try:
+            data = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(data, dict) and data.get("schema_version") == SCHEMA_VERSION and "verdict" in data:
+            data.setdefault("_path", str(p))
+            out.append(data)
+    out.sort(key=lambda r: (r.get("created_at") or "", r["cell"].get("id", "")))
+    return out
