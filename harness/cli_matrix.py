@@ -36,7 +36,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--matrix", default=None, help="matrix YAML (default: suites/matrices/default.yaml)")
     p.add_argument("--show-excluded", action="store_true", help="also list excluded cells with rule and reason")
     p.add_argument("--platform", default=None, metavar="SPEC",
-                   help="pretend machine: cpu, cuda:N or cuda:N:GiB (default: detect this one)")
+                   help="pretend machine: cpu, cuda:N or cuda:N:GiB; 'any' skips machine checks "
+                        "(default: detect this one)")
     p.add_argument("-k", dest="keyword", default=None, help="pytest-style keyword expression on cell ids")
     p.add_argument("--cell", dest="only", action="append", default=None, help="cell id or glob (repeatable)")
     p.add_argument("--shard", type=parse_shard, default=None, metavar="I/N", help="only shard I of N (0-based)")
@@ -62,7 +63,10 @@ def run_list(args: argparse.Namespace) -> int:
         console.print(table)
         return EXIT_OK
     try:
-        platform = PlatformInfo.from_spec(args.platform) if args.platform else PlatformInfo.detect()
+        if args.platform == "any":
+            platform = None
+        else:
+            platform = PlatformInfo.from_spec(args.platform) if args.platform else PlatformInfo.detect()
         spec = load_matrix(args.matrix)
         expansion = expand(spec, args.profile, platform)
         cells = select(expansion.cells, args.only, args.keyword)
@@ -71,10 +75,11 @@ def run_list(args: argparse.Namespace) -> int:
     except (MatrixError, ValueError) as exc:
         return _error(str(exc))
 
+    where = platform.describe() if platform is not None else "any machine"
     if args.json:
         payload = {
             "profile": args.profile,
-            "platform": platform.describe(),
+            "platform": where,
             "cells": [{**c.to_dict(), "gpus": gpus_needed(c), "baseline_key": c.baseline_key,
                        "notes": list(expansion.notes.get(c.cell_id, ()))} for c in cells],
             "excluded": [{"id": x.cell.cell_id, "rule": x.rule, "reason": x.reason}
@@ -83,7 +88,7 @@ def run_list(args: argparse.Namespace) -> int:
         print(json.dumps(payload, indent=1))
         return EXIT_OK
 
-    table = Table(title=f"profile {args.profile} on {platform.describe()}: {len(cells)} cell(s)")
+    table = Table(title=f"profile {args.profile} on {where}: {len(cells)} cell(s)")
     table.add_column("cell id", no_wrap=True)
     table.add_column("GPUs p+d/base", justify="right")
     table.add_column("baseline")

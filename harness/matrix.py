@@ -345,7 +345,7 @@ class Excluded:
 @dataclass
 class Expansion:
     profile: str
-    platform: PlatformInfo
+    platform: PlatformInfo | None      # None: expanded for any machine
     cells: list[Cell]
     excluded: list[Excluded]
     notes: dict[str, tuple[str, ...]] = field(default_factory=dict)   # cell_id -> note lines
@@ -434,10 +434,11 @@ def _collect(spec: MatrixSpec, name: str) -> list[_Candidate]:
 def expand(spec: MatrixSpec, profile: str, platform: PlatformInfo | None = None) -> Expansion:
     """All cells of `profile` (with includes), split into runnable and excluded-with-reason.
 
-    `platform=None` detects this machine (nvidia-smi/torch; vLLM is not imported). Pass
-    `PlatformInfo.from_spec("cuda:8")` to list what a bigger machine would run.
+    `platform=None` expands for any machine (pipeline generation): only invalid cells are
+    excluded. Pass `PlatformInfo.detect()` (add `with_vllm=True` to also check the installed
+    vLLM) to exclude what this machine cannot run, or `PlatformInfo.from_spec("cuda:8")` to
+    see what a bigger one would.
     """
-    platform = platform if platform is not None else PlatformInfo.detect()
     seen: dict[str, _Candidate] = {}
     for cand in _collect(spec, profile):
         cid = cand.cell.cell_id

@@ -86,7 +86,7 @@ class ModelCatalog:
 
 @dataclass(frozen=True)
 class RuleContext:
-    platform: PlatformInfo
+    platform: PlatformInfo | None     # None: machine-agnostic (the "unavailable" rules stay silent)
     model: ModelInfo
     catalog: ModelCatalog
 
@@ -389,7 +389,7 @@ def _max_model_len(cell: Cell, ctx: RuleContext) -> str | None:
 @rule("gpu-count", "unavailable")
 def _gpu_count(cell: Cell, ctx: RuleContext) -> str | None:
     """A cuda cell needs at least as many GPUs as its largest concurrent server set."""
-    if cell.device != "cuda":
+    if cell.device != "cuda" or ctx.platform is None:
         return None
     need = gpus_needed(cell)["total"]
     if need > ctx.platform.gpu_count:
@@ -400,7 +400,7 @@ def _gpu_count(cell: Cell, ctx: RuleContext) -> str | None:
 @rule("vllm-device", "unavailable")
 def _vllm_device(cell: Cell, ctx: RuleContext) -> str | None:
     """The installed vLLM is built for the cell's device."""
-    features = ctx.platform.vllm
+    features = ctx.platform and ctx.platform.vllm
     if features is not None and cell.device in DEVICES and features.platform != cell.device:
         return f"the installed vLLM {features.version} is a {features.platform} build; this cell needs {cell.device}"
     return None
@@ -409,7 +409,7 @@ def _vllm_device(cell: Cell, ctx: RuleContext) -> str | None:
 @rule("vllm-v2-runner", "unavailable")
 def _vllm_v2(cell: Cell, ctx: RuleContext) -> str | None:
     """The installed vLLM knows VLLM_USE_V2_MODEL_RUNNER when a v2 cell asks for it."""
-    features = ctx.platform.vllm
+    features = ctx.platform and ctx.platform.vllm
     if features is not None and cell.runner == "v2" and not features.v2_runner_env:
         return f"the installed vLLM {features.version} has no VLLM_USE_V2_MODEL_RUNNER"
     return None
@@ -418,7 +418,7 @@ def _vllm_v2(cell: Cell, ctx: RuleContext) -> str | None:
 @rule("vllm-backend", "unavailable")
 def _vllm_backend(cell: Cell, ctx: RuleContext) -> str | None:
     """The installed vLLM knows the cell's attention backend and a way to select it."""
-    features = ctx.platform.vllm
+    features = ctx.platform and ctx.platform.vllm
     if features is None:
         return None
     if not (features.attention_backend_flag or features.attention_backend_env):
@@ -431,7 +431,7 @@ def _vllm_backend(cell: Cell, ctx: RuleContext) -> str | None:
 @rule("vllm-nixl", "unavailable")
 def _vllm_nixl(cell: Cell, ctx: RuleContext) -> str | None:
     """NIXL's python agent imports next to the installed vLLM."""
-    features = ctx.platform.vllm
+    features = ctx.platform and ctx.platform.vllm
     if features is not None and not features.nixl_available:
         return "NIXL is not importable (pip install nixl) — P/D transfer cannot run"
     return None
@@ -480,8 +480,12 @@ def normalize_cell(cell: Cell, catalog: ModelCatalog | None = None) -> Cell:
 
 def check_cell(cell: Cell, platform: PlatformInfo | None = None,
                catalog: ModelCatalog | None = None) -> list[Problem]:
-    """Every rule's verdict on `cell`, in rule order (empty: nothing to say)."""
-    platform = platform if platform is not None else PlatformInfo.detect()
+    """Every rule's verdict on `cell`, in rule order (empty: nothing to say).
+
+    `platform=None` checks the cell alone, for any machine: rules about this machine's GPUs and
+    installed vLLM ("unavailable") stay silent. Pass `PlatformInfo.detect(with_vllm=True)` before
+    a run. `catalog=None` uses the model facts of the packaged default matrix.
+    """
     catalog = catalog or default_catalog()
     ctx = RuleContext(platform=platform, model=catalog.get(cell.model), catalog=catalog)
     problems = []
@@ -503,8 +507,7 @@ class InvalidCellError(ValueError):
 
 def validate_or_die(cells: Iterable[Cell], platform: PlatformInfo | None = None,
                     catalog: ModelCatalog | None = None) -> None:
-    """Raise InvalidCellError for the first invalid or unavailable cell."""
-    platform = platform if platform is not None else PlatformInfo.detect()
+    """Raise InvalidCellError for the first invalid (or, given a platform, unavailable) cell."""
     for cell in cells:
         for problem in check_cell(cell, platform, catalog):
             if problem.kind in EXCLUDING_KINDS:

@@ -126,6 +126,9 @@ def test_nightly_profile_content():
     assert gdn and all("GDN" in c.expected_failure for c in gdn)
     small = expand(load_matrix(), "nightly", GPU2)
     assert any(x.rule == "gpu-count" for x in small.excluded)
+    # no platform (pipeline generation on a CPU agent): nothing is dropped for lack of GPUs
+    anywhere = expand(load_matrix(), "nightly", None)
+    assert not anywhere.excluded and {c.cell_id for c in anywhere.cells} == set(e.by_id())
 
 
 # ---- axis forms, includes, selectors --------------------------------------------------------
@@ -321,6 +324,13 @@ def test_cli_bad_profile_is_one_line_exit_2(capsys):
     assert cli_main(["list", "--profile", "nope", "--platform", "cpu"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown profile 'nope'" in err
+
+
+def test_cli_list_any_platform(capsys):
+    assert cli_main(["list", "--profile", "pr", "--platform", "any", "--json"]) == 0
+    import json
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["platform"] == "any machine" and len(payload["cells"]) == 37
 
 
 def test_cli_rules(capsys):

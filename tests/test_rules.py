@@ -186,3 +186,11 @@ def test_gpus_needed():
     need = gpus_needed(gpu_cell(prefill_tp=2, decode_tp=1, num_decode=2))
     assert need == {"prefill": 2, "decode": 2, "baseline": 1, "total": 4, "all_at_once": 5}
     assert gpus_needed(gpu_cell(prefill_tp=1, decode_tp=4))["total"] == 5
+
+
+def test_no_platform_means_machine_agnostic():
+    big = gpu_cell(prefill_tp=4, decode_tp=4)
+    assert check_cell(big, None, CATALOG) == []
+    validate_or_die([big], None, CATALOG)
+    with pytest.raises(InvalidCellError, match="v2-runner-not-on-cpu"):
+        validate_or_die([cpu_cell(runner="v2")], None, CATALOG)
