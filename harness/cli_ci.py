@@ -14,6 +14,9 @@ from typing import Any
 EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_ERROR = 3
+# Pipelines are generated on a CPU agent for the GPU farm, so the matrix is expanded for the
+# farm's largest machine; each job's `pd-accuracy run` re-expands for its own agent.
+DEFAULT_PLATFORM = "cuda:8"
 
 
 def _fail(message: str, code: int = EXIT_USAGE) -> int:
@@ -32,13 +35,16 @@ def _queues(text: str | None) -> dict[int, str] | None:
     return normalize_queues(data)
 
 
-def _cells(profile: str, matrix_path: str | None) -> list:
+def _cells(profile: str, matrix_path: str | None, platform_spec: str) -> list:
+    """The cells of `profile` as the target machine (not this one) would run them."""
     from harness import matrix
+    from harness.vllm_features import PlatformInfo
 
-    cells = list(matrix.expand(matrix.load_matrix(matrix_path), profile).cells)
-    if not cells:
-        raise ValueError(f"profile {profile!r} expands to no cells")
-    return cells
+    expansion = matrix.expand(matrix.load_matrix(matrix_path), profile,
+                              PlatformInfo.from_spec(platform_spec))
+    if not expansion.cells:
+        raise ValueError(f"profile {profile!r} expands to no cells on {platform_spec}")
+    return list(expansion.cells)
 
 
 def _run_args(args: argparse.Namespace) -> list[str]:
@@ -53,7 +59,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
 
     try:
         queues = _queues(args.queues)
-        cells = _cells(args.profile, args.matrix)
+        cells = _cells(args.profile, args.matrix, args.platform)
         common: dict[str, Any] = dict(profile=args.profile, queues=queues,
                                       results_dir=args.results_dir,
                                       timeout_minutes=args.timeout_minutes,
@@ -175,6 +181,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "several uploads: use --out-dir.")
     p.add_argument("--profile", required=True)
     p.add_argument("--matrix", help="matrix YAML (default: the harness's own)")
+    p.add_argument("--platform", default=DEFAULT_PLATFORM,
+                   help="the machine the cells will run on, for the matrix's rules: 'cpu', "
+                        f"'cuda:N' or 'cuda:N:GiB' (default {DEFAULT_PLATFORM}: the largest "
+                        "agent of the GPU farm)")
     p.add_argument("--queues", help='JSON: GPUs needed -> agent queue, e.g. '
                                     '\'{"0": "cpu", "1": "gpu-1", "2": "gpu-2", "4": "gpu-4"}\'')
     p.add_argument("--parallelism", type=int, default=1,

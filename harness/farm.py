@@ -15,7 +15,8 @@ semantics Buildkite gives them:
 * ``timeout_in_minutes`` kills the job's process group.
 
 Resources: a job needing G GPUs (``PD_ACCURACY_GPUS`` in its env, else its queue) waits until G
-GPUs are free and gets them as ``CUDA_VISIBLE_DEVICES``; jobs needing none take one of
+GPUs are free and gets them as ``CUDA_VISIBLE_DEVICES`` (physical indices from
+harness.gpu_lease's inventory; the run command's own GPU leases then stay inside that set); jobs needing none take one of
 `cpu_slots` (1 by default: a 2-core box runs one CPU cell at a time). A job needing more GPUs
 than the machine has fails at once instead of waiting forever.
 
@@ -259,18 +260,29 @@ class _Job:
     index: int | None
 
 
-def detect_gpus() -> int:
-    """GPUs this machine offers: CUDA_VISIBLE_DEVICES when set, else ``nvidia-smi -L``."""
+def detect_gpus() -> list[str]:
+    """Indices of the GPUs this machine offers, as CUDA_VISIBLE_DEVICES names them.
+
+    harness.gpu_lease's inventory when it is importable (physical indices, honouring
+    CUDA_VISIBLE_DEVICES), else CUDA_VISIBLE_DEVICES itself, else ``nvidia-smi -L``.
+    """
+    try:
+        from harness.gpu_lease import GpuInventory
+    except ImportError:
+        GpuInventory = None
+    if GpuInventory is not None:
+        return [str(gpu.index) for gpu in GpuInventory.detect().devices]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
-        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+        return [d.strip() for d in visible.split(",") if d.strip() and d.strip() != "-1"]
     if shutil.which("nvidia-smi") is None:
-        return 0
+        return []
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
-        return 0
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+        return []
+    return [str(i) for i, line in enumerate(l for l in out.stdout.splitlines()
+                                            if l.startswith("GPU "))]
 
 
 _AGENT_SHIM = """#!/bin/sh
@@ -297,13 +309,21 @@ exit 1
 class Farm:
     """Runs FarmSteps as subprocesses in `workdir`; see the module docstring."""
 
-    def __init__(self, *, gpus: int | str = "auto", cpu_slots: int = 1,
+    def __init__(self, *, gpus: int | str | Sequence[str] = "auto", cpu_slots: int = 1,
                  workdir: str | os.PathLike[str] = ".",
                  log_dir: str | os.PathLike[str] = "results/farm",
                  env: Mapping[str, str] | None = None, console: Any = None):
-        self.total_gpus = detect_gpus() if gpus == "auto" else int(gpus)
-        if self.total_gpus < 0 or cpu_slots < 1:
-            raise ValueError("gpus must be >= 0 and cpu_slots >= 1")
+        if gpus == "auto":
+            self.gpu_ids = detect_gpus()
+        elif isinstance(gpus, (list, tuple)):
+            self.gpu_ids = [str(g) for g in gpus]
+        else:
+            if int(gpus) < 0:
+                raise ValueError("gpus must be >= 0")
+            self.gpu_ids = [str(i) for i in range(int(gpus))]
+        self.total_gpus = len(self.gpu_ids)
+        if cpu_slots < 1:
+            raise ValueError("cpu_slots must be >= 1")
         self.cpu_slots = cpu_slots
         self.workdir = Path(workdir).resolve()
         self.log_dir = (self.workdir / log_dir).resolve()
@@ -330,7 +350,7 @@ class Farm:
         results: dict[int, JobResult] = {}
         pending = list(jobs)
         running: dict[Future, tuple[_Job, list[str]]] = {}
-        free_gpus = [str(i) for i in range(self.total_gpus)]
+        free_gpus = list(self.gpu_ids)
         free_cpu = self.cpu_slots
         self.console.log(f"farm: {len(jobs)} jobs from {len(steps)} steps; "
                          f"{self.total_gpus} GPUs, {self.cpu_slots} CPU slot(s)")
@@ -385,7 +405,7 @@ class Farm:
                         job, held = running.pop(future)
                         results[id(job)] = future.result()
                         if held:
-                            free_gpus = sorted(free_gpus + held, key=int)
+                            free_gpus = [g for g in self.gpu_ids if g in free_gpus or g in held]
                         else:
                             free_cpu += 1
             except BaseException:
@@ -537,8 +557,9 @@ def run_farm(profile: str, *, matrix_path: str | None = None, parallelism: int =
              queues: Mapping[int, str] | None = None, results_dir: str | None = None,
              run_args: Sequence[str] = (), workdir: str | os.PathLike[str] = ".",
              log_dir: str = "results/farm", dry_run: bool = False, console: Any = None) -> int:
-    """Expand `profile`, generate its pipeline and run it here. Returns the farm's exit code
-    (FarmResult.exit_code), or 2 when the profile cannot be expanded."""
+    """Expand `profile` for this machine, generate its pipeline and run it here. Returns the
+    farm's exit code (FarmResult.exit_code); raises ValueError (harness.matrix.MatrixError)
+    when the profile cannot be expanded or holds no cell runnable here."""
     from harness import matrix
     from harness.pipeline import DEFAULT_RESULTS_DIR, generate_pipeline, pipeline_yaml
 

@@ -147,14 +147,15 @@ def test_agent_shim_downloads_nothing_and_writes_annotations(tmp_path):
 
 
 def _fake_pd_accuracy(bin_dir: Path, calls: Path) -> None:
-    """A `pd-accuracy` that logs its argv and fails the cells whose id contains p32."""
+    """A `pd-accuracy` that logs its argv and fails (exit 1) the runs whose --only list
+    contains $FAKE_FAIL (default: p32)."""
     script = bin_dir / "pd-accuracy"
     script.write_text(
         f"#!{PY}\n"
-        "import sys, json\n"
+        "import json, os, sys\n"
         f"open({str(calls)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
         "args = sys.argv[1:]\n"
-        "if args[0] == 'run' and 'p32' in args[args.index('--only') + 1]:\n"
+        "if args[0] == 'run' and os.environ.get('FAKE_FAIL', 'p32') in args[args.index('--only') + 1]:\n"
         "    sys.exit(1)\n"
     )
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
@@ -191,3 +192,41 @@ def test_farm_runs_the_generated_pipeline_commands_verbatim(tmp_path):
     # the p32d16 regular cell shares the d16 baseline step, which therefore fails hard
     assert FAILED in states.values()
     assert result.exit_code == 1
+
+
+def test_run_farm_smoke_profile_with_fake_run_command(tmp_path, monkeypatch):
+    """`farm --local --profile smoke` end to end, with `pd-accuracy` faked (no vLLM)."""
+    from harness import matrix
+    from harness.cli import main
+
+    calls = tmp_path / "calls.jsonl"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake_pd_accuracy(bin_dir, calls)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("BUILDKITE", raising=False)
+    monkeypatch.setenv("FAKE_FAIL", "no-cell-has-this")
+    monkeypatch.chdir(tmp_path)
+    assert main(["farm", "--local", "--profile", "smoke", "--gpus", "0", "--limit", "3",
+                 "--log-dir", "logs"]) == 0
+
+    import json
+    argvs = [json.loads(line) for line in calls.read_text().splitlines()]
+    runs = [a for a in argvs if a[0] == "run"]
+    cells = matrix.expand(matrix.load_matrix(), "smoke").cells
+    ran = sorted(i for a in runs for i in a[a.index("--only") + 1].split(","))
+    assert ran == sorted(c.cell_id for c in cells)
+    assert len(runs) == len({c.baseline_key for c in cells})      # one run per baseline
+    assert all(a[a.index("--limit") + 1] == "3" for a in runs)
+    assert argvs[-1][:1] == ["annotate"]
+    assert len(list((tmp_path / "logs").glob("*.log"))) == len(runs) + 1
+
+
+def test_cli_farm_needs_local_and_a_known_profile(tmp_path, monkeypatch, capsys):
+    from harness.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["farm", "--profile", "smoke"]) == 2
+    assert main(["farm", "--local", "--profile", "nosuch"]) == 2
+    assert main(["farm", "--local", "--profile", "smoke", "--dry-run"]) == 0
+    assert "pd-accuracy run --profile smoke" in capsys.readouterr().out

@@ -222,6 +222,90 @@ def test_yaml_round_trip_is_valid():
     assert yaml.safe_load(pipeline_yaml(doc)) == doc
 
 
+# ---- matrix profiles (harness.matrix) ---------------------------------------------------------
+def expand(profile: str, platform: str = "cuda:8"):
+    from harness import matrix
+    from harness.vllm_features import PlatformInfo
+
+    return list(matrix.expand(matrix.load_matrix(), profile, PlatformInfo.from_spec(platform)).cells)
+
+
+@pytest.mark.parametrize("profile,parallelism", [("smoke", 1), ("pr", 1), ("nightly", 1),
+                                                 ("nightly", 8)])
+def test_matrix_profiles_give_valid_pipelines(profile, parallelism):
+    from harness import matrix
+
+    cells = expand(profile)
+    assert cells
+    docs = generate_pipeline(cells, profile=profile, parallelism=parallelism)
+    validate_uploads(docs)
+    steps = cell_steps(docs)
+    assert sorted(i for s in steps for i in only_ids(s)) == sorted(c.cell_id for c in cells)
+    by_id = {c.cell_id: c for c in cells}
+    for step in steps:
+        members = [by_id[i] for i in only_ids(step)]
+        gpus = max(matrix.gpus_needed(c)["total"] for c in members)
+        assert int(step["env"]["PD_ACCURACY_GPUS"]) >= gpus
+        assert ("soft_fail" in step) == all(c.expected_failure for c in members)
+        if parallelism == 1:
+            assert len({c.baseline_key for c in members}) == 1
+
+
+def test_nightly_shards_cover_every_cell_once():
+    """The sharded steps' --only lists, split by harness.matrix.shard, cover each cell once."""
+    from harness import matrix
+
+    cells = expand("nightly")
+    (doc,) = generate_pipeline(cells, profile="nightly", parallelism=8)
+    by_id = {c.cell_id: c for c in cells}
+    seen = []
+    for step in cell_steps([doc]):
+        members = [by_id[i] for i in only_ids(step)]
+        jobs = step.get("parallelism", 1)
+        shards = [matrix.shard(members, i, jobs) for i in range(jobs)]
+        assert all(shards), f"{step['key']}: an empty shard would make a job fail"
+        seen += [c.cell_id for shard in shards for c in shard]
+    assert sorted(seen) == sorted(by_id)
+
+
+# ---- CLI --------------------------------------------------------------------------------------
+def test_cli_pipeline_stdout_is_a_valid_upload(capsys):
+    from harness.cli import main
+
+    assert main(["pipeline", "--profile", "pr"]) == 0
+    doc = yaml.safe_load(capsys.readouterr().out)
+    validate_pipeline(doc)
+    assert doc["steps"][-1]["key"] == ANNOTATE_KEY
+    assert {c for s in cell_steps([doc]) for c in only_ids(s)} == {c.cell_id for c in expand("pr")}
+
+
+def test_cli_pipeline_options(tmp_path, capsys):
+    from harness.cli import main
+
+    out_dir = tmp_path / "gen"
+    assert main(["pipeline", "--profile", "nightly", "--max-steps", "40", "--limit", "10",
+                 "--queues", '{"0": "cpu", "2": "h200-2", "4": "h200-4"}',
+                 "--out-dir", str(out_dir)]) == 0
+    files = sorted(out_dir.glob("pipeline-*.yml"))
+    assert len(files) > 1 and capsys.readouterr().out.split() == [str(f) for f in files]
+    docs = [yaml.safe_load(f.read_text()) for f in files]
+    validate_uploads(docs, max_steps=40)
+    steps = cell_steps(docs)
+    assert {s["agents"]["queue"] for s in steps} == {"h200-2", "h200-4"}
+    assert all(" --limit 10 " in s["commands"][0] for s in steps)
+    # too many steps for one upload on stdout: refused, nothing printed
+    assert main(["pipeline", "--profile", "pr", "--max-steps", "20"]) == 2
+    assert capsys.readouterr().out == ""
+    assert main(["pipeline", "--profile", "nosuch"]) == 2
+    assert main(["pipeline", "--profile", "pr", "--queues", "[1]"]) == 2
+    assert main(["pipeline", "--profile", "pr", "--queues", '{"0": "cpu", "1": "g"}']) == 2
+    out = tmp_path / "areas.yaml"
+    assert main(["pipeline", "--profile", "pr", "--format", "test-areas", "--device", "h200",
+                 "--out", str(out)]) == 0
+    areas = yaml.safe_load(out.read_text())
+    assert areas["group"] and all(set(s) <= TEST_AREA_FIELDS for s in areas["steps"])
+
+
 # ---- the checked-in bootstrap pipelines -------------------------------------------------------
 @pytest.mark.parametrize("name", ["pipeline.yml", "nightly.yml"])
 def test_checked_in_buildkite_pipelines_are_valid(name):
