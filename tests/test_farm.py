@@ -8,7 +8,6 @@ import stat
 import sys
 from pathlib import Path
 
-import pytest
 from rich.console import Console
 
 from harness.cell import Cell

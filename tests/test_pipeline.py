@@ -200,11 +200,7 @@ def test_parallelism_shards_with_escaped_job_variables():
     assert "--shard" not in steps["pd-shards-gpu4"]["commands"][0]
     command = steps["pd-shards-gpu2"]["commands"][0]
     assert "--shard $$BUILDKITE_PARALLEL_JOB/$$BUILDKITE_PARALLEL_JOB_COUNT" in command
-    # What the job's shell runs after `pipeline upload` turned $$ into $:
-    shell = f"pd-accuracy() {{ printf '%s\\n' \"$@\"; }}; {command.replace('$$', '$')}"
-    argv = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, check=True,
-                          env={"BUILDKITE_PARALLEL_JOB": "1", "BUILDKITE_PARALLEL_JOB_COUNT": "4",
-                               "PATH": "/usr/bin:/bin"}).stdout.splitlines()
+    argv = _shell_argv(command, {"BUILDKITE_PARALLEL_JOB": "1", "BUILDKITE_PARALLEL_JOB_COUNT": "4"})
     assert argv[argv.index("--shard") + 1] == "1/4"
     assert argv[argv.index("--junit-xml") + 1] == "results/junit/pd-shards-gpu2-1.xml"
 
@@ -314,6 +310,26 @@ def test_checked_in_buildkite_pipelines_are_valid(name):
     commands = " ".join(c for s in command_steps([doc]) for c in s["commands"])
     assert "pd-accuracy pipeline --profile" in commands
     assert "buildkite-agent pipeline upload" in commands
+
+
+def _shell_argv(command: str, env: dict[str, str]) -> list[str]:
+    """argv `pd-accuracy` gets when a job's bash runs `command` (after upload turned $$ to $)."""
+    shell = f"pd-accuracy() {{ printf '%s\\n' \"$@\"; }}; {command.replace('$$', '$')}"
+    out = subprocess.run(["bash", "-e", "-c", shell], capture_output=True, text=True, check=True,
+                         env={"PATH": "/usr/bin:/bin", **env})
+    return out.stdout.splitlines()
+
+
+def test_nightly_generation_command_takes_schedule_env():
+    doc = yaml.safe_load((REPO / "buildkite" / "nightly.yml").read_text())
+    (command,) = [c for c in doc["steps"][0]["commands"] if c.startswith("pd-accuracy pipeline")]
+    argv = _shell_argv(command, {})
+    assert argv[argv.index("--parallelism") + 1] == "8" and "--queues" not in argv
+    queues = '{"0": "cpu", "2": "h200x2"}'
+    argv = _shell_argv(command, {"PD_ACCURACY_PARALLELISM": "3", "PD_ACCURACY_QUEUES": queues})
+    assert argv[argv.index("--parallelism") + 1] == "3"
+    assert argv[argv.index("--queues") + 1] == queues
+    assert argv[argv.index("--out-dir") + 1] == ".pd-accuracy-pipeline"
 
 
 # ---- vLLM ci-infra test_areas -----------------------------------------------------------------
