@@ -264,6 +264,32 @@ def test_nightly_shards_cover_every_cell_once():
     assert sorted(seen) == sorted(by_id)
 
 
+def test_generated_commands_parse_with_the_real_cli():
+    """Every pd-accuracy command the pipelines contain is accepted by harness.cli's parser."""
+    from harness.cli import build_parser
+
+    parser = build_parser()
+    docs = generate_pipeline(expand("nightly"), profile="nightly", parallelism=8,
+                             report_dir="results/report", run_args=["--limit", "20"])
+    docs += generate_pipeline(expand("smoke", "cpu"), profile="smoke")
+    seen = set()
+    for step in command_steps(docs):
+        for command in step["commands"]:
+            command = (command.replace("$$BUILDKITE_PARALLEL_JOB_COUNT", "8")
+                       .replace("$$BUILDKITE_PARALLEL_JOB", "0")
+                       .replace("$${PD_ACCURACY_HISTORY:-results/history.sqlite}", "h.sqlite"))
+            if not command.startswith("pd-accuracy "):
+                continue
+            args = parser.parse_args(shlex.split(command)[1:])
+            seen.add(args.command)
+            if args.command == "run":
+                assert args.only.split(",") == only_ids(step)
+                assert args.results_dir == "results/runs" and args.junit_xml.endswith(".xml")
+                assert args.shard in (None, "0/8")
+                assert args.limit in (None, 20)
+    assert seen == {"run", "annotate", "report"}
+
+
 # ---- CLI --------------------------------------------------------------------------------------
 def test_cli_pipeline_stdout_is_a_valid_upload(capsys):
     from harness.cli import main
