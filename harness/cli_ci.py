@@ -14,9 +14,9 @@ from typing import Any
 EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_ERROR = 3
-# Pipelines are generated on a CPU agent for the GPU farm, so the matrix is expanded for the
-# farm's largest machine; each job's `pd-accuracy run` re-expands for its own agent.
-DEFAULT_PLATFORM = "cuda:8"
+# Pipelines are generated on a CPU agent for the GPU farm, so the matrix is not expanded for
+# this machine; each job's `pd-accuracy run` re-expands for its own agent.
+DEFAULT_PLATFORM = "any"
 
 
 def _fail(message: str, code: int = EXIT_USAGE) -> int:
@@ -36,12 +36,13 @@ def _queues(text: str | None) -> dict[int, str] | None:
 
 
 def _cells(profile: str, matrix_path: str | None, platform_spec: str) -> list:
-    """The cells of `profile` as the target machine (not this one) would run them."""
+    """The cells of `profile` for the target machines (not this one): 'any' applies only the
+    matrix's validity rules; a spec like 'cuda:8' also drops what such a machine cannot run."""
     from harness import matrix
     from harness.vllm_features import PlatformInfo
 
-    expansion = matrix.expand(matrix.load_matrix(matrix_path), profile,
-                              PlatformInfo.from_spec(platform_spec))
+    platform = None if platform_spec == "any" else PlatformInfo.from_spec(platform_spec)
+    expansion = matrix.expand(matrix.load_matrix(matrix_path), profile, platform)
     if not expansion.cells:
         raise ValueError(f"profile {profile!r} expands to no cells on {platform_spec}")
     return list(expansion.cells)
@@ -182,9 +183,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", required=True)
     p.add_argument("--matrix", help="matrix YAML (default: the harness's own)")
     p.add_argument("--platform", default=DEFAULT_PLATFORM,
-                   help="the machine the cells will run on, for the matrix's rules: 'cpu', "
-                        f"'cuda:N' or 'cuda:N:GiB' (default {DEFAULT_PLATFORM}: the largest "
-                        "agent of the GPU farm)")
+                   help="the machines the cells will run on: 'any' (default: only the "
+                        "matrix's validity rules), or 'cpu', 'cuda:N', 'cuda:N:GiB' to also "
+                        "drop what such a machine cannot run")
     p.add_argument("--queues", help='JSON: GPUs needed -> agent queue, e.g. '
                                     '\'{"0": "cpu", "1": "gpu-1", "2": "gpu-2", "4": "gpu-4"}\'')
     p.add_argument("--parallelism", type=int, default=1,

@@ -561,11 +561,12 @@ def run_farm(profile: str, *, matrix_path: str | None = None, parallelism: int =
     when the profile cannot be expanded or holds no cell runnable here."""
     from harness import matrix
     from harness.pipeline import DEFAULT_RESULTS_DIR, generate_pipeline, pipeline_yaml
+    from harness.vllm_features import PlatformInfo
 
     spec = matrix.load_matrix(matrix_path)
-    cells = list(matrix.expand(spec, profile).cells)
+    cells = list(matrix.expand(spec, profile, PlatformInfo.detect()).cells)
     if not cells:
-        raise ValueError(f"profile {profile!r} expands to no cells")
+        raise ValueError(f"profile {profile!r} has no cell this machine can run")
     docs = generate_pipeline(cells, profile=profile, queues=queues,
                              results_dir=results_dir or DEFAULT_RESULTS_DIR,
                              parallelism=parallelism, matrix_path=matrix_path, run_args=run_args)

@@ -212,7 +212,9 @@ def test_run_farm_smoke_profile_with_fake_run_command(tmp_path, monkeypatch):
     import json
     argvs = [json.loads(line) for line in calls.read_text().splitlines()]
     runs = [a for a in argvs if a[0] == "run"]
-    cells = matrix.expand(matrix.load_matrix(), "smoke").cells
+    from harness.vllm_features import PlatformInfo
+
+    cells = matrix.expand(matrix.load_matrix(), "smoke", PlatformInfo.detect()).cells
     ran = sorted(i for a in runs for i in a[a.index("--only") + 1].split(","))
     assert ran == sorted(c.cell_id for c in cells)
     assert len(runs) == len({c.baseline_key for c in cells})      # one run per baseline
