@@ -118,18 +118,11 @@ def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | N
     checks: list[Check] = []
     path: list[str] = []
 
-    # 1. transfer proof: a P/D pair that moved no KV is a FAIL whatever its accuracy
+    # 1. transfer proof: a P/D pair that moved no KV is a FAIL whatever its accuracy. All checks
+    #    are computed (the record shows every one); the first failing one in this order decides.
     tchecks = transfer_checks(cmp)
     checks += tchecks
     path.append("transfer")
-    bad = [c for c in tchecks if not c.passed]
-    if bad:
-        first = bad[0]
-        if first.name in ("kv-arrived-externally", "decode-did-not-recompute"):
-            reason = f"decode recomputed the prompt: no KV crossed ({first.detail})"
-        else:
-            reason = f"transfer proof failed [{first.name}]: {first.detail}"
-        return Verdict(FAIL, reason, tuple(checks), expected_failure, tuple(path))
 
     # 2. accuracy: exact one-sided McNemar on the discordant pairs
     m = cmp.mcnemar
@@ -163,6 +156,15 @@ def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | N
                             f"|Δ logprob| p95 {p95:.4f} nats over {cmp.logprob['n_aligned_tokens']} "
                             f"aligned tokens (threshold {threshold:.4f}; A/A p95 {aa_p95:.4f})"))
         path.append("logprob")
+
+    bad_transfer = [c for c in tchecks if not c.passed]
+    if bad_transfer:
+        first = bad_transfer[0]
+        if first.name in ("kv-arrived-externally", "decode-did-not-recompute"):
+            reason = f"decode recomputed the prompt: no KV crossed ({first.detail})"
+        else:
+            reason = f"transfer proof failed [{first.name}]: {first.detail}"
+        return Verdict(FAIL, reason, tuple(checks), expected_failure, tuple(path))
 
     failed = [c for c in checks if not c.passed]
     if failed:

@@ -1,0 +1,127 @@
+"""The P/D accuracy suite: one test per matrix cell, each a REAL vLLM P/D pair (NIXL) against a
+REAL non-disaggregated baseline, scored by real lm-eval.
+
+All selected cells run once per session (per xdist worker) through harness.runner, which shares
+baselines and P/D pairs between cells; each test then asserts on its own cell's verdict:
+- a normal cell must PASS (or fail as a declared expected failure);
+- a canary cell (a fault the harness injects) must FAIL, for the right reason.
+
+    pytest -m pd_accuracy --pd-profile smoke
+    pytest -m pd_accuracy --pd-profile pr -k "FLASHINFER and p128"
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from harness.cell import Cell
+
+# what each canary's verdict must say (the harness proves in every run that it can still fail)
+CANARY_REASONS = {
+    "drop-transfer": r"decode recomputed the prompt: no KV crossed",
+    "foreign-params": r"another request's transfer parameters",
+    "corrupt-block": r"P/D (logprobs diverge|accuracy is lower|generations diverge)",
+    "swap-blocks": r"P/D (logprobs diverge|accuracy is lower|generations diverge)",
+}
+EFFECT_CHECKS = ("accuracy", "noise-floor", "logprob-divergence")
+
+
+def _expansion(config: pytest.Config):
+    from harness import matrix
+    from harness.vllm_features import PlatformInfo
+
+    spec = matrix.load_matrix(config.getoption("--pd-matrix"))
+    plat = config.getoption("--pd-platform")
+    platform = PlatformInfo.from_spec(plat) if plat else PlatformInfo.detect(with_vllm=True)
+    return spec, matrix.expand(spec, config.getoption("--pd-profile"), platform)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "pd_cell" in metafunc.fixturenames:
+        _, expansion = _expansion(metafunc.config)
+        cells = expansion.cells
+        metafunc.parametrize("pd_cell", cells, ids=[c.cell_id for c in cells])
+
+
+@pytest.fixture(scope="session")
+def pd_results(request: pytest.FixtureRequest) -> dict:
+    """Run every selected cell once (shared servers) and return {cell_id: CellResult}."""
+    from harness.cell import RunOptions
+    from harness.process import install_signal_handlers
+    from harness.runner import Runner
+    from harness.servers import Features
+    from harness.verdict import Policy
+    from harness.vllm_features import detect
+
+    config = request.config
+    cells: list[Cell] = []
+    for item in request.session.items:
+        cell = getattr(item, "callspec", None) and item.callspec.params.get("pd_cell")
+        if cell is not None and cell not in cells:
+            cells.append(cell)
+    spec, _ = _expansion(config)
+    hybrid = [c.model for c in cells if spec.models.get(c.model).is_hybrid]
+    vf = detect()
+    features = Features(attention_backend_flag=vf.attention_backend_flag,
+                        v2_runner_env=vf.v2_runner_env,
+                        kv_roles=tuple(vf.kv_roles) or Features().kv_roles)
+    options = RunOptions(limit=config.getoption("--pd-limit") or 50,
+                         alpha=config.getoption("--pd-alpha"),
+                         results_dir=config.getoption("--pd-results-dir"),
+                         startup_timeout_s=600.0,
+                         extra={"profile": config.getoption("--pd-profile")})
+    policy = Policy(alpha=options.alpha, max_mde=config.getoption("--pd-max-mde"))
+    install_signal_handlers()
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    say = (lambda m: reporter.write_line(f"[pd-accuracy] {m}")) if reporter else print
+    runner = Runner(options, policy, features=features, progress=say, hybrid_models=hybrid)
+    say(f"run {runner.run_id}: {len(cells)} cell(s) → {runner.run_dir}")
+    results = runner.run(cells)
+    return {r.cell.cell_id: r for r in results}
+
+
+def explain(result) -> str:
+    """The decision path, the numbers, the MDE and the first differing questions."""
+    v, rec = result.verdict, result.record
+    m = rec.get("metrics") or {}
+    lines = [f"{result.cell.cell_id}: {v.outcome} — {v.reason}",
+             f"decision path: {' → '.join(v.decision_path)}"]
+    lines += [f"  [{'ok' if c.passed else 'FAILED'}] {c.name}: {c.detail}" for c in v.checks]
+    if m.get("mde") is not None:
+        lines.append(f"  minimum detectable drop at 80% power: {100 * m['mde']:.1f} pts (n={m.get('n')})")
+    for ex in (m.get("examples") or [])[:3]:
+        lines.append(f"  doc {ex['doc_id']}: baseline {ex['baseline_answer']!r} vs P/D "
+                     f"{ex['pd_answer']!r}; first divergent token #{ex['first_divergent_token']}: "
+                     f"{ex['baseline_token']!r} ({ex['baseline_logprob']}) vs {ex['pd_token']!r} "
+                     f"({ex['pd_logprob']})")
+    lines.append(f"  record: {result.record_path}")
+    return "\n".join(lines)
+
+
+@pytest.mark.pd_accuracy
+@pytest.mark.slow
+def test_pd_matches_baseline(pd_cell: Cell, pd_results: dict) -> None:
+    result = pd_results[pd_cell.cell_id]
+    verdict = result.verdict
+    # the record on disk is the evidence: it must exist and agree with what we assert on
+    on_disk = json.loads(result.record_path.read_text())
+    assert on_disk["verdict"]["outcome"] == verdict.outcome
+    if pd_cell.fault:
+        assert verdict.status == "FAIL", "canary did not fail:\n" + explain(result)
+        assert re.search(CANARY_REASONS[pd_cell.fault], verdict.reason), \
+            f"canary failed for the wrong reason:\n{explain(result)}"
+        if pd_cell.fault in ("corrupt-block", "swap-blocks"):
+            applied = on_disk["metrics"]["transfer"]["fault_lines"]
+            assert applied > 0, "the decode server logged no applied fault:\n" + explain(result)
+        if pd_cell.fault == "foreign-params":
+            # not only the proxy's own bookkeeping: the wrong KV must show in the answers
+            effects = [c for c in verdict.checks if c.name in EFFECT_CHECKS and not c.passed]
+            assert effects, "foreign KV left no trace in answers or logprobs:\n" + explain(result)
+        return
+    assert verdict.outcome in ("PASS", "XFAIL"), explain(result)
+    if verdict.outcome == "PASS":
+        transfer = on_disk["metrics"]["transfer"]
+        assert transfer["prompt_tokens_external"] > 0, explain(result)
+        assert transfer["nixl_failed_transfers"] == 0, explain(result)
