@@ -139,10 +139,10 @@ def build_env(spec: ServerSpec, features: Features = Features(),
     else:
         if spec.gpu_ids:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in spec.gpu_ids)
-        # shared H200 hosts: never use NVLink multicast
-        env.setdefault("NCCL_NVLS_ENABLE", "0")
-        env.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-        env.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+        # shared H200 hosts: never use NVLink multicast, even if the parent env enables it
+        # (a cell that really wants it says so in extra_env, applied last)
+        env.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                    "NVSHMEM_DISABLE_NVLS": "1"})
     if spec.hybrid:
         env["VLLM_SSM_CONV_STATE_LAYOUT"] = "DS"
     if spec.fault in SERVER_FAULTS and spec.role == "decode":
