@@ -26,6 +26,9 @@ class TransferProof:
     counters: TransferCounters      # decode-side /metrics delta over the evaluation
     recompute_allowance: int        # prompt tokens per request the design recomputes (hybrid: 1)
     fault_lines: int = 0            # "pd-accuracy fault:" lines in decode logs (canaries)
+    # decode requests that carried any usable kv_transfer_params (own or foreign); None: unknown,
+    # then every request not carrying its own params is counted as foreign
+    requests_sent_params: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if k != "counters"}

@@ -152,13 +152,15 @@ def transfer_proof(records: list[dict], delta: TransferCounters, hybrid: bool,
                                      or params.get("remote_engine_id"))
 
     with_params = sum(usable(r.get("received_kv_transfer_params")) for r in records)
+    sent = sum(usable(r.get("sent_kv_transfer_params")) for r in records)
     own = sum(usable(r.get("sent_kv_transfer_params"))
               and r.get("sent_kv_transfer_params") == r.get("received_kv_transfer_params")
               for r in records)
     return TransferProof(requests=len(records), requests_with_params=with_params,
                          requests_own_params=own, counters=delta,
                          recompute_allowance=1 if hybrid else 0,
-                         fault_lines=count_fault_lines(decode_logs))
+                         fault_lines=count_fault_lines(decode_logs),
+                         requests_sent_params=sent)
 
 
 # ---- the run --------------------------------------------------------------------------------

@@ -86,16 +86,24 @@ def transfer_checks(cmp: Comparison) -> list[Check]:
     t = cmp.transfer
     c = t.counters
     allowance = t.recompute_allowance * max(t.requests, 1)
+    # a decode request without params recomputes its prompt; one with another request's params
+    # reads foreign KV: two different faults, told apart when the proof counts what was sent
+    sent = t.requests if t.requests_sent_params is None else t.requests_sent_params
+    foreign = sent - t.requests_own_params
     checks = [
         Check("proxy-saw-every-question", t.requests >= cmp.n,
               f"proxy handled {t.requests} requests for {cmp.n} questions"),
         Check("prefill-returned-params", t.requests > 0 and t.requests_with_params == t.requests,
               f"{t.requests_with_params}/{t.requests} prefill responses carried kv_transfer_params"),
-        Check("decode-got-own-params", t.requests_own_params == t.requests,
+        Check("decode-got-params", sent == t.requests,
+              f"decode received no kv_transfer_params on {t.requests - sent} of {t.requests} "
+              f"requests"),
+        Check("decode-got-own-params", foreign == 0,
               f"decode received another request's transfer parameters on "
-              f"{t.requests - t.requests_own_params} of {t.requests} requests"
-              if t.requests_own_params != t.requests else
-              f"{t.requests}/{t.requests} decode requests carried their own prefill's parameters"),
+              f"{foreign} of {t.requests} requests"
+              if foreign else
+              f"{t.requests_own_params}/{t.requests} decode requests carried their own "
+              f"prefill's parameters"),
         Check("kv-arrived-externally", c.prompt_tokens_external > 0 and c.nixl_bytes > 0,
               f"external_kv_transfer={c.prompt_tokens_external:.0f} tokens, "
               f"nixl_bytes={c.nixl_bytes:.0f}"),
@@ -160,7 +168,7 @@ def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | N
     bad_transfer = [c for c in tchecks if not c.passed]
     if bad_transfer:
         first = bad_transfer[0]
-        if first.name in ("kv-arrived-externally", "decode-did-not-recompute"):
+        if first.name in ("decode-got-params", "kv-arrived-externally", "decode-did-not-recompute"):
             reason = f"decode recomputed the prompt: no KV crossed ({first.detail})"
         else:
             reason = f"transfer proof failed [{first.name}]: {first.detail}"
