@@ -127,7 +127,9 @@ def _capturing_lm_class():
                 if self.top_logprobs:
                     payload["logprobs"] = self.top_logprobs
                 # the same asyncio task / thread parses the answer next: remember its prompts
-                current_prompts.set(list(messages) if isinstance(messages, list) else [messages])
+                # a batch (batch_size > 1) arrives as a list or, from lm-eval's zip, a tuple
+                current_prompts.set(list(messages) if isinstance(messages, (list, tuple))
+                                    else [messages])
             return payload
 
         def parse_generations(self, outputs, **kwargs):  # type: ignore[override]
