@@ -55,7 +55,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     out.add_argument("--results-dir", default="results/runs")
     out.add_argument("--junit-xml", default=None)
     out.add_argument("--startup-timeout", type=float, default=420.0)
-    out.add_argument("--gpu-layout", choices=("shared", "split"), default="shared")
+    out.add_argument("--gpu-layout", choices=("shared", "split"), default="shared",
+                     help="cuda: all servers from the first visible GPU, or prefill then decode GPUs")
+    out.add_argument("--kv-cache-bytes", type=int, default=None,
+                     help="KV cache per server (default: 512 MiB, enough for the tiny zoo models)")
+    out.add_argument("--platform", default=None,
+                     help="validate for this platform instead of this machine (cpu, cuda:N)")
     out.add_argument("--dry-run", action="store_true", help="print the server commands and stop")
     out.add_argument("-v", "--verbose", action="store_true")
 
@@ -91,7 +96,8 @@ def select_cells(args: argparse.Namespace) -> tuple[list[Cell], object]:
     from harness import matrix, rules
     from harness.vllm_features import PlatformInfo
 
-    platform = PlatformInfo.detect(with_vllm=True)
+    platform = (PlatformInfo.from_spec(args.platform) if args.platform
+                else PlatformInfo.detect(with_vllm=True))
     catalog = None
     if args.model:
         if args.profile:
@@ -139,6 +145,7 @@ def options_from(args: argparse.Namespace) -> RunOptions:
         startup_timeout_s=args.startup_timeout,
         extra={"noise_floor": not args.no_noise_floor, "num_fewshot": args.num_fewshot,
                "max_gen_toks": args.max_gen_toks, "gpu_layout": args.gpu_layout,
+               "kv_cache_bytes": args.kv_cache_bytes,
                "profile": args.profile},
     )
 
@@ -251,7 +258,7 @@ def dry_run(cells: Sequence[Cell], options: RunOptions, hybrid_models: Sequence[
             for i in range(n):
                 spec = plan_server(cell, role, i, model_path=model.path, hybrid=hybrid,
                                    port=next(port), side_channel_port=None if role == "baseline" else next(port),
-                                   placement=placement)
+                                   placement=placement, kv_cache_bytes=options.extra.get("kv_cache_bytes"))
                 print(render_command(spec))
         print()
     return 0

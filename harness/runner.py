@@ -239,7 +239,8 @@ class Runner:
         data_dir = self.options.dataset_dir or default_data_dir(task)
         common = dict(model_path=model.path, hybrid=hybrid, allocator=self.allocator,
                       placement=self.placement, log_dir=self.log_dir, features=self.features,
-                      startup_timeout_s=self.options.startup_timeout_s)
+                      startup_timeout_s=self.options.startup_timeout_s,
+                      kv_cache_bytes=self.options.extra.get("kv_cache_bytes"))
         pairs: dict[tuple, list[Cell]] = {}
         for cell in group:
             pairs.setdefault(pair_key(cell), []).append(cell)

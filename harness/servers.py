@@ -138,7 +138,11 @@ def build_env(spec: ServerSpec, features: Features = Features(),
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, spec.kv_cache_bytes // 2**30)))
     else:
         if spec.gpu_ids:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in spec.gpu_ids)
+            # gpu_ids index the GPUs this harness may use: a lease or farm job that already set
+            # CUDA_VISIBLE_DEVICES=2,3 makes gpu 0 the physical GPU 2
+            inherited = [g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(
+                inherited[i] if i < len(inherited) else str(i) for i in spec.gpu_ids)
         # shared H200 hosts: never use NVLink multicast, even if the parent env enables it
         # (a cell that really wants it says so in extra_env, applied last)
         env.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
