@@ -48,6 +48,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     ev.add_argument("--seed", type=int, default=1234)
     ev.add_argument("--max-gen-toks", type=int, default=None)
     ev.add_argument("--no-noise-floor", action="store_true", help="skip the A/A baseline re-run")
+    ev.add_argument("--repeats", type=int, default=1,
+                    help="evaluate every cell N times on different question samples, servers kept "
+                         "up (calibration: false-alarm and canary rates); one record per repeat")
+    ev.add_argument("--sample-seed", type=int, default=None,
+                    help="draw the questions at random with this seed instead of the first N")
     ev.add_argument("--alpha", type=float, default=0.01)
     ev.add_argument("--max-mde", type=float, default=0.25,
                     help="a PASS must detect accuracy drops of this size with 80%% power")
@@ -145,7 +150,8 @@ def options_from(args: argparse.Namespace) -> RunOptions:
         startup_timeout_s=args.startup_timeout,
         extra={"noise_floor": not args.no_noise_floor, "num_fewshot": args.num_fewshot,
                "max_gen_toks": args.max_gen_toks, "gpu_layout": args.gpu_layout,
-               "kv_cache_bytes": args.kv_cache_bytes,
+               "kv_cache_bytes": args.kv_cache_bytes, "repeats": args.repeats,
+               "sample_seed": args.sample_seed,
                "profile": args.profile},
     )
 

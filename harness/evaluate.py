@@ -44,6 +44,14 @@ def default_gsm8k_dir() -> Path | None:
     return None
 
 
+def split_size(task: str, data_dir: str | os.PathLike[str] | None, split: str = "test") -> int | None:
+    """Number of docs in a local task's split (None for hub datasets)."""
+    if data_dir is None or not (Path(data_dir) / f"{split}.jsonl").exists():
+        return None
+    with open(Path(data_dir) / f"{split}.jsonl", "rb") as fh:
+        return sum(1 for line in fh if line.strip())
+
+
 def materialize_task(task: str, data_dir: str | os.PathLike[str] | None, out_dir: Path) -> Path:
     """Copy the packaged task YAML(s) into `out_dir`, filling in the data directory.
 
@@ -165,6 +173,7 @@ def evaluate_endpoint(
     max_gen_toks: int | None = None,
     timeout_s: float = 300.0,
     work_dir: Path | None = None,
+    sample_indices: list[int] | None = None,
 ) -> EvalRun:
     """Run lm-eval against `base_url` (an OpenAI server or the P/D proxy) and return the EvalRun."""
     import lm_eval
@@ -191,7 +200,8 @@ def evaluate_endpoint(
             model=lm,
             tasks=[task],
             num_fewshot=num_fewshot,
-            limit=limit,
+            limit=None if sample_indices else limit,
+            samples={task: list(sample_indices)} if sample_indices else None,
             task_manager=task_manager,
             log_samples=True,
             random_seed=seed,

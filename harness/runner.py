@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import platform as py_platform
 import socket
 import subprocess
@@ -22,7 +23,7 @@ from typing import Callable, Iterable, Sequence
 from harness.cell import Cell, RunOptions
 from harness.compare import TransferProof, compare
 from harness.deploy import Deployment, Endpoint, Placement, ProxyDeployment, pair_key, plan_baseline, plan_pair
-from harness.evaluate import EvalRun, evaluate_endpoint
+from harness.evaluate import EvalRun, evaluate_endpoint, split_size
 from harness.metrics import TransferCounters, scrape_all
 from harness.models import ResolvedModel, resolve
 from harness.ports import PortAllocator
@@ -34,6 +35,17 @@ from harness.verdict import Policy, Verdict, decide, error, fail
 log = logging.getLogger(__name__)
 FAULT_LINE = "pd-accuracy fault:"
 Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class _BaselineRound:
+    """One evaluation of the baseline (and its A/A re-run) on one question sample."""
+
+    run_id: str
+    sample: list[int] | None
+    run: EvalRun
+    aa: EvalRun | None
+    samples_path: Path
 
 
 @dataclass(frozen=True)
@@ -183,10 +195,11 @@ class Runner:
 
     # -- records ------------------------------------------------------------------------------
     def _record(self, cell: Cell, verdict: Verdict, *, metrics: dict | None = None,
-                timings: dict | None = None, artifacts: dict | None = None) -> CellResult:
+                timings: dict | None = None, artifacts: dict | None = None,
+                run_id: str | None = None) -> CellResult:
         record = {
             "schema_version": SCHEMA_VERSION,
-            "run_id": self.run_id,
+            "run_id": run_id or self.run_id,
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "cell": cell.to_dict(),
             "versions": versions(),
@@ -195,26 +208,38 @@ class Runner:
             "metrics": metrics or {},
             "verdict": verdict.to_dict(),
             "timings": timings or {},
-            "artifacts": self._relative(artifacts or {}),
+            "artifacts": self._relative(artifacts or {}, self.results_root / (run_id or self.run_id)),
         }
         path = write_record(self.results_root, record)
         self.progress(f"{verdict.outcome:<12} {cell.cell_id}: {verdict.reason}")
         return CellResult(cell, verdict, path, record)
 
-    def _relative(self, artifacts: dict) -> dict:
+    @staticmethod
+    def _relative(artifacts: dict, run_dir: Path) -> dict:
         def rel(v):
             if isinstance(v, dict):
                 return {k: rel(x) for k, x in v.items()}
-            if isinstance(v, str) and v.startswith(str(self.run_dir)):
-                return os.path.relpath(v, self.run_dir)
+            if isinstance(v, str) and os.path.isabs(v):
+                return os.path.relpath(v, run_dir)
             return v
         return rel(artifacts)
 
     # -- evaluation ---------------------------------------------------------------------------
+    def _sample(self, task: str, data_dir: str | None, repeat: int) -> list[int] | None:
+        """Question subset of one repeat: the first `limit` docs, or a seeded random subset."""
+        seed = self.options.extra.get("sample_seed")
+        if seed is None and repeat == 0:
+            return None
+        size = split_size(task, data_dir)
+        if size is None:
+            return None
+        rng = random.Random(f"{seed or 0}:{repeat}")
+        return sorted(rng.sample(range(size), min(self.options.limit, size)))
+
     def _evaluate(self, endpoint: Endpoint, role: str, task: str, data_dir: str | None,
-                  concurrency: int | None = None) -> EvalRun:
+                  concurrency: int | None = None, sample: list[int] | None = None) -> EvalRun:
         o = self.options
-        return evaluate_endpoint(
+        return evaluate_endpoint(sample_indices=sample,
             role=role, base_url=endpoint.base_url, served_model_name=endpoint.served_model_name,
             task=task, data_dir=data_dir, limit=o.limit, num_fewshot=o.extra.get("num_fewshot"),
             seed=o.seed, concurrency=concurrency or o.concurrency,
@@ -266,22 +291,31 @@ class Runner:
                                      artifacts={"logs": baseline.logs()}) for c in group]
             base_ep = baseline.baseline_endpoint()
             startup_baseline_s = baseline.startup_s
+            repeats = max(1, int(self.options.extra.get("repeats") or 1))
+            rounds: list[_BaselineRound] = []
             try:
-                self.progress(f"evaluating baseline ({task}, {self.options.limit} questions)")
-                base_run = self._evaluate(base_ep, "baseline", task, data_dir)
-                base_aa = None
-                if self.options.extra.get("noise_floor", True):
-                    self.progress("evaluating baseline again at concurrency 1 (A/A noise floor)")
-                    base_aa = self._evaluate(base_ep, "baseline-aa", task, data_dir, concurrency=1)
+                for r in range(repeats):
+                    sample = self._sample(task, data_dir, r)
+                    tag = f" (repeat {r + 1}/{repeats})" if repeats > 1 else ""
+                    self.progress(f"evaluating baseline ({task}, {self.options.limit} questions){tag}")
+                    base_run = self._evaluate(base_ep, "baseline", task, data_dir, sample=sample)
+                    base_aa = None
+                    if self.options.extra.get("noise_floor", True):
+                        self.progress("evaluating baseline again at concurrency 1 (A/A noise floor)")
+                        base_aa = self._evaluate(base_ep, "baseline-aa", task, data_dir,
+                                                 concurrency=1, sample=sample)
+                    run_id = self.run_id if repeats == 1 else f"{self.run_id}-r{r:02d}"
+                    base_dir = self.results_root / run_id / "baselines"
+                    samples_path = base_run.write_jsonl(base_dir / f"{first.baseline_key}.jsonl")
+                    if base_aa is not None:
+                        base_aa.write_jsonl(base_dir / f"{first.baseline_key}-aa.jsonl")
+                    rounds.append(_BaselineRound(run_id, sample, base_run, base_aa, samples_path))
             except Exception as exc:  # noqa: BLE001 - any failure of the baseline is environmental
                 reason = f"baseline evaluation failed: {type(exc).__name__}: {exc}"
                 return [self._record(c, error(reason, c.expected_failure),
                                      artifacts={"logs": baseline.logs()}) for c in group]
-            base_dir = self.run_dir / "baselines"
-            base_samples = base_run.write_jsonl(base_dir / f"{first.baseline_key}.jsonl")
-            if base_aa is not None:
-                base_aa.write_jsonl(base_dir / f"{first.baseline_key}-aa.jsonl")
-            baseline_eval_s = base_run.wall_s + (base_aa.wall_s if base_aa else 0.0)
+            base_samples = rounds[0].samples_path
+            baseline_eval_s = sum(b.run.wall_s + (b.aa.wall_s if b.aa else 0.0) for b in rounds) / repeats
 
             for i, cells_of_pair in enumerate(pair_cells):
                 pair = next_pair
@@ -306,11 +340,12 @@ class Runner:
                     launched.append(next_pair)
                     next_pair.launch()
                 for cell in cells_of_pair:
-                    results.append(self._run_cell(
-                        cell, pair, base_run, base_aa, task, data_dir, hybrid,
-                        timings={"startup_s": max(startup_baseline_s or 0, pair.startup_s or 0),
-                                 "baseline_eval_s": baseline_eval_s},
-                        base_samples=base_samples, baseline_logs=baseline.logs()))
+                    for rnd in rounds:
+                        results.append(self._run_cell(
+                            cell, pair, rnd, task, data_dir, hybrid,
+                            timings={"startup_s": max(startup_baseline_s or 0, pair.startup_s or 0),
+                                     "baseline_eval_s": baseline_eval_s},
+                            baseline_logs=baseline.logs()))
                 pair.stop()
         finally:
             for d in launched:
@@ -319,10 +354,11 @@ class Runner:
             r.record["timings"]["group_total_s"] = time.monotonic() - group_started
         return results
 
-    def _run_cell(self, cell: Cell, pair: Deployment, base_run: EvalRun, base_aa: EvalRun | None,
-                  task: str, data_dir: str | None, hybrid: bool, *, timings: dict,
-                  base_samples: Path, baseline_logs: dict) -> CellResult:
-        cell_dir = self.run_dir / cell.cell_id
+    def _run_cell(self, cell: Cell, pair: Deployment, rnd: "_BaselineRound", task: str,
+                  data_dir: str | None, hybrid: bool, *, timings: dict,
+                  baseline_logs: dict) -> CellResult:
+        base_run, base_aa, base_samples = rnd.run, rnd.aa, rnd.samples_path
+        cell_dir = self.results_root / rnd.run_id / cell.cell_id
         records_path = cell_dir / "proxy-records.jsonl"
         proxy_fault = cell.fault if cell.fault in ("drop-transfer", "foreign-params") else None
         port = self.allocator.reserve(1, owner=f"proxy:{cell.cell_id}")[0]
@@ -336,7 +372,7 @@ class Runner:
                 artifacts["logs"]["proxy"] = str(proxy.process.log_path)
                 before = scrape_all(decode_urls)
                 self.progress(f"evaluating P/D {cell.cell_id}")
-                pd_run = self._evaluate(proxy.endpoint(), "pd", task, data_dir)
+                pd_run = self._evaluate(proxy.endpoint(), "pd", task, data_dir, sample=rnd.sample)
                 after = scrape_all(decode_urls)
         except Exception as exc:  # noqa: BLE001 - the baseline worked, so a P/D failure is FAIL
             lines = []
@@ -348,7 +384,7 @@ class Runner:
                 reason += "; " + "; ".join(lines)
             return self._record(cell, fail(reason, cell.expected_failure, check="pd-requests"),
                                 timings={**timings, "pd_eval_s": time.monotonic() - started},
-                                artifacts=artifacts)
+                                artifacts=artifacts, run_id=rnd.run_id)
         pd_samples = pd_run.write_jsonl(cell_dir / "pd-samples.jsonl")
         artifacts["pd_samples"] = str(pd_samples)
         proof = transfer_proof(read_proxy_records(str(records_path)), after.delta(before), hybrid,
@@ -359,4 +395,4 @@ class Runner:
         timings = {**timings, "pd_eval_s": pd_run.wall_s,
                    "total_s": timings.get("startup_s", 0) + timings.get("baseline_eval_s", 0) + pd_run.wall_s}
         return self._record(cell, verdict, metrics=cmp.metrics_dict(), timings=timings,
-                            artifacts=artifacts)
+                            artifacts=artifacts, run_id=rnd.run_id)
