@@ -555,7 +555,9 @@ def run_farm(profile: str, *, matrix_path: str | None = None, parallelism: int =
              gpus: int | str = "auto", cpu_slots: int = 1,
              queues: Mapping[int, str] | None = None, results_dir: str | None = None,
              run_args: Sequence[str] = (), workdir: str | os.PathLike[str] = ".",
-             log_dir: str = "results/farm", dry_run: bool = False, console: Any = None) -> int:
+             log_dir: str = "results/farm", dry_run: bool = False, console: Any = None,
+             only: Sequence[str] | None = None, annotation_path: str | None = None,
+             report_dir: str | None = None) -> int:
     """Expand `profile` for this machine, generate its pipeline and run it here. Returns the
     farm's exit code (FarmResult.exit_code); raises ValueError (harness.matrix.MatrixError)
     when the profile cannot be expanded or holds no cell runnable here."""
@@ -565,11 +567,15 @@ def run_farm(profile: str, *, matrix_path: str | None = None, parallelism: int =
 
     spec = matrix.load_matrix(matrix_path)
     cells = list(matrix.expand(spec, profile, PlatformInfo.detect()).cells)
+    if only:
+        cells = matrix.select(cells, list(only))
     if not cells:
         raise ValueError(f"profile {profile!r} has no cell this machine can run")
     docs = generate_pipeline(cells, profile=profile, queues=queues,
                              results_dir=results_dir or DEFAULT_RESULTS_DIR,
-                             parallelism=parallelism, matrix_path=matrix_path, run_args=run_args)
+                             parallelism=parallelism, matrix_path=matrix_path, run_args=run_args,
+                             report_dir=report_dir,
+                             **({"annotation_path": annotation_path} if annotation_path else {}))
     if dry_run:
         for doc in docs:
             print(pipeline_yaml(doc))

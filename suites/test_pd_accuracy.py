@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import json
 import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -45,9 +48,62 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("pd_cell", cells, ids=[c.cell_id for c in cells])
 
 
+def _selected_cells(request: pytest.FixtureRequest) -> list[Cell]:
+    cells: list[Cell] = []
+    for item in request.session.items:
+        cell = getattr(item, "callspec", None) and item.callspec.params.get("pd_cell")
+        if cell is not None and cell not in cells:
+            cells.append(cell)
+    return cells
+
+
+@dataclass(frozen=True)
+class RecordResult:
+    """A cell's outcome read back from its record (farm mode: the cells ran in subprocesses)."""
+
+    cell: Cell
+    record: dict
+    record_path: Path
+
+    @property
+    def verdict(self):
+        from harness.verdict import Check, Verdict
+
+        v = self.record["verdict"]
+        return Verdict(v["status"], v["reason"], tuple(Check(**c) for c in v.get("checks", [])),
+                       v.get("expected_failure"), tuple(v.get("decision_path", [])))
+
+
+@pytest.fixture(scope="session")
+def pd_farm(request: pytest.FixtureRequest) -> dict:
+    """Farm mode: run the selected cells' generated Buildkite steps on this machine."""
+    from harness.farm import run_farm
+    from harness.record import load_records
+
+    config = request.config
+    cells = _selected_cells(request)
+    out = Path(config.getoption("--pd-results-dir")) / time.strftime("farm-%Y%m%dT%H%M%S")
+    run_args = ["--limit", str(config.getoption("--pd-limit") or 50),
+                "--alpha", str(config.getoption("--pd-alpha")),
+                "--max-mde", str(config.getoption("--pd-max-mde"))]
+    exit_code = run_farm(config.getoption("--pd-profile"), matrix_path=config.getoption("--pd-matrix"),
+                         results_dir=str(out / "records"), run_args=run_args,
+                         log_dir=str(out / "farm-logs"), only=[c.cell_id for c in cells],
+                         annotation_path=str(out / "annotation.md"), report_dir=str(out / "report"))
+    latest: dict[str, dict] = {}
+    for rec in load_records(out / "records"):
+        latest[rec["cell"]["id"]] = rec          # load_records is oldest first: retries win
+    by_id = {c.cell_id: c for c in cells}
+    results = {cid: RecordResult(by_id[cid], rec, Path(rec["_path"]))
+               for cid, rec in latest.items() if cid in by_id}
+    return {"exit_code": exit_code, "dir": out, "results": results, "cells": cells}
+
+
 @pytest.fixture(scope="session")
 def pd_results(request: pytest.FixtureRequest) -> dict:
-    """Run every selected cell once (shared servers) and return {cell_id: CellResult}."""
+    """Run every selected cell once (shared servers) and return {cell_id: result}."""
+    if request.config.getoption("--pd-farm"):
+        return request.getfixturevalue("pd_farm")["results"]
     from harness.cell import RunOptions
     from harness.process import install_signal_handlers
     from harness.runner import Runner
@@ -56,11 +112,7 @@ def pd_results(request: pytest.FixtureRequest) -> dict:
     from harness.vllm_features import detect
 
     config = request.config
-    cells: list[Cell] = []
-    for item in request.session.items:
-        cell = getattr(item, "callspec", None) and item.callspec.params.get("pd_cell")
-        if cell is not None and cell not in cells:
-            cells.append(cell)
+    cells = _selected_cells(request)
     spec, _ = _expansion(config)
     hybrid = [c.model for c in cells if spec.models.get(c.model).is_hybrid]
     vf = detect()
@@ -103,6 +155,7 @@ def explain(result) -> str:
 @pytest.mark.pd_accuracy
 @pytest.mark.slow
 def test_pd_matches_baseline(pd_cell: Cell, pd_results: dict) -> None:
+    assert pd_cell.cell_id in pd_results, f"no record was written for {pd_cell.cell_id}"
     result = pd_results[pd_cell.cell_id]
     verdict = result.verdict
     # the record on disk is the evidence: it must exist and agree with what we assert on
@@ -125,3 +178,40 @@ def test_pd_matches_baseline(pd_cell: Cell, pd_results: dict) -> None:
         transfer = on_disk["metrics"]["transfer"]
         assert transfer["prompt_tokens_external"] > 0, explain(result)
         assert transfer["nixl_failed_transfers"] == 0, explain(result)
+
+
+@pytest.mark.pd_accuracy
+@pytest.mark.slow
+def test_farm_outputs(request: pytest.FixtureRequest) -> None:
+    """Farm mode only: the pipeline's steps ran here, and the annotation, the history store and the
+    HTML report cover every cell that ran."""
+    if not request.config.getoption("--pd-farm"):
+        pytest.skip("runs with --pd-farm (CI passes it)")
+    import sqlite3
+    from html.parser import HTMLParser
+
+    from harness.history import append_results_dir
+
+    farm = request.getfixturevalue("pd_farm")
+    out: Path = farm["dir"]
+    ids = [c.cell_id for c in farm["cells"]]
+    annotation = (out / "annotation.md").read_text()
+    for cid in ids:
+        assert f"`{cid}`" in annotation, f"{cid} missing from the annotation"
+    db = out / "history.sqlite"
+    append_results_dir(db, out / "records")
+    with sqlite3.connect(db) as conn:
+        rows = {r[0] for r in conn.execute("SELECT cell_id FROM cells")}
+    assert set(ids) <= rows, f"history lacks {set(ids) - rows}"
+    report = out / "report" / "index.html"
+    html = report.read_text()
+
+    class Strict(HTMLParser):
+        def error(self, message):  # pragma: no cover - py<3.10 API
+            raise AssertionError(message)
+
+    Strict().feed(html)
+    for cid in ids:
+        assert cid in html, f"{cid} missing from the HTML report"
+    images = list((out / "report").rglob("*.png"))
+    assert images, "the report has no heatmap/trend images"
