@@ -14,9 +14,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--pd-alpha", type=float, default=0.01, help="significance level of the verdict")
     g.addoption("--pd-max-mde", type=float, default=0.25,
                 help="a PASS must be able to detect an accuracy drop this large (80%% power)")
-    g.addoption("--pd-farm", action="store_true",
-                help="run the cells through `pd-accuracy farm --local` (the generated Buildkite "
-                     "steps as subprocesses, then annotation, history and HTML report)")
+    g.addoption("--pd-in-process", action="store_true",
+                help="run the cells in this pytest process instead of through `pd-accuracy farm "
+                     "--local` (the default: the generated Buildkite steps as subprocesses, then "
+                     "annotation, history and HTML report)")
     g.addoption("--pd-platform", default=None,
                 help="expand for this platform instead of this machine (cpu, cuda:N)")
 
