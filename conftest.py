@@ -18,6 +18,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="run the cells in this pytest process instead of through `pd-accuracy farm "
                      "--local` (the default: the generated Buildkite steps as subprocesses, then "
                      "annotation, history and HTML report)")
+    g.addoption("--pd-run-arg", action="append", default=[],
+                help="extra argument for every `pd-accuracy run` of the farm (repeatable), "
+                     "e.g. --pd-run-arg=--num-fewshot=1")
     g.addoption("--pd-platform", default=None,
                 help="expand for this platform instead of this machine (cpu, cuda:N)")
 

@@ -126,6 +126,13 @@ def select_cells(args: argparse.Namespace) -> tuple[list[Cell], object]:
             except ValueError:
                 raise UsageError(f"--shard must be I/N, got {args.shard!r}") from None
             cells = matrix.shard(cells, i, n)
+    if getattr(args, "gpu_layout", "shared") == "split":
+        for cell in cells:
+            need = rules.gpus_needed(cell)["total"]
+            if cell.device == "cuda" and need > platform.gpu_count:
+                raise UsageError(f"cell {cell.cell_id}: --gpu-layout split needs {need} GPUs "
+                                 f"(prefill and decode on their own), this machine has "
+                                 f"{platform.gpu_count}; use --gpu-layout shared")
     try:
         rules.validate_or_die(cells, platform, catalog)
     except rules.InvalidCellError as exc:

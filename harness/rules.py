@@ -388,10 +388,10 @@ def _max_model_len(cell: Cell, ctx: RuleContext) -> str | None:
 
 @rule("gpu-count", "unavailable")
 def _gpu_count(cell: Cell, ctx: RuleContext) -> str | None:
-    """A cuda cell needs at least as many GPUs as its largest concurrent server set."""
+    """A cuda cell needs at least as many GPUs as its widest server (servers may share GPUs)."""
     if cell.device != "cuda" or ctx.platform is None:
         return None
-    need = gpus_needed(cell)["total"]
+    need = gpus_needed(cell)["min_shared"]
     if need > ctx.platform.gpu_count:
         return f"needs {need} GPU(s), this machine has {ctx.platform.gpu_count}"
     return None
@@ -443,16 +443,20 @@ def gpus_needed(cell: Cell) -> dict[str, int]:
     """GPUs per role when every server has its own GPUs (cpu cells need 0).
 
     ``total`` assumes the baseline server is not up at the same time as the P/D pair
-    (max of the two sets); ``all_at_once`` is the count when all three run together.
+    (max of the two sets); ``all_at_once`` is the count when all three run together;
+    ``min_shared`` is the fewest GPUs the cell runs on when its servers share GPUs (tiny models
+    with explicit memory budgets): its widest tensor-parallel server.
     """
     if cell.device != "cuda":
-        return {"prefill": 0, "decode": 0, "baseline": 0, "total": 0, "all_at_once": 0}
+        return {"prefill": 0, "decode": 0, "baseline": 0, "total": 0, "all_at_once": 0,
+                "min_shared": 0}
     prefill = cell.prefill_tp * cell.num_prefill
     decode = cell.decode_tp * cell.num_decode
     baseline = cell.baseline_tp
     return {
         "prefill": prefill, "decode": decode, "baseline": baseline,
         "total": max(prefill + decode, baseline), "all_at_once": prefill + decode + baseline,
+        "min_shared": max(cell.prefill_tp, cell.decode_tp, baseline),
     }
 
 

@@ -85,7 +85,8 @@ def pd_farm(request: pytest.FixtureRequest) -> dict:
     out = Path(config.getoption("--pd-results-dir")) / time.strftime("farm-%Y%m%dT%H%M%S")
     run_args = ["--limit", str(config.getoption("--pd-limit") or 50),
                 "--alpha", str(config.getoption("--pd-alpha")),
-                "--max-mde", str(config.getoption("--pd-max-mde"))]
+                "--max-mde", str(config.getoption("--pd-max-mde")),
+                *config.getoption("--pd-run-arg")]
     exit_code = run_farm(config.getoption("--pd-profile"), matrix_path=config.getoption("--pd-matrix"),
                          results_dir=str(out / "records"), run_args=run_args,
                          log_dir=str(out / "farm-logs"), only=[c.cell_id for c in cells],

@@ -86,7 +86,8 @@ CASES = [
     ("tp-divides-kv-heads", gpu_cell(prefill_tp=2, decode_tp=4), gpu_cell(prefill_tp=3), PlatformInfo.from_spec("cuda:8")),
     ("backend-head-size", cpu_cell(backend="CPU_ATTN"), gpu_cell(backend="FLASHINFER"), GPU2),
     ("max-model-len", cpu_cell(max_model_len=1024), cpu_cell(max_model_len=2048), CPU),
-    ("gpu-count", gpu_cell(), gpu_cell(prefill_tp=2, decode_tp=2), GPU2),
+    # servers may share GPUs: TP2 pairs fit on 2 GPUs, a TP4 server does not
+    ("gpu-count", gpu_cell(prefill_tp=2, decode_tp=2), gpu_cell(prefill_tp=4, decode_tp=4), GPU2),
     ("vllm-device", cpu_cell(), gpu_cell(), None),
     ("vllm-v2-runner", gpu_cell(runner="v1"), gpu_cell(runner="v2"), None),
     ("vllm-backend", gpu_cell(backend="FLASH_ATTN"), gpu_cell(backend="TRITON_ATTN"), None),
@@ -184,7 +185,8 @@ def test_block_size_provider_overrides_catalog():
 def test_gpus_needed():
     assert gpus_needed(cpu_cell(prefill_tp=2))["total"] == 0
     need = gpus_needed(gpu_cell(prefill_tp=2, decode_tp=1, num_decode=2))
-    assert need == {"prefill": 2, "decode": 2, "baseline": 1, "total": 4, "all_at_once": 5}
+    assert need == {"prefill": 2, "decode": 2, "baseline": 1, "total": 4, "all_at_once": 5,
+                    "min_shared": 2}
     assert gpus_needed(gpu_cell(prefill_tp=1, decode_tp=4))["total"] == 5
 
 
