@@ -1,0 +1,140 @@
+"""`pd-accuracy zoo build|list|path|data|card`: the harness's own tiny trained models.
+
+    pd-accuracy zoo build NAME [--device cuda|cpu] [--steps N] [--out DIR]
+        retrain NAME from scratch (default: into its committed checkpoint directory) and
+        re-render its card; same seed and steps give the same model.
+    pd-accuracy zoo list           names, architectures, hybrid flag, checkpoint present
+    pd-accuracy zoo path NAME      the checkpoint directory (what the servers load)
+    pd-accuracy zoo data [DIR]     write the gsm_synth train/test jsonl (default: the cache)
+    pd-accuracy zoo card NAME [--vllm-results FILE]
+        re-render harness/zoo/cards/NAME.md, optionally recording an lm-eval results JSON
+        measured through vLLM first.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+EXIT_OK, EXIT_USAGE, EXIT_ERROR = 0, 2, 3
+
+
+def _default_device() -> str:
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        return "cpu"
+
+
+def _build(args: argparse.Namespace) -> int:
+    from harness.zoo import card, registry, train
+    from harness.zoo.models import SPECS
+
+    if args.name not in SPECS:
+        print(f"unknown zoo model {args.name!r}; known: {', '.join(SPECS)}", file=sys.stderr)
+        return EXIT_USAGE
+    spec = SPECS[args.name]
+    target = Path(args.out) if args.out else registry.checkpoint_dir(args.name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Train beside the target and swap at the end, so a failed build keeps the old checkpoint.
+    work = Path(tempfile.mkdtemp(prefix=f".{args.name}.", dir=target.parent))
+    try:
+        train.train(args.name, work, device=args.device or _default_device(),
+                    steps=args.steps, decay_start=None if args.steps else spec.decay_start,
+                    stop_after=None if args.steps else spec.stop_after,
+                    time_limit_s=args.time_limit, probe_n=args.probe_n, workers=args.workers)
+        if target.exists():
+            shutil.rmtree(target)
+        work.rename(target)
+    finally:
+        if work.exists():
+            shutil.rmtree(work, ignore_errors=True)
+    if not args.out:
+        print(card.write_card(target))
+    print(target)
+    return EXIT_OK
+
+
+def _list(_args: argparse.Namespace) -> int:
+    from harness.zoo import registry
+    from harness.zoo.models import SPECS
+
+    for name in registry.zoo_names():
+        spec = SPECS[name]
+        present = (registry.checkpoint_dir(name) / "config.json").exists()
+        print(f"{name:28s} {spec.architecture:30s} hybrid={str(spec.hybrid).lower():5s} "
+              f"block(cpu)={registry.required_block_size(name, 'cpu')} "
+              f"checkpoint={'yes' if present else 'missing'}")
+    return EXIT_OK
+
+
+def _path(args: argparse.Namespace) -> int:
+    from harness.zoo import registry
+
+    try:
+        print(registry.resolve_model(args.name) if args.name in registry.zoo_names()
+              else registry.checkpoint_dir(args.name))
+    except (KeyError, FileNotFoundError) as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_OK
+
+
+def _data(args: argparse.Namespace) -> int:
+    from harness.zoo import task
+
+    print(task.write_splits(args.dir))
+    return EXIT_OK
+
+
+def _card(args: argparse.Namespace) -> int:
+    from harness.zoo import card, registry
+
+    try:
+        ckpt = Path(registry.resolve_model(args.name))
+    except (KeyError, FileNotFoundError) as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_USAGE
+    if args.vllm_results:
+        card.record_vllm_eval(ckpt, args.vllm_results, command=args.command or "",
+                              vllm_version=args.vllm_version or "")
+    print(card.write_card(ckpt))
+    return EXIT_OK
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("zoo", help="build, list and locate the tiny trained zoo models",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    zoo = p.add_subparsers(dest="zoo_command", metavar="ZOO_COMMAND", required=True)
+
+    b = zoo.add_parser("build", help="retrain a zoo model from scratch (reproducible)")
+    b.add_argument("name")
+    b.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="default: cuda when available")
+    b.add_argument("--steps", type=int, default=None, help="default: the recipe's (models.py)")
+    b.add_argument("--out", default=None, help="default: the committed checkpoint directory")
+    b.add_argument("--time-limit", type=float, default=None, help="seconds of training")
+    b.add_argument("--probe-n", type=int, default=0, help="PyTorch probe docs (0: skip)")
+    b.add_argument("--workers", type=int, default=2, help="data-loader processes")
+    b.set_defaults(func=_build)
+
+    zoo.add_parser("list", help="the zoo's models").set_defaults(func=_list)
+
+    pa = zoo.add_parser("path", help="checkpoint directory of a zoo model")
+    pa.add_argument("name")
+    pa.set_defaults(func=_path)
+
+    d = zoo.add_parser("data", help="write the gsm_synth jsonl splits")
+    d.add_argument("dir", nargs="?", default=None)
+    d.set_defaults(func=_data)
+
+    c = zoo.add_parser("card", help="re-render a model card (optionally with vLLM results)")
+    c.add_argument("name")
+    c.add_argument("--vllm-results", default=None, help="lm-eval results JSON (gsm_synth)")
+    c.add_argument("--vllm-version", default=None)
+    c.add_argument("--command", default=None, help="how the vLLM numbers were measured")
+    c.set_defaults(func=_card)

@@ -1,0 +1,133 @@
+"""Model cards: harness/zoo/cards/<name>.md, rendered from the checkpoint's training.json and,
+once measured, its eval_vllm.json (accuracy through a vLLM server, see `record_vllm_eval`)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from harness.record import atomic_write_text
+from harness.zoo import task
+from harness.zoo.registry import CARDS_DIR, required_block_size
+from harness.zoo.train import TRAINING_JSON
+
+VLLM_EVAL_JSON = "eval_vllm.json"
+
+
+def record_vllm_eval(checkpoint: str | Path, results_json: str | Path, *, command: str = "",
+                     vllm_version: str = "") -> dict:
+    """Store the gsm_synth numbers of an lm-eval results JSON next to the checkpoint."""
+    results = json.loads(Path(results_json).read_text())
+    metrics = results["results"][task.TASK_NAME]
+    n = results.get("n-samples", {}).get(task.TASK_NAME, {}).get("effective")
+    record = {
+        "task": task.TASK_NAME,
+        "n": n,
+        "strict_match": metrics.get("exact_match,strict-match"),
+        "flexible_extract": metrics.get("exact_match,flexible-extract"),
+        "num_fewshot": results.get("n-shot", {}).get(task.TASK_NAME, task.NUM_FEWSHOT),
+        "vllm": vllm_version,
+        "command": command,
+    }
+    atomic_write_text(Path(checkpoint) / VLLM_EVAL_JSON, json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def _fmt_acc(value) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def render_card(checkpoint: str | Path) -> str:
+    """Markdown model card for the checkpoint directory."""
+    ckpt = Path(checkpoint)
+    train = json.loads((ckpt / TRAINING_JSON).read_text())
+    config = json.loads((ckpt / "config.json").read_text())
+    weights = ckpt / "model.safetensors"
+    size_mb = weights.stat().st_size / 1e6 if weights.exists() else float("nan")
+    vllm_path = ckpt / VLLM_EVAL_JSON
+    vllm = json.loads(vllm_path.read_text()) if vllm_path.exists() else None
+    name = train["model"]
+
+    arch_keys = ("hidden_size", "num_hidden_layers", "layer_types", "num_attention_heads",
+                 "num_key_value_heads", "head_dim", "intermediate_size", "shared_intermediate_size",
+                 "num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                 "shared_expert_intermediate_size", "mamba_n_heads", "mamba_d_head",
+                 "mamba_d_state", "mamba_expand", "mamba_chunk_size", "linear_num_key_heads",
+                 "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+                 "position_embedding_type", "vocab_size", "max_position_embeddings")
+    arch_rows = "\n".join(f"| {k} | {config[k]} |" for k in arch_keys if k in config)
+
+    lines = [
+        f"# {name}",
+        "",
+        f"A tiny `{train['architecture']}` trained from scratch by the harness on the synthetic "
+        f"`{task.TASK_NAME}` task (harness/zoo/task.py), so that baseline-vs-P/D accuracy "
+        "comparisons mean something offline. Not a language model beyond this task.",
+        "",
+        "## Architecture",
+        "",
+        "| field | value |",
+        "|---|---|",
+        f"| parameters | {train['parameters']:,} |",
+        f"| weights | bf16 safetensors, {size_mb:.1f} MB |",
+        arch_rows,
+        "",
+        "Tokenizer: byte-level BPE trained on the task text (harness/zoo/tokenizer.py), digits split "
+        "one per token, BOS added to every prompt.",
+        "",
+        f"Hybrid: {'yes' if train['hybrid'] else 'no'}."
+        + (f" Attention block size needed by vLLM CPU: {required_block_size(name, 'cpu')}."
+           if train["hybrid"] else ""),
+        "",
+        "## Training",
+        "",
+        "| field | value |",
+        "|---|---|",
+        f"| data | gsm_synth stream, seed {train['train_seed']} (test split seed "
+        f"{train['test_seed']}) |",
+        f"| init seed | {train['seed']} |",
+        f"| steps | {train['steps_done']} x batch {train['batch_size']} (planned "
+        f"{train['steps_planned']}) |",
+        f"| schedule | AdamW lr {train['lr']}, warm-up {train['warmup']}, linear decay from step "
+        f"{train['decay_start']}{' (started early by the time limit)' if train['schedule_cut_by_time_limit'] else ''} |",
+        f"| loss | on answer tokens + EOS only; last logged {train['loss_curve'][-1][1] if train['loss_curve'] else 'n/a'} |",
+        f"| device | {train['device']} ({train['device_name']}), torch {train['torch']}, "
+        f"transformers {train['transformers']} |",
+        f"| train wall time | {train['train_wall_s']} s |",
+        "",
+        f"Rebuild: `pd-accuracy zoo build {name}` (or `{train['rebuild']}`).",
+        "",
+        "## Accuracy",
+        "",
+    ]
+    if vllm:
+        lines += [
+            f"Through vLLM ({vllm.get('vllm') or 'version n/a'}), greedy, lm-eval "
+            f"`{task.TASK_NAME}` {vllm['num_fewshot']}-shot, n = {vllm['n']}: strict-match "
+            f"**{_fmt_acc(vllm['strict_match'])}**, flexible-extract "
+            f"{_fmt_acc(vllm['flexible_extract'])}.",
+            "",
+        ]
+        if vllm.get("command"):
+            lines += ["```", vllm["command"], "```", ""]
+    else:
+        lines += ["Through vLLM: not measured yet.", ""]
+    probe = train.get("probe")
+    if probe:
+        lines += [
+            "PyTorch probe (transformers generate, greedy, first test docs), with the K and V of "
+            "one 128-token prompt block zeroed in every attention layer:",
+            "",
+            "| condition | n | strict-match |",
+            "|---|---|---|",
+        ]
+        for key, res in probe.items():
+            lines.append(f"| {key.replace('_', ' ')} | {res['n']} | {_fmt_acc(res['accuracy'])} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_card(checkpoint: str | Path, cards_dir: str | Path = CARDS_DIR) -> Path:
+    """Render the card of `checkpoint` into cards_dir/<name>.md and return its path."""
+    text = render_card(checkpoint)
+    name = json.loads((Path(checkpoint) / TRAINING_JSON).read_text())["model"]
+    return atomic_write_text(Path(cards_dir) / f"{name}.md", text)

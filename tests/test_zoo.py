@@ -1,0 +1,181 @@
+"""The trained zoo: task generator, tokenizer, committed checkpoints, registry, lm-eval task."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from harness.zoo import registry, task
+from harness.zoo.data import LineTokenCache
+from harness.zoo.probe import block_span, strict_answer
+from harness.zoo.train import lr_at
+
+NAMES = ("tiny-llama-gsm", "tiny-granite-hybrid-gsm", "tiny-qwen3next-hybrid-gsm")
+TASK_YAML = Path(__file__).resolve().parents[1] / "harness" / "tasks" / "gsm_synth.yaml"
+MAX_CHECKPOINT_BYTES = 10 * 1000 * 1000
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(registry.resolve_model("tiny-llama-gsm"))
+
+
+# ---- generator ------------------------------------------------------------------------------
+def test_same_seed_same_docs_and_splits(tmp_path):
+    assert [task.make_doc(7, i) for i in range(20)] == [task.make_doc(7, i) for i in range(20)]
+    assert task.make_doc(7, 0) != task.make_doc(8, 0)
+    a = task.write_splits(tmp_path / "a", test_size=30, train_size=10)
+    b = task.write_splits(tmp_path / "b", test_size=30, train_size=10)
+    for split in ("train", "test"):
+        assert (a / f"{split}.jsonl").read_bytes() == (b / f"{split}.jsonl").read_bytes()
+    test_docs = [json.loads(line) for line in (a / "test.jsonl").read_text().splitlines()]
+    assert len(test_docs) == 30 and test_docs[3] == task.make_doc(task.TEST_SEED, 3)
+
+
+def test_answers_are_correct_by_recomputation():
+    step_re = re.compile(r"(\d+) \* (\d+) = (\d+)")
+    sum_re = re.compile(r"(\d+) \+ (\d+) = (\d+)")
+    for i in range(300):
+        doc = task.make_doc(task.TEST_SEED, i)
+        prices = dict(map(tuple, doc["catalog"]))
+        expected = sum(prices[item] * qty for item, qty in doc["purchases"])
+        assert doc["result"] == expected == task.solve(doc)
+        assert task.extract_final(doc["answer"]) == str(expected)
+        products = [(int(a), int(b), int(c)) for a, b, c in step_re.findall(doc["answer"])]
+        assert [(q, prices[item]) for item, q in doc["purchases"]] == [(a, b) for a, b, _ in products]
+        assert all(a * b == c for a, b, c in products)
+        sums = [(int(a), int(b), int(c)) for a, b, c in sum_re.findall(doc["answer"])]
+        assert len(sums) == task.ITEMS_PER_QUESTION - 1 and all(a + b == c for a, b, c in sums)
+        assert sums[-1][2] == expected
+
+
+def test_question_items_come_from_every_third_of_the_catalog():
+    for i in range(100):
+        doc = task.make_doc(task.TEST_SEED, i)
+        positions = sorted([item for item, _ in doc["catalog"]].index(item)
+                           for item, _ in doc["purchases"])
+        size = len(doc["catalog"])
+        bounds = [0, size // 3, 2 * size // 3, size]
+        assert all(bounds[k] <= p < bounds[k + 1] for k, p in enumerate(positions))
+
+
+def test_answer_depends_on_catalog_prices():
+    doc = task.make_doc(task.TEST_SEED, 0)
+    catalog = [tuple(c) for c in doc["catalog"]]
+    purchases = [tuple(p) for p in doc["purchases"]]
+    assert task.doc_from_parts(catalog, purchases, doc["name"])["result"] == doc["result"]
+    for item, qty in purchases:
+        changed = [(i, p % 9 + 1 if i == item else p) for i, p in catalog]
+        new = task.doc_from_parts(changed, purchases, doc["name"])
+        assert new["result"] != doc["result"] and item in new["answer"]
+    bought = {item for item, _ in purchases}
+    unused = next(i for i, _ in catalog if i not in bought)
+    changed = [(i, p % 9 + 1 if i == unused else p) for i, p in catalog]
+    assert task.doc_from_parts(changed, purchases, doc["name"])["result"] == doc["result"]
+
+
+# ---- tokenizer --------------------------------------------------------------------------------
+def test_prompts_span_several_128_token_blocks(tokenizer):
+    assert task.NUM_FEWSHOT == 0  # the prompt is the doc alone
+    lengths = [len(tokenizer(task.prompt_text(task.make_doc(task.TEST_SEED, i))).input_ids)
+               for i in range(100)]
+    assert min(lengths) > 3 * 128 and max(lengths) <= 900
+    assert len(set(length % 128 for length in lengths)) > 3   # last block filled to various depths
+
+
+def test_tokenizer_single_digits_single_token_names_and_bos(tokenizer):
+    ids = tokenizer(" 1234").input_ids
+    assert ids[0] == tokenizer.bos_token_id
+    assert [tokenizer.decode([i]).strip() for i in ids[1:] if tokenizer.decode([i]).strip()] == list("1234")
+    for word in task.ITEMS + task.NAMES:
+        assert len(tokenizer(" " + word, add_special_tokens=False).input_ids) == 1, word
+
+
+def test_line_cache_matches_tokenizer(tokenizer):
+    cache = LineTokenCache(Path(registry.resolve_model("tiny-llama-gsm")) / "tokenizer.json")
+    for i in range(30):
+        doc = task.make_doc(task.TRAIN_SEED, i)
+        text = task.prompt_text(doc) + task.target_text(doc)
+        assert cache.encode(text, bos=True) == tokenizer(text).input_ids
+
+
+# ---- checkpoints and registry ---------------------------------------------------------------
+@pytest.mark.parametrize("name", NAMES)
+def test_registry_resolves_committed_checkpoint(name):
+    path = Path(registry.resolve_model(name))
+    assert path == registry.CHECKPOINTS_DIR / name
+    for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        assert (path / f).is_file(), f
+    config = json.loads((path / "config.json").read_text())
+    assert config["architectures"] == [registry.SPECS[name].architecture]
+    assert config["num_key_value_heads"] == 2
+    assert config.get("head_dim", config["hidden_size"] // config["num_attention_heads"]) == 64
+    assert config["dtype"] == "bfloat16"
+    size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+    assert size <= MAX_CHECKPOINT_BYTES, f"{name}: {size} bytes"
+    assert (registry.CARDS_DIR / f"{name}.md").is_file()
+
+
+def test_checkpoints_share_one_tokenizer():
+    blobs = {(registry.CHECKPOINTS_DIR / n / "tokenizer.json").read_bytes() for n in NAMES}
+    assert len(blobs) == 1
+
+
+def test_registry_facts(tmp_path):
+    assert registry.zoo_names() == list(NAMES)
+    assert [registry.is_hybrid(n) for n in NAMES] == [False, True, True]
+    assert registry.required_block_size("tiny-llama-gsm") is None
+    assert registry.required_block_size("tiny-granite-hybrid-gsm", "cpu") == 128
+    assert registry.required_block_size("tiny-qwen3next-hybrid-gsm", "cpu") == 128
+    assert registry.resolve_model("/some/path") == "/some/path"
+    assert registry.is_hybrid(registry.resolve_model("tiny-granite-hybrid-gsm"))  # by config.json
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    assert not registry.is_hybrid(str(tmp_path))
+    assert registry.task_for("tiny-llama-gsm") == "gsm_synth" and registry.task_for("x") is None
+
+
+def test_cli_zoo_list_and_path(capsys):
+    from harness.cli import main
+
+    assert main(["zoo", "list"]) == 0
+    listing = capsys.readouterr().out
+    assert all(n in listing for n in NAMES)
+    assert main(["zoo", "path", "tiny-llama-gsm"]) == 0
+    assert capsys.readouterr().out.strip() == str(registry.CHECKPOINTS_DIR / "tiny-llama-gsm")
+    assert main(["zoo", "path", "no-such-model"]) == 2
+
+
+# ---- lm-eval task -----------------------------------------------------------------------------
+def test_lm_eval_task_loads_and_extracts(tmp_path):
+    from lm_eval.filters.extraction import RegexFilter
+    from lm_eval.tasks import TaskManager
+
+    data = task.write_splits(tmp_path / "data", test_size=5, train_size=2)
+    include = tmp_path / "tasks"
+    include.mkdir()
+    (include / TASK_YAML.name).write_text(TASK_YAML.read_text().replace("@DATA_DIR@", str(data)))
+    manager = TaskManager(include_path=str(include), include_defaults=False)
+    loaded = manager.load(["gsm_synth"])["tasks"]["gsm_synth"]
+    doc = loaded.test_docs()[0]
+    assert loaded.config.num_fewshot == 0
+    assert loaded.doc_to_text(doc) == task.prompt_text(doc)
+    assert "\n\n" in loaded.config.generation_kwargs["until"]
+    strict = next(f for f in loaded.config.filter_list if f["name"] == "strict-match")
+    regex = RegexFilter(regex_pattern=strict["filter"][0]["regex_pattern"])
+    generated = task.target_text(doc) + "\n\nQuestion: next"
+    [[extracted]] = regex.apply([[generated]], [doc])
+    assert extracted == str(doc["result"]) == strict_answer(generated)
+
+
+# ---- training helpers ---------------------------------------------------------------------------
+def test_lr_schedule_and_block_spans():
+    lrs = [lr_at(s, base_lr=1.0, warmup=10, decay_start=60, total=100) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == 1.0 and lrs[59] == 1.0
+    assert lrs[80] == pytest.approx(0.5) and lrs[-1] == pytest.approx(1 / 40)
+    assert block_span(640, "first") == (0, 128)
+    assert block_span(640, "middle") == (256, 384)
+    assert block_span(650, "last") == (640, 650)
