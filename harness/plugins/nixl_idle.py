@@ -6,7 +6,7 @@ progress thread turns that delay into the timeout of its ``poll()`` on the UCX w
 (rounded *up* to whole milliseconds), so 0 means a busy loop: every idle P/D server burns a core,
 which on a 2-core machine slows the other server down several-fold. A non-zero delay only bounds
 how long the thread sleeps when no event fd fires (a workaround for missed UCX wake-ups), so
-transfers still wake it at once.
+transfers should still wake it at once (the stall below says this is not the whole story).
 
 Measured on the 2-core CPU machine (tiny Llama P/D pair, vLLM 0.32.0, NIXL 1.5.1,
 scripts/check_plugins.sh idle): idle CPU of each server's process tree 3 % with the plugin vs
