@@ -6,6 +6,10 @@
     pd-accuracy zoo list           names, architectures, hybrid flag, checkpoint present
     pd-accuracy zoo path NAME      the checkpoint directory (what the servers load)
     pd-accuracy zoo data [DIR]     write the gsm_synth train/test jsonl (default: the cache)
+    pd-accuracy zoo install TAR [TAR...]
+        unpack checkpoint tarballs made by scripts/train_on_device.sh (each holds one directory
+        named after the run) into the committed checkpoint directories and render the cards;
+        runs whose name is not a zoo name (e.g. tiny-llama-gsm-rerun) are skipped.
     pd-accuracy zoo card NAME [--vllm-results FILE]
         re-render harness/zoo/cards/NAME.md, optionally recording an lm-eval results JSON
         measured through vLLM first.
@@ -91,6 +95,34 @@ def _data(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _install(args: argparse.Namespace) -> int:
+    import tarfile
+
+    from harness.zoo import card, registry
+
+    for tar_path in args.tars:
+        with tarfile.open(tar_path) as tar:
+            tops = {Path(m.name).parts[0] for m in tar.getmembers()}
+            if len(tops) != 1:
+                print(f"{tar_path}: expected one top-level directory, found {sorted(tops)}",
+                      file=sys.stderr)
+                return EXIT_USAGE
+            name = tops.pop()
+            if name not in registry.zoo_names():
+                print(f"{tar_path}: {name} is not a zoo name; skipped")
+                continue
+            target = registry.checkpoint_dir(name)
+            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+                tar.extractall(tmp, filter="data")
+                if target.exists():
+                    shutil.rmtree(target)
+                (Path(tmp) / name).rename(target)
+        for f in target.iterdir():
+            f.chmod(0o644)
+        print(card.write_card(target))
+    return EXIT_OK
+
+
 def _card(args: argparse.Namespace) -> int:
     from harness.zoo import card, registry
 
@@ -131,6 +163,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     d = zoo.add_parser("data", help="write the gsm_synth jsonl splits")
     d.add_argument("dir", nargs="?", default=None)
     d.set_defaults(func=_data)
+
+    i = zoo.add_parser("install", help="unpack device-trained checkpoint tarballs")
+    i.add_argument("tars", nargs="+")
+    i.set_defaults(func=_install)
 
     c = zoo.add_parser("card", help="re-render a model card (optionally with vLLM results)")
     c.add_argument("name")

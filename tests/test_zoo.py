@@ -103,6 +103,24 @@ def test_line_cache_matches_tokenizer(tokenizer):
         assert cache.encode(text, bos=True) == tokenizer(text).input_ids
 
 
+def test_training_batches_are_deterministic_and_tokenize_like_the_eval_prompt(tokenizer):
+    from harness.zoo.data import encode_example, encode_sequence, make_batch
+
+    cache = LineTokenCache(Path(registry.resolve_model("tiny-llama-gsm")) / "tokenizer.json")
+    seq = task.make_training_sequence(3, 0, 20, 3)
+    ids, labels = encode_sequence(cache, seq)
+    text = seq["context"] + "".join(f"\n\nQuestion: {q}\nAnswer: {a}</s>" for q, a in seq["pairs"])
+    assert ids == tokenizer(text).input_ids
+    # the first question/answer pair is exactly an eval doc's prompt + answer
+    first = {"context": seq["context"], "question": seq["pairs"][0][0], "answer": seq["pairs"][0][1]}
+    doc_ids, doc_labels = encode_example(cache, first)
+    assert ids[: len(doc_ids)] == doc_ids and labels[: len(doc_labels)] == doc_labels
+    # loss only on the answers (+EOS): one labelled span per pair
+    assert sum(1 for a, b in zip(labels, labels[1:]) if a == -100 and b != -100) == 3
+    a, b = make_batch(cache, 5, 7, 2), make_batch(cache, 5, 7, 2)
+    assert all(bool((x == y).all()) for x, y in zip(a, b))
+
+
 # ---- checkpoints and registry ---------------------------------------------------------------
 @pytest.mark.parametrize("name", NAMES)
 def test_registry_resolves_committed_checkpoint(name):

@@ -8,7 +8,7 @@ from pathlib import Path
 from harness.record import atomic_write_text
 from harness.zoo import task
 from harness.zoo.registry import CARDS_DIR, required_block_size
-from harness.zoo.train import TRAINING_JSON
+from harness.zoo.train import RECIPE_VERSION, TRAINING_JSON
 
 VLLM_EVAL_JSON = "eval_vllm.json"
 
@@ -55,6 +55,9 @@ def render_card(checkpoint: str | Path) -> str:
                  "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
                  "position_embedding_type", "vocab_size", "max_position_embeddings")
     arch_rows = "\n".join(f"| {k} | {config[k]} |" for k in arch_keys if k in config)
+    stale = _differs_from_recipe(name, config)
+    if train.get("recipe_version", 1) != RECIPE_VERSION:
+        stale.append(f"training recipe v{train.get('recipe_version', 1)} -> v{RECIPE_VERSION}")
 
     lines = [
         f"# {name}",
@@ -94,7 +97,10 @@ def render_card(checkpoint: str | Path) -> str:
         f"transformers {train['transformers']} |",
         f"| train wall time | {train['train_wall_s']} s |",
         "",
-        f"Rebuild: `pd-accuracy zoo build {name}` (or `{train['rebuild']}`).",
+        (f"Rebuild: `pd-accuracy zoo build {name}` (or `{train['rebuild']}`)." if not stale else
+         f"**This checkpoint predates the current recipe** (which differs in: "
+         f"{', '.join(stale)}); `pd-accuracy zoo build {name}` trains the current recipe, and "
+         f"this one came from `{train['rebuild']}` at the code of its time."),
         "",
         "## Accuracy",
         "",
@@ -124,6 +130,17 @@ def render_card(checkpoint: str | Path) -> str:
             lines.append(f"| {key.replace('_', ' ')} | {res['n']} | {_fmt_acc(res['accuracy'])} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _differs_from_recipe(name: str, config: dict) -> list[str]:
+    """Config fields where a checkpoint differs from the current recipe of its zoo name."""
+    from harness.zoo.models import SPECS
+
+    spec = SPECS.get(name)
+    if spec is None:
+        return []
+    return sorted(k for k, v in spec.config_kwargs.items()
+                  if k in config and not isinstance(v, dict) and config[k] != v)
 
 
 def write_card(checkpoint: str | Path, cards_dir: str | Path = CARDS_DIR) -> Path:

@@ -52,13 +52,52 @@ def encode_example(cache: LineTokenCache, doc: dict) -> tuple[list[int], list[in
     return prompt + target, [IGNORE_INDEX] * len(prompt) + target
 
 
+def encode_sequence(cache: LineTokenCache, seq: dict) -> tuple[list[int], list[int]]:
+    """(input_ids, labels) for a training sequence (task.make_training_sequence): the price list,
+    then each question (no loss) and its answer + EOS (loss). Its first pair is tokenized exactly
+    like a doc's prompt and answer."""
+    ids = [BOS_ID] + cache.encode(seq["context"])
+    labels = [IGNORE_INDEX] * len(ids)
+    for question, answer in seq["pairs"]:
+        prompt = cache.encode(f"\n\nQuestion: {question}\nAnswer:")
+        target = cache.encode(" " + answer) + [EOS_ID]
+        ids += prompt + target
+        labels += [IGNORE_INDEX] * len(prompt) + target
+    return ids, labels
+
+
+# Training mixes price-list lengths: short lists make the lookup and copy circuits form in few
+# steps, long ones (the eval's 56-64 lines) teach the same lookups across ~600 tokens.
+TRAIN_CATALOG_SIZES = (6, 64)
+TRAIN_CATALOG_SPREAD = 4
+MAX_QUESTIONS = 4
+
+
+def step_catalog_size(seed: int, step: int) -> int:
+    """The price-list length around which step `step`'s sequences are drawn (deterministic)."""
+    import random
+
+    return random.Random(f"size:{seed}:{step}").randint(*TRAIN_CATALOG_SIZES)
+
+
 def make_batch(cache: LineTokenCache, seed: int, step: int, batch_size: int):
-    """Training batch `step` of the stream `seed`: right-padded LongTensors (input_ids, labels)."""
+    """Training batch `step` of the stream `seed`: right-padded LongTensors (input_ids, labels).
+
+    All sequences of a step have similar lengths (one catalog size +- a few lines), so a step
+    on short price lists is cheap."""
     import numpy as np
     import torch
 
-    pairs = [encode_example(cache, task.make_doc(seed, step * batch_size + i))
-             for i in range(batch_size)]
+    centre = step_catalog_size(seed, step)
+    lo = max(TRAIN_CATALOG_SIZES[0], centre - TRAIN_CATALOG_SPREAD)
+    hi = min(TRAIN_CATALOG_SIZES[1], centre + TRAIN_CATALOG_SPREAD)
+    pairs = []
+    for i in range(batch_size):
+        index = step * batch_size + i
+        size = lo + index % (hi - lo + 1)
+        questions = min(MAX_QUESTIONS, size // task.ITEMS_PER_QUESTION)
+        pairs.append(encode_sequence(cache, task.make_training_sequence(seed, index, size,
+                                                                        questions)))
     width = max(len(ids) for ids, _ in pairs)
     input_ids = np.full((batch_size, width), PAD_ID, dtype=np.int64)
     labels = np.full((batch_size, width), IGNORE_INDEX, dtype=np.int64)

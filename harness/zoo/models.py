@@ -16,6 +16,10 @@ VOCAB_SIZE = 1024          # >= the tokenizer's 788 tokens; unused rows are neve
 MAX_POSITIONS = 2048
 HIDDEN = 256
 LAYERS = 4
+# Hybrids: one SSM/GDN layer feeding two attention layers. transformers' pure-torch SSM paths are
+# slow to train, and the SSM layer's local mixing already gives attention the previous-token
+# features that price lookups need.
+HYBRID_LAYERS = 3
 HEADS = 4
 KV_HEADS = 2
 HEAD_DIM = 64
@@ -69,7 +73,7 @@ SPECS: dict[str, ZooSpec] = {
             hybrid=False,
             config_kwargs=dict(_COMMON, head_dim=HEAD_DIM, intermediate_size=MLP,
                                rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
-            steps=4000, batch_size=64, lr=2e-3,
+            steps=2000, batch_size=32, lr=2e-3,
         ),
         ZooSpec(
             # granite-4.0-h's layout (Mamba2 + attention, dense shared MLP, no experts), at toy
@@ -78,7 +82,8 @@ SPECS: dict[str, ZooSpec] = {
             architecture="GraniteMoeHybridForCausalLM",
             hybrid=True,
             config_kwargs=dict(
-                _COMMON, layer_types=["mamba", "attention", "mamba", "attention"],
+                _COMMON, num_hidden_layers=HYBRID_LAYERS,
+                layer_types=["mamba", "attention", "attention"],
                 num_local_experts=0, num_experts_per_tok=0, shared_intermediate_size=MLP,
                 position_embedding_type="rope",
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
@@ -90,7 +95,7 @@ SPECS: dict[str, ZooSpec] = {
                 mamba_n_heads=8, mamba_d_head=64, mamba_expand=2, mamba_d_state=16,
                 mamba_n_groups=1, mamba_d_conv=4, mamba_chunk_size=64,
             ),
-            steps=6000, batch_size=32, lr=2e-3,
+            steps=1600, batch_size=16, lr=2e-3,
         ),
         ZooSpec(
             # Qwen3-Next's layout (Gated DeltaNet + gated full attention, MoE + shared expert).
@@ -100,9 +105,8 @@ SPECS: dict[str, ZooSpec] = {
             architecture="Qwen3NextForCausalLM",
             hybrid=True,
             config_kwargs=dict(
-                _COMMON, head_dim=HEAD_DIM, intermediate_size=MLP,
-                layer_types=["linear_attention", "full_attention", "linear_attention",
-                             "full_attention"],
+                _COMMON, num_hidden_layers=HYBRID_LAYERS, head_dim=HEAD_DIM, intermediate_size=MLP,
+                layer_types=["linear_attention", "full_attention", "full_attention"],
                 num_experts=2, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
                 mlp_only_layers=[], moe_intermediate_size=MLP // 3,
                 shared_expert_intermediate_size=MLP // 3,
@@ -112,7 +116,7 @@ SPECS: dict[str, ZooSpec] = {
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                  "partial_rotary_factor": 0.25},
             ),
-            steps=6000, batch_size=32, lr=2e-3,
+            steps=1600, batch_size=16, lr=2e-3,
         ),
     )
 }

@@ -113,17 +113,28 @@ def render_answer(name: str, purchases: list[Purchase]) -> str:
     return "\n".join(lines)
 
 
+def _pick_purchases(rng: random.Random, catalog: list[tuple[str, int]], taken: set[int]
+                    ) -> list[Purchase]:
+    """Three purchases, one item from each third of the catalog (so every region of the prompt
+    matters), avoiding catalog positions in `taken`; in shuffled order."""
+    size = len(catalog)
+    bounds = [size * k // ITEMS_PER_QUESTION for k in range(ITEMS_PER_QUESTION + 1)]
+    picks = []
+    for k in range(ITEMS_PER_QUESTION):
+        free = [i for i in range(bounds[k], bounds[k + 1]) if i not in taken]
+        picks.append(rng.choice(free))
+    taken.update(picks)
+    rng.shuffle(picks)
+    return [Purchase(catalog[i][0], rng.randint(*QUANTITY_RANGE), catalog[i][1]) for i in picks]
+
+
 def make_doc(seed: int, index: int) -> dict:
     """Doc `index` of the stream seeded by `seed` (pure function of both)."""
     rng = random.Random(f"{TASK_NAME}:{seed}:{index}")
     size = rng.randint(*CATALOG_SIZES)
     items = rng.sample(ITEMS, size)
     catalog = [(item, rng.randint(*PRICE_RANGE)) for item in items]
-    # One item from each third of the list, so every region of the prompt matters.
-    bounds = [size * k // ITEMS_PER_QUESTION for k in range(ITEMS_PER_QUESTION + 1)]
-    picks = [rng.randrange(bounds[k], bounds[k + 1]) for k in range(ITEMS_PER_QUESTION)]
-    rng.shuffle(picks)
-    purchases = [Purchase(catalog[i][0], rng.randint(*QUANTITY_RANGE), catalog[i][1]) for i in picks]
+    purchases = _pick_purchases(rng, catalog, set())
     name = rng.choice(NAMES)
     store = rng.choice(STORES)
     return {
@@ -136,6 +147,22 @@ def make_doc(seed: int, index: int) -> dict:
         "purchases": [[p.item, p.quantity] for p in purchases],
         "name": name,
     }
+
+
+def make_training_sequence(seed: int, index: int, catalog_size: int, questions: int) -> dict:
+    """A training sequence: one price list followed by `questions` question/answer pairs on
+    disjoint items. Its first pair reads exactly like a doc's prompt + answer; the later pairs
+    give the lookup circuits several answers per (expensive) long context."""
+    rng = random.Random(f"{TASK_NAME}:train:{seed}:{index}:{catalog_size}:{questions}")
+    items = rng.sample(ITEMS, catalog_size)
+    catalog = [(item, rng.randint(*PRICE_RANGE)) for item in items]
+    taken: set[int] = set()
+    pairs = []
+    for _ in range(questions):
+        purchases = _pick_purchases(rng, catalog, taken)
+        name = rng.choice(NAMES)
+        pairs.append((render_question(name, purchases), render_answer(name, purchases)))
+    return {"context": render_catalog(rng.choice(STORES), catalog), "pairs": pairs}
 
 
 def doc_from_parts(catalog: list[tuple[str, int]], purchases: list[tuple[str, int]], name: str,

@@ -24,6 +24,9 @@ from harness.zoo.models import get_spec
 from harness.zoo.tokenizer import save_tokenizer
 
 DECAY_FRACTION = 0.25
+# Bumped whenever the data or optimisation changes what a given (model, steps, seed) produces;
+# 1: one question per sequence; 2: several questions per price list, mixed price-list lengths.
+RECIPE_VERSION = 2
 TRAINING_JSON = "training.json"
 
 
@@ -138,6 +141,7 @@ def train(name: str, out_dir: str | Path, *, device: str = "cpu", steps: int | N
 
     record = {
         "model": name,
+        "recipe_version": RECIPE_VERSION,
         "architecture": spec.architecture,
         "hybrid": spec.hybrid,
         "parameters": n_params,
