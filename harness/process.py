@@ -138,13 +138,21 @@ _ERROR_LOOKING_RE = re.compile(
 )
 # Wrapper messages that only point elsewhere; the line that *caused* them is more decisive.
 _GENERIC_WRAPPER_RE = re.compile(
-    r"See root cause above|Engine core initialization failed|initialization failed\.?$"
+    r"See root cause above|See stack trace \(above\)|Engine core initialization failed"
+    r"|initialization failed\.?$|^=== |output_handler failed|EngineDeadError"
     r"|^SystemExit\b|^KeyboardInterrupt\b"
 )
 
 
 def _strip_process_prefix(line: str) -> str:
     return _PROCESS_PREFIX_RE.sub("", line, count=1)
+
+
+# vLLM logs a traceback one record per line ("ERROR 11-29 21:11:59 [core.py:1332]   File ...");
+# strip that record prefix so the traceback logic below sees the plain lines.
+_VLLM_RECORD_PREFIX_RE = re.compile(
+    r"^(?:ERROR|WARNING|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]+\] ?")
+_STACK_NOISE_RE = re.compile(r"^\s*(?:frame #\d+:|File \"|\^+\s*$)")
 
 
 def decisive_error_lines(log_text: str, limit: int = 5) -> list[str]:
@@ -160,9 +168,10 @@ def decisive_error_lines(log_text: str, limit: int = 5) -> list[str]:
     picked: list[str] = []
     in_traceback = False
     for raw in raw_lines:
-        body = _strip_process_prefix(raw)
-        if not body.strip():
-            continue
+        plain = _strip_process_prefix(raw)
+        body = _VLLM_RECORD_PREFIX_RE.sub("", plain, count=1)
+        if not body.strip() or _STACK_NOISE_RE.match(body):
+            continue  # C++ frames ("frame #3: ...") and traceback frames logged line by line
         if body.startswith("Traceback (most recent call last):"):
             in_traceback = True
             continue
@@ -172,9 +181,9 @@ def decisive_error_lines(log_text: str, limit: int = 5) -> list[str]:
             in_traceback = False
             picked.append(raw)  # the exception line that ends the traceback
             continue
-        if _ROUTINE_LEVEL_RE.match(body):
+        if _ROUTINE_LEVEL_RE.match(plain):
             continue
-        if _ERROR_LOOKING_RE.search(body):
+        if _ERROR_LOOKING_RE.search(plain):
             picked.append(raw)
     if not picked:
         return [line for line in raw_lines if line.strip()][-10:]

@@ -375,10 +375,14 @@ class Runner:
                 pd_run = self._evaluate(proxy.endpoint(), "pd", task, data_dir, sample=rnd.sample)
                 after = scrape_all(decode_urls)
         except Exception as exc:  # noqa: BLE001 - the baseline worked, so a P/D failure is FAIL
+            from harness.process import most_decisive_line
+
             lines = []
             for name, proc in pair.processes.items():
-                if not proc.is_running():
-                    lines.append(f"{name} died: {proc.decisive_lines(1)}")
+                decisive = [l for l in proc.decisive_lines() if "Error" in l or "error" in l]
+                if decisive:  # an engine core can die while its API server keeps answering 500
+                    state = "running" if proc.is_running() else "died"
+                    lines.append(f"{name} ({state}): {most_decisive_line(decisive)}")
             reason = f"P/D evaluation failed: {type(exc).__name__}: {str(exc)[:300]}"
             if lines:
                 reason += "; " + "; ".join(lines)
