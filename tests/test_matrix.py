@@ -96,8 +96,10 @@ def test_smoke_profile_content():
     assert all(dict(c.extra_env)["VLLM_SSM_CONV_STATE_LAYOUT"] == "DS" for c in hybrids)
     assert "v1-CPU_ATTN-p32d32-tiny-llama-gsm-tp1x1" in ids
     assert all(gpus_needed(c)["total"] == 0 for c in e.cells)
-    # smoke stays green: the Granite cell avoids the known prefix-caching crash
-    assert not any(c.expected_failure for c in e.cells)
+    # the Granite cell avoids the known prefix-caching crash; the only expected failure is the
+    # measured CPU heterogeneous-block-size bug (P64 → D128), which still runs
+    xfails = [c.cell_id for c in e.cells if c.expected_failure]
+    assert xfails == ["v1-CPU_ATTN-p64d128-tiny-llama-gsm-tp1x1"]
 
 
 def test_pr_profile_content():
