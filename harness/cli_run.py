@@ -233,14 +233,10 @@ def run_command(args: argparse.Namespace) -> int:
 
     from harness.process import install_signal_handlers
     from harness.runner import Runner
-    from harness.vllm_features import detect
-
     install_signal_handlers()
     from harness.servers import Features
 
-    vf = detect()
-    features = Features(attention_backend_flag=vf.attention_backend_flag,
-                        v2_runner_env=vf.v2_runner_env, kv_roles=tuple(vf.kv_roles) or Features().kv_roles)
+    features = Features.detect()
     policy = Policy(alpha=options.alpha, max_mde=args.max_mde)
     started = time.monotonic()
     runner = Runner(options, policy, features=features, progress=lambda m: print(m, flush=True),

@@ -32,6 +32,16 @@ class Features:
     kv_roles: tuple[str, ...] = ("kv_producer", "kv_consumer", "kv_both")
     kv_cache_memory_bytes_flag: bool = True
 
+    @classmethod
+    def detect(cls) -> "Features":
+        """From the installed vLLM (harness.vllm_features.detect, cached per version)."""
+        from harness.vllm_features import detect
+
+        vf = detect()
+        return cls(attention_backend_flag=vf.attention_backend_flag,
+                   v2_runner_env=vf.v2_runner_env,
+                   kv_roles=tuple(vf.kv_roles) or cls().kv_roles)
+
     def kv_role(self, role: str) -> str:
         wanted = KV_ROLE_FOR[role]
         return wanted if wanted in self.kv_roles else "kv_both"

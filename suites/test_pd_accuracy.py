@@ -110,16 +110,12 @@ def pd_results(request: pytest.FixtureRequest) -> dict:
     from harness.runner import Runner
     from harness.servers import Features
     from harness.verdict import Policy
-    from harness.vllm_features import detect
 
     config = request.config
     cells = _selected_cells(request)
     spec, _ = _expansion(config)
     hybrid = [c.model for c in cells if spec.models.get(c.model).is_hybrid]
-    vf = detect()
-    features = Features(attention_backend_flag=vf.attention_backend_flag,
-                        v2_runner_env=vf.v2_runner_env,
-                        kv_roles=tuple(vf.kv_roles) or Features().kv_roles)
+    features = Features.detect()
     options = RunOptions(limit=config.getoption("--pd-limit") or 50,
                          alpha=config.getoption("--pd-alpha"),
                          results_dir=config.getoption("--pd-results-dir"),
