@@ -59,9 +59,14 @@ def render_card(checkpoint: str | Path) -> str:
     if train.get("recipe_version", 1) != RECIPE_VERSION:
         stale.append(f"training recipe v{train.get('recipe_version', 1)} -> v{RECIPE_VERSION}")
 
-    lines = [
-        f"# {name}",
-        "",
+    measured = [v for v in ((vllm or {}).get("strict_match"),
+                            (train.get("probe") or {}).get("clean", {}).get("accuracy"))
+                if v is not None]
+    lines = [f"# {name}", ""]
+    if measured and max(measured) < 0.5:
+        lines += [f"> **Not usable for accuracy comparisons:** it scores {_fmt_acc(max(measured))} "
+                  "on its own task (see the accuracy section). It still exercises the architecture and tokenizer.", ""]
+    lines += [
         f"A tiny `{train['architecture']}` trained from scratch by the harness on the synthetic "
         f"`{task.TASK_NAME}` task (harness/zoo/task.py), so that baseline-vs-P/D accuracy "
         "comparisons mean something offline. Not a language model beyond this task.",

@@ -25,8 +25,9 @@ from harness.zoo.tokenizer import save_tokenizer
 
 DECAY_FRACTION = 0.25
 # Bumped whenever the data or optimisation changes what a given (model, steps, seed) produces;
-# 1: one question per sequence; 2: several questions per price list, mixed price-list lengths.
-RECIPE_VERSION = 2
+# 1: one question per sequence; 2: several questions per price list, mixed price-list lengths;
+# 3: eager attention in training (deterministic backward).
+RECIPE_VERSION = 3
 TRAINING_JSON = "training.json"
 
 
@@ -59,7 +60,7 @@ def train(name: str, out_dir: str | Path, *, device: str = "cpu", steps: int | N
           batch_size: int | None = None, lr: float | None = None, seed: int | None = None,
           decay_start: int | None = None, stop_after: int | None = None,
           time_limit_s: float | None = None, probe_n: int = 0, workers: int = 2,
-          log_every: int = 50) -> dict:
+          log_every: int = 50, attn_implementation: str = "eager") -> dict:
     """Train `name`, save the checkpoint into `out_dir`, return the training record."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -83,7 +84,10 @@ def train(name: str, out_dir: str | Path, *, device: str = "cpu", steps: int | N
     save_tokenizer(out)
     _set_determinism(seed, device)
     config = spec.make_config()
-    model = getattr(transformers, spec.architecture)(config).to(device)
+    # Eager attention: the fused SDPA backward kernels (cuDNN, flash, mem-efficient) are not
+    # deterministic on CUDA, and two same-seed runs drifted apart within a few hundred steps.
+    model = transformers.AutoModelForCausalLM.from_config(
+        config, attn_implementation=attn_implementation).to(device)
     n_params = sum(p.numel() for p in model.parameters())
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95),
                                   weight_decay=0.01, eps=1e-8)
@@ -163,6 +167,7 @@ def train(name: str, out_dir: str | Path, *, device: str = "cpu", steps: int | N
                         or platform.machine()),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
+        "attn_implementation": attn_implementation,
         "loss_curve": losses,
         "rebuild": (f"python -m harness.zoo.train --model {name} --out DIR --device {device} "
                     f"--steps {total} --decay-start {decay} --batch-size {batch_size} "
@@ -209,12 +214,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probe-n", type=int, default=0,
                         help="test docs for the PyTorch accuracy / zeroed-block probe (0: skip)")
     parser.add_argument("--workers", type=int, default=2, help="data-loader processes")
+    parser.add_argument("--attn-implementation", default="eager",
+                        help="transformers attention kernel for training (eager: deterministic)")
     args = parser.parse_args(argv)
     record = train(args.model, args.out, device=args.device, steps=args.steps,
                    batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                    decay_start=args.decay_start, stop_after=args.stop_after,
                    time_limit_s=args.time_limit,
-                   probe_n=args.probe_n, workers=args.workers)
+                   probe_n=args.probe_n, workers=args.workers,
+                   attn_implementation=args.attn_implementation)
     print(json.dumps({"event": "done", "out": str(args.out), "steps_done": record["steps_done"],
                       "train_wall_s": record["train_wall_s"]}), flush=True)
     return 0
