@@ -217,7 +217,8 @@ def test_run_farm_smoke_profile_with_fake_run_command(tmp_path, monkeypatch):
     cells = matrix.expand(matrix.load_matrix(), "smoke", PlatformInfo.detect()).cells
     ran = sorted(i for a in runs for i in a[a.index("--only") + 1].split(","))
     assert ran == sorted(c.cell_id for c in cells)
-    assert len(runs) == len({c.baseline_key for c in cells})      # one run per baseline
+    # one run per baseline; expected-failure cells get their own (soft-fail) step
+    assert len(runs) == len({(c.baseline_key, bool(c.expected_failure)) for c in cells})
     assert all(a[a.index("--limit") + 1] == "3" for a in runs)
     assert argvs[-1][:1] == ["annotate"]
     assert len(list((tmp_path / "logs").glob("*.log"))) == len(runs) + 1
