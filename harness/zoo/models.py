@@ -73,7 +73,7 @@ SPECS: dict[str, ZooSpec] = {
             hybrid=False,
             config_kwargs=dict(_COMMON, head_dim=HEAD_DIM, intermediate_size=MLP,
                                rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
-            steps=2000, batch_size=32, lr=2e-3,
+            steps=4000, batch_size=64, lr=2e-3,
         ),
         ZooSpec(
             # granite-4.0-h's layout (Mamba2 + attention, dense shared MLP, no experts), at toy
@@ -95,7 +95,7 @@ SPECS: dict[str, ZooSpec] = {
                 mamba_n_heads=8, mamba_d_head=64, mamba_expand=2, mamba_d_state=16,
                 mamba_n_groups=1, mamba_d_conv=4, mamba_chunk_size=64,
             ),
-            steps=1600, batch_size=16, lr=2e-3,
+            steps=2400, batch_size=16, lr=2e-3,
         ),
         ZooSpec(
             # Qwen3-Next's layout (Gated DeltaNet + gated full attention, MoE + shared expert).
@@ -116,7 +116,7 @@ SPECS: dict[str, ZooSpec] = {
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                  "partial_rotary_factor": 0.25},
             ),
-            steps=1600, batch_size=16, lr=2e-3,
+            steps=2400, batch_size=16, lr=2e-3,
         ),
     )
 }

@@ -83,9 +83,13 @@ def _dollars(amount: int) -> str:
 
 
 def render_catalog(store: str, catalog: list[tuple[str, int]]) -> str:
-    """The price list that opens every prompt."""
+    """The price list that opens every prompt: one "- <item> <price> dollars per box" line each.
+
+    The price token directly follows the item token, here and in the worked answer, so reading a
+    price is a plain copy of "the token after this item" (an induction lookup) that a tiny model
+    learns in minutes; with words between them (recipe <= 3) it had to match two tokens back."""
     lines = [f"Price list of the {store} store:"]
-    lines += [f"A box of {item} costs {_dollars(price)}." for item, price in catalog]
+    lines += [f"- {item} {_dollars(price)} per box" for item, price in catalog]
     return "\n".join(lines)
 
 
@@ -101,7 +105,7 @@ def render_answer(name: str, purchases: list[Purchase]) -> str:
     lines = []
     for p in purchases:
         verb = "costs" if p.quantity == 1 else "cost"
-        lines.append(f"A box of {p.item} costs {_dollars(p.price)}, so {p.quantity} {_box(p.quantity)} "
+        lines.append(f"- {p.item} {_dollars(p.price)} per box, so {p.quantity} {_box(p.quantity)} "
                      f"{verb} {p.quantity} * {p.price} = {_dollars(p.cost)}.")
     running = purchases[0].cost
     for i, p in enumerate(purchases[1:], start=1):

@@ -1,7 +1,8 @@
 """The zoo's offline tokenizer: byte-level BPE trained on gsm_synth text, digits split one per token.
 
 Single-digit tokens keep the arithmetic regular (the model never has to learn that "17" and "1"
-"7" are the same number). Every item and person name becomes one token, so every prompt of the
+"7" are the same number). A number's leading space stays on its first digit (" 17" is " 1", "7"),
+so in "apples 7" the price is the very next token after the item. Every item and person name becomes one token, so every prompt of the
 task has the same token count. The result is saved as tokenizer.json + tokenizer_config.json,
 which transformers' AutoTokenizer and vLLM load offline.
 """
@@ -28,11 +29,11 @@ def _corpus() -> list[str]:
 
 def build_tokenizer_object():
     """Train and return a `tokenizers.Tokenizer` (deterministic for a given corpus)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.Split(Regex(" ?[0-9]"), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
     ])
     tok.decoder = decoders.ByteLevel()

@@ -26,8 +26,9 @@ from harness.zoo.tokenizer import save_tokenizer
 DECAY_FRACTION = 0.25
 # Bumped whenever the data or optimisation changes what a given (model, steps, seed) produces;
 # 1: one question per sequence; 2: several questions per price list, mixed price-list lengths;
-# 3: eager attention in training (deterministic backward).
-RECIPE_VERSION = 3
+# 3: eager attention in training (deterministic backward); 4: price token right after the item
+# token (catalog "- apples 7 dollars per box", digits keep their leading space).
+RECIPE_VERSION = 4
 TRAINING_JSON = "training.json"
 
 
