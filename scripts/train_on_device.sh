@@ -30,21 +30,26 @@ export TRANSFORMERS_VERBOSITY=error
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 "$PYTHON" -c 'import torch, transformers, tokenizers; print("torch", torch.__version__, "transformers", transformers.__version__, "tokenizers", tokenizers.__version__, "cuda", torch.cuda.is_available())'
 
-# run-tag model data-loader-workers
+# run-tag model data-loader-workers [more train.py flags]; ZOO_RUNS (same format, one run per
+# line) replaces the default set, e.g. to try recipe variants side by side.
 RUNS=(
   "tiny-llama-gsm tiny-llama-gsm 3"
   "tiny-llama-gsm-rerun tiny-llama-gsm 3"
   "tiny-granite-hybrid-gsm tiny-granite-hybrid-gsm 2"
   "tiny-qwen3next-hybrid-gsm tiny-qwen3next-hybrid-gsm 2"
 )
+if [ -n "${ZOO_RUNS:-}" ]; then
+  mapfile -t RUNS < <(printf '%s\n' "$ZOO_RUNS" | grep -v '^[[:space:]]*$')
+fi
 
 started=$(date +%s)
 pids=()
 for run in "${RUNS[@]}"; do
-  read -r tag model workers <<<"$run"
+  read -r tag model workers flags <<<"$run"
+  # shellcheck disable=SC2086  # flags and EXTRA are word lists
   timeout -k 10 "$HARD_LIMIT" "$PYTHON" -m harness.zoo.train --model "$model" \
       --out "$WORK/$tag" --device "$DEVICE" --time-limit "$TIME_LIMIT" --probe-n "$PROBE_N" \
-      --workers "$workers" $EXTRA >"$OUT/$tag.log" 2>&1 &
+      --workers "$workers" $EXTRA $flags >"$OUT/$tag.log" 2>&1 &
   pids+=("$!")
 done
 ( sleep 60; nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader ) &
@@ -65,7 +70,7 @@ for run in "${RUNS[@]}"; do
 done
 
 # Rebuild reproducibility: the two same-seed dense runs, weight by weight.
-"$PYTHON" - "$WORK/tiny-llama-gsm" "$WORK/tiny-llama-gsm-rerun" <<'EOF' || true
+[ -d "$WORK/tiny-llama-gsm-rerun" ] && "$PYTHON" - "$WORK/tiny-llama-gsm" "$WORK/tiny-llama-gsm-rerun" <<'EOF' || true
 import sys
 from safetensors.torch import load_file
 a, b = (load_file(f"{d}/model.safetensors") for d in sys.argv[1:3])

@@ -55,6 +55,7 @@ _CONFIG_CLASSES = {
     "LlamaForCausalLM": "LlamaConfig",
     "GraniteMoeHybridForCausalLM": "GraniteMoeHybridConfig",
     "Qwen3NextForCausalLM": "Qwen3NextConfig",
+    "Qwen3ForCausalLM": "Qwen3Config",
 }
 
 _COMMON = dict(
@@ -70,6 +71,15 @@ SPECS: dict[str, ZooSpec] = {
         ZooSpec(
             name="tiny-llama-gsm",
             architecture="LlamaForCausalLM",
+            hybrid=False,
+            config_kwargs=dict(_COMMON, head_dim=HEAD_DIM, intermediate_size=MLP,
+                               rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+            steps=4000, batch_size=64, lr=2e-3,
+        ),
+        ZooSpec(
+            # Qwen3's dense layout: Llama plus per-head RMSNorm on q and k.
+            name="tiny-qwen3-gsm",
+            architecture="Qwen3ForCausalLM",
             hybrid=False,
             config_kwargs=dict(_COMMON, head_dim=HEAD_DIM, intermediate_size=MLP,
                                rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),

@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -61,7 +62,8 @@ def train(name: str, out_dir: str | Path, *, device: str = "cpu", steps: int | N
           batch_size: int | None = None, lr: float | None = None, seed: int | None = None,
           decay_start: int | None = None, stop_after: int | None = None,
           time_limit_s: float | None = None, probe_n: int = 0, workers: int = 2,
-          log_every: int = 50, attn_implementation: str = "eager") -> dict:
+          log_every: int = 50, attn_implementation: str = "eager",
+          config_overrides: dict | None = None) -> dict:
     """Train `name`, save the checkpoint into `out_dir`, return the training record."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -72,6 +74,10 @@ def train(name: str, out_dir: str | Path, *, device: str = "cpu", steps: int | N
     from harness.zoo.probe import probe
 
     spec = get_spec(name)
+    if config_overrides:
+        import dataclasses
+
+        spec = dataclasses.replace(spec, config_kwargs={**spec.config_kwargs, **config_overrides})
     steps = spec.steps if steps is None else steps
     batch_size = batch_size or spec.batch_size
     lr = lr or spec.lr
@@ -169,11 +175,15 @@ def train(name: str, out_dir: str | Path, *, device: str = "cpu", steps: int | N
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "attn_implementation": attn_implementation,
+        "config_overrides": config_overrides or {},
         "loss_curve": losses,
         "rebuild": (f"python -m harness.zoo.train --model {name} --out DIR --device {device} "
                     f"--steps {total} --decay-start {decay} --batch-size {batch_size} "
                     f"--seed {seed}" + (f" --stop-after {steps_done}" if steps_done < total
-                                        else "")),
+                                        else "")
+                    + f" --lr {lr}"
+                    + "".join(" --set " + shlex.quote(f"{k}={json.dumps(v, separators=(',', ':'))}")
+                              for k, v in (config_overrides or {}).items())),
     }
     model.eval()
     # Save before probing, so a probe cut short by a hard time limit still leaves the model.
@@ -217,13 +227,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="data-loader processes")
     parser.add_argument("--attn-implementation", default="eager",
                         help="transformers attention kernel for training (eager: deterministic)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                        help="override one config field of the spec (value parsed as JSON)")
     args = parser.parse_args(argv)
+    overrides = {}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            parser.error(f"--set {item}: the value must be JSON")
     record = train(args.model, args.out, device=args.device, steps=args.steps,
                    batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                    decay_start=args.decay_start, stop_after=args.stop_after,
                    time_limit_s=args.time_limit,
                    probe_n=args.probe_n, workers=args.workers,
-                   attn_implementation=args.attn_implementation)
+                   attn_implementation=args.attn_implementation,
+                   config_overrides=overrides)
     print(json.dumps({"event": "done", "out": str(args.out), "steps_done": record["steps_done"],
                       "train_wall_s": record["train_wall_s"]}), flush=True)
     return 0
