@@ -40,6 +40,7 @@ class ZooSpec:
     seed: int = 0
     decay_start: int | None = None   # None: the last quarter of `steps`
     stop_after: int | None = None    # stop early (the schedule still spans `steps`)
+    curriculum_steps: int = 1500     # steps on short price lists first (harness/zoo/data.py)
 
     def make_config(self):
         """The transformers config object for this spec."""
@@ -74,7 +75,7 @@ SPECS: dict[str, ZooSpec] = {
             hybrid=False,
             config_kwargs=dict(_COMMON, head_dim=HEAD_DIM, intermediate_size=MLP,
                                rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
-            steps=4000, batch_size=64, lr=2e-3,
+            steps=3200, batch_size=32, lr=2e-3,
         ),
         ZooSpec(
             # Qwen3's dense layout: Llama plus per-head RMSNorm on q and k.
@@ -105,7 +106,7 @@ SPECS: dict[str, ZooSpec] = {
                 mamba_n_heads=8, mamba_d_head=64, mamba_expand=2, mamba_d_state=16,
                 mamba_n_groups=1, mamba_d_conv=4, mamba_chunk_size=64,
             ),
-            steps=2400, batch_size=16, lr=2e-3,
+            steps=3200, batch_size=16, lr=2e-3,
         ),
         ZooSpec(
             # Qwen3-Next's layout (Gated DeltaNet + gated full attention, MoE + shared expert).

@@ -28,8 +28,9 @@ DECAY_FRACTION = 0.25
 # Bumped whenever the data or optimisation changes what a given (model, steps, seed) produces;
 # 1: one question per sequence; 2: several questions per price list, mixed price-list lengths;
 # 3: eager attention in training (deterministic backward); 4: price token right after the item
-# token (catalog "- apples 7 dollars per box", digits keep their leading space).
-RECIPE_VERSION = 4
+# token (catalog "- apples 7 dollars per box", digits keep their leading space); 5: a curriculum of
+# short price lists first.
+RECIPE_VERSION = 5
 TRAINING_JSON = "training.json"
 
 
@@ -63,7 +64,7 @@ def train(name: str, out_dir: str | Path, *, device: str = "cpu", steps: int | N
           decay_start: int | None = None, stop_after: int | None = None,
           time_limit_s: float | None = None, probe_n: int = 0, workers: int = 2,
           log_every: int = 50, attn_implementation: str = "eager",
-          config_overrides: dict | None = None) -> dict:
+          config_overrides: dict | None = None, curriculum_steps: int | None = None) -> dict:
     """Train `name`, save the checkpoint into `out_dir`, return the training record."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -82,6 +83,7 @@ def train(name: str, out_dir: str | Path, *, device: str = "cpu", steps: int | N
     batch_size = batch_size or spec.batch_size
     lr = lr or spec.lr
     seed = spec.seed if seed is None else seed
+    curriculum_steps = spec.curriculum_steps if curriculum_steps is None else curriculum_steps
     planned_decay = int(steps * (1 - DECAY_FRACTION)) if decay_start is None else decay_start
     warmup = min(spec.warmup, max(1, steps // 10))
     out = Path(out_dir)
@@ -98,7 +100,8 @@ def train(name: str, out_dir: str | Path, *, device: str = "cpu", steps: int | N
     n_params = sum(p.numel() for p in model.parameters())
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95),
                                   weight_decay=0.01, eps=1e-8)
-    stream = BatchStream(out / "tokenizer.json", task.TRAIN_SEED, batch_size, steps)
+    stream = BatchStream(out / "tokenizer.json", task.TRAIN_SEED, batch_size, steps,
+                         curriculum_steps)
     loader = torch.utils.data.DataLoader(
         stream, batch_size=None, shuffle=False, num_workers=workers,
         prefetch_factor=4 if workers else None, persistent_workers=False)
@@ -163,6 +166,7 @@ def train(name: str, out_dir: str | Path, *, device: str = "cpu", steps: int | N
         "batch_size": batch_size,
         "lr": lr,
         "warmup": warmup,
+        "curriculum_steps": curriculum_steps,
         "steps_planned": steps,
         "steps_done": steps_done,
         "steps_total": total,
@@ -181,7 +185,7 @@ def train(name: str, out_dir: str | Path, *, device: str = "cpu", steps: int | N
                     f"--steps {total} --decay-start {decay} --batch-size {batch_size} "
                     f"--seed {seed}" + (f" --stop-after {steps_done}" if steps_done < total
                                         else "")
-                    + f" --lr {lr}"
+                    + f" --lr {lr} --curriculum-steps {curriculum_steps}"
                     + "".join(" --set " + shlex.quote(f"{k}={json.dumps(v, separators=(',', ':'))}")
                               for k, v in (config_overrides or {}).items())),
     }
@@ -227,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="data-loader processes")
     parser.add_argument("--attn-implementation", default="eager",
                         help="transformers attention kernel for training (eager: deterministic)")
+    parser.add_argument("--curriculum-steps", type=int, default=None,
+                        help="steps on short price lists before the full mix (default: the spec's)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
                         help="override one config field of the spec (value parsed as JSON)")
     args = parser.parse_args(argv)
@@ -243,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                    time_limit_s=args.time_limit,
                    probe_n=args.probe_n, workers=args.workers,
                    attn_implementation=args.attn_implementation,
-                   config_overrides=overrides)
+                   config_overrides=overrides, curriculum_steps=args.curriculum_steps)
     print(json.dumps({"event": "done", "out": str(args.out), "steps_done": record["steps_done"],
                       "train_wall_s": record["train_wall_s"]}), flush=True)
     return 0
