@@ -20,6 +20,7 @@ BACKENDS = GPU_BACKENDS + CPU_BACKENDS
 DEVICES = ("cpu", "cuda")
 KV_BUFFER_DEVICES = ("cpu", "cuda")
 FAULTS = ("drop-transfer", "foreign-params", "corrupt-block", "swap-blocks")
+FAULT_ENV_PREFIX = "PD_ACCURACY_FAULT"   # extra_env keys that tune a fault (block, value)
 
 
 @dataclass(frozen=True)
@@ -66,14 +67,17 @@ class Cell:
             parts.append(f"n{self.num_prefill}x{self.num_decode}")
         if self.device == "cuda" and self.kv_buffer_device != "cuda":
             parts.append(f"kvbuf-{self.kv_buffer_device}")
-        if self.extra_args or self.extra_env:
-            parts.append(self._extras_hash())
+        plain_env = [e for e in self.extra_env if not e[0].startswith(FAULT_ENV_PREFIX)]
+        if self.extra_args or plain_env:
+            parts.append(self._extras_hash(plain_env))
         if self.fault:
             parts.append(f"fault-{self.fault}")
+            # PD_ACCURACY_FAULT_BLOCK=last -> "...-fault-corrupt-block-last"
+            parts += [v for _, v in self.fault_env]
         return "-".join(parts)
 
-    def _extras_hash(self) -> str:
-        blob = json.dumps([list(self.extra_args), [list(e) for e in self.extra_env]])
+    def _extras_hash(self, env: list[tuple[str, str]]) -> str:
+        blob = json.dumps([list(self.extra_args), [list(e) for e in env]])
         return "x" + hashlib.sha256(blob.encode()).hexdigest()[:6]
 
     @property
@@ -98,9 +102,15 @@ class Cell:
             "dtype": self.dtype,
             "max_model_len": self.max_model_len,
             "extra_args": list(self.extra_args),
-            "extra_env": [list(e) for e in self.extra_env],
+            # the fault switches only act on a decode server: a canary shares the real baseline
+            "extra_env": [list(e) for e in self.extra_env if not e[0].startswith(FAULT_ENV_PREFIX)],
         }
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+    @property
+    def fault_env(self) -> tuple[tuple[str, str], ...]:
+        """extra_env entries that steer a server-side fault (e.g. PD_ACCURACY_FAULT_BLOCK=last)."""
+        return tuple(e for e in self.extra_env if e[0].startswith(FAULT_ENV_PREFIX))
 
     @property
     def is_canary(self) -> bool:

@@ -99,7 +99,7 @@ def pair_key(cell: Cell) -> tuple:
     server_fault = cell.fault if cell.fault in SERVER_FAULTS else None
     return (cell.baseline_key, cell.runner, cell.prefill_block_size, cell.decode_block_size,
             cell.prefill_tp, cell.decode_tp, cell.num_prefill, cell.num_decode,
-            cell.kv_buffer_device, server_fault)
+            cell.kv_buffer_device, server_fault, cell.fault_env if server_fault else ())
 
 
 class Deployment:

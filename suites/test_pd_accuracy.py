@@ -29,6 +29,11 @@ CANARY_REASONS = {
     "swap-blocks": r"P/D (logprobs diverge|accuracy is lower|generations diverge)",
 }
 EFFECT_CHECKS = ("accuracy", "noise-floor", "logprob-divergence")
+# zoo models that solve their task (model cards: >= 97% through vLLM CPU): on these a zeroed or
+# swapped block of prompt KV must also show as lost accuracy, not only as changed text
+TRAINED_MODELS = ("tiny-granite-hybrid-gsm", "tiny-qwen3next-hybrid-gsm")
+TRAINED_MIN_ACCURACY = 0.80
+KV_CANARY_MIN_DROP = 0.30
 
 
 def _expansion(config: pytest.Config):
@@ -167,6 +172,13 @@ def test_pd_matches_baseline(pd_cell: Cell, pd_results: dict) -> None:
         if pd_cell.fault in ("corrupt-block", "swap-blocks"):
             applied = on_disk["metrics"]["transfer"]["fault_lines"]
             assert applied > 0, "the decode server logged no applied fault:\n" + explain(result)
+            if pd_cell.model in TRAINED_MODELS:
+                m = on_disk["metrics"]
+                assert m["baseline_accuracy"] >= TRAINED_MIN_ACCURACY, \
+                    f"the trained model no longer solves its task:\n{explain(result)}"
+                drop = m["baseline_accuracy"] - m["pd_accuracy"]
+                assert drop >= KV_CANARY_MIN_DROP, \
+                    f"a broken KV block cost only {100 * drop:.0f} points:\n{explain(result)}"
         if pd_cell.fault == "foreign-params":
             # not only the proxy's own bookkeeping: the wrong KV must show in the answers
             effects = [c for c in verdict.checks if c.name in EFFECT_CHECKS and not c.passed]

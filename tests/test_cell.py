@@ -90,3 +90,17 @@ def test_from_dict_ignores_unknown_keys_and_accepts_env_pairs():
 def test_cell_is_frozen():
     with pytest.raises(Exception):
         SMOKE.model = "other"  # type: ignore[misc]
+
+
+def test_fault_tuning_env_shares_the_baseline_but_not_the_pair():
+    from harness.deploy import pair_key
+
+    plain = Cell(model="m", fault="corrupt-block")
+    last = Cell(model="m", fault="corrupt-block",
+                extra_env=(("PD_ACCURACY_FAULT_BLOCK", "last"),))
+    real = Cell(model="m")
+    assert last.baseline_key == plain.baseline_key == real.baseline_key
+    assert pair_key(last) != pair_key(plain)
+    assert last.cell_id == plain.cell_id + "-last"
+    # any other env is part of what the baseline runs
+    assert Cell(model="m", extra_env=(("VLLM_X", "1"),)).baseline_key != real.baseline_key

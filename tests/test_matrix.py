@@ -90,7 +90,11 @@ def test_smoke_profile_content():
     dense = [c for c in e.cells if c.model == "tiny-llama-gsm" and not c.fault]
     assert {(c.prefill_block_size, c.decode_block_size) for c in dense} >= {(32, 32), (128, 128), (64, 128)}
     assert {c.fault for c in e.cells if c.fault} == {"drop-transfer", "foreign-params", "corrupt-block"}
-    assert all(c.model == "tiny-llama-gsm" for c in e.cells if c.fault)
+    proxy_faults = {"drop-transfer", "foreign-params"}
+    assert all(c.model == "tiny-llama-gsm" for c in e.cells if c.fault in proxy_faults)
+    kv_canaries = {(c.model, dict(c.fault_env).get("PD_ACCURACY_FAULT_BLOCK", "first"))
+                   for c in e.cells if c.fault == "corrupt-block"}
+    assert kv_canaries == {("tiny-granite-hybrid-gsm", "first"), ("tiny-qwen3next-hybrid-gsm", "last")}
     hybrids = [c for c in e.cells if "hybrid" in c.model]
     assert {c.model for c in hybrids} == {"tiny-granite-hybrid-gsm", "tiny-qwen3next-hybrid-gsm"}
     assert all(dict(c.extra_env)["VLLM_SSM_CONV_STATE_LAYOUT"] == "DS" for c in hybrids)

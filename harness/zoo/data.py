@@ -87,8 +87,11 @@ def step_catalog_size(seed: int, step: int, curriculum_steps: int = CURRICULUM_S
     """The price-list length around which step `step`'s sequences are drawn (deterministic)."""
     import random
 
-    sizes = CURRICULUM_CATALOG_SIZES if step < curriculum_steps else TRAIN_CATALOG_SIZES
-    return random.Random(f"size:{seed}:{step}").randint(*sizes)
+    return random.Random(f"size:{seed}:{step}").randint(*_phase_sizes(step, curriculum_steps))
+
+
+def _phase_sizes(step: int, curriculum_steps: int) -> tuple[int, int]:
+    return CURRICULUM_CATALOG_SIZES if step < curriculum_steps else TRAIN_CATALOG_SIZES
 
 
 def make_batch(cache: LineTokenCache, seed: int, step: int, batch_size: int,
@@ -101,7 +104,10 @@ def make_batch(cache: LineTokenCache, seed: int, step: int, batch_size: int,
     import torch
 
     centre = step_catalog_size(seed, step, curriculum_steps)
-    lo = max(CURRICULUM_CATALOG_SIZES[0], centre - TRAIN_CATALOG_SPREAD)
+    # The spread around the centre is clipped to [4, 64] with a curriculum and to [6, 64] without
+    # (recipe v4); both exactly as the committed checkpoints were trained.
+    smallest = CURRICULUM_CATALOG_SIZES[0] if curriculum_steps else TRAIN_CATALOG_SIZES[0]
+    lo = max(smallest, centre - TRAIN_CATALOG_SPREAD)
     hi = min(TRAIN_CATALOG_SIZES[1], centre + TRAIN_CATALOG_SPREAD)
     pairs = []
     for i in range(batch_size):

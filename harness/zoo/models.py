@@ -78,15 +78,6 @@ SPECS: dict[str, ZooSpec] = {
             steps=3200, batch_size=32, lr=2e-3,
         ),
         ZooSpec(
-            # Qwen3's dense layout: Llama plus per-head RMSNorm on q and k.
-            name="tiny-qwen3-gsm",
-            architecture="Qwen3ForCausalLM",
-            hybrid=False,
-            config_kwargs=dict(_COMMON, head_dim=HEAD_DIM, intermediate_size=MLP,
-                               rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
-            steps=4000, batch_size=64, lr=2e-3,
-        ),
-        ZooSpec(
             # granite-4.0-h's layout (Mamba2 + attention, dense shared MLP, no experts), at toy
             # size; RoPE instead of granite-4.0-h's NoPE so a short training run learns lookups.
             name="tiny-granite-hybrid-gsm",
@@ -127,7 +118,9 @@ SPECS: dict[str, ZooSpec] = {
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                  "partial_rotary_factor": 0.25},
             ),
-            steps=2400, batch_size=16, lr=2e-3,
+            # Recipe v4 (no curriculum) got it to 97% on the H200; with the v5 curriculum
+            # the slower GDN path ran out of time before the lookups formed (5%).
+            steps=2400, batch_size=16, lr=2e-3, curriculum_steps=0,
         ),
     )
 }
