@@ -197,3 +197,14 @@ def test_lr_schedule_and_block_spans():
     assert block_span(640, "first") == (0, 128)
     assert block_span(640, "middle") == (256, 384)
     assert block_span(650, "last") == (640, 650)
+
+
+def test_curriculum_short_lists_first_and_off_switch():
+    from harness.zoo import data
+
+    sizes = lambda cur, steps: {data.step_catalog_size(task.TRAIN_SEED, s, cur) for s in steps}
+    assert sizes(1500, range(0, 1500, 7)) <= set(range(4, 13))
+    assert max(sizes(1500, range(1500, 3000, 7))) > 40
+    # curriculum 0 (Qwen3Next's recipe) draws every step from the full range, as recipe v4 did
+    assert min(sizes(0, range(0, 1500, 7))) >= data.TRAIN_CATALOG_SIZES[0]
+    assert data.step_catalog_size(5, 2000, 1500) == data.step_catalog_size(5, 2000, 0)
