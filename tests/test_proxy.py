@@ -508,3 +508,34 @@ def test_cli_runs_the_proxy_as_a_subprocess() -> None:
             output = process.communicate()[0].decode()
     assert process.returncode is not None
     assert f"pd proxy on http://127.0.0.1:{port}" in output
+
+
+def test_a_connection_closed_by_the_server_is_retried_once_on_a_new_one() -> None:
+    """uvicorn closes idle keep-alive connections; a request sent on one at that moment must not
+    become a 502 (it failed a CPU calibration run before the fix)."""
+
+    async def scenario() -> None:
+        hop_log: list[tuple[str, str]] = []
+        prefill, decode = pair(hop_log)
+        drops = {"prefill": 1, "decode": 1}
+        for fake in (prefill, decode):
+            handler = fake._completion
+
+            async def dropping(request: web.Request, handler=handler, role=fake.role):
+                if drops[role]:
+                    drops[role] -= 1
+                    request.transport.close()      # what a closed keep-alive looks like
+                    return web.Response()
+                return await handler(request)
+
+            fake._completion = dropping
+        async with proxied([prefill], [decode]) as client:
+            response = await client.post("/v1/completions", json={"model": "m", "prompt": "p"})
+            assert response.status == 200
+            body = await response.json()
+            records = await (await client.get("/pd/records")).json()
+        assert body["choices"][0]["text"] == "decoded by d0"
+        assert records[0]["reconnects"] == ["prefill", "decode"]
+        assert drops == {"prefill": 0, "decode": 0}
+
+    asyncio.run(scenario())
