@@ -21,13 +21,8 @@ import pytest
 
 from harness.cell import Cell
 
-# what each canary's verdict must say (the harness proves in every run that it can still fail)
-CANARY_REASONS = {
-    "drop-transfer": r"decode recomputed the prompt: no KV crossed",
-    "foreign-params": r"another request's transfer parameters",
-    "corrupt-block": r"P/D (logprobs diverge|accuracy is lower|generations diverge)",
-    "swap-blocks": r"P/D (logprobs diverge|accuracy is lower|generations diverge)",
-}
+from harness.calibration import CANARY_REASONS  # what each canary's verdict must say
+
 EFFECT_CHECKS = ("accuracy", "noise-floor", "logprob-divergence")
 # zoo models that solve their task (model cards: >= 97% through vLLM CPU): on these a zeroed or
 # swapped block of prompt KV must also show as lost accuracy, not only as changed text
