@@ -59,7 +59,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     out = p.add_argument_group("output")
     out.add_argument("--results-dir", default="results/runs")
     out.add_argument("--junit-xml", default=None)
-    out.add_argument("--startup-timeout", type=float, default=420.0)
+    out.add_argument("--startup-timeout", type=float, default=600.0,
+                     help="seconds a server may take to become healthy (default 600: three servers starting together on a loaded 2-core machine took up to 7 min)")
     out.add_argument("--gpu-layout", choices=("shared", "split"), default="shared",
                      help="cuda: all servers from the first visible GPU, or prefill then decode GPUs")
     out.add_argument("--kv-cache-bytes", type=int, default=None,
