@@ -65,9 +65,13 @@ class CellCalibration:
 
 
 def record_paths(results_dir: str | Path) -> list[Path]:
-    """Every repeat's cell records under `results_dir` (a results root or one run's -rNN dirs)."""
+    """Every repeat's cell records under `results_dir` (a --results-dir): ``<run>-rNN/*.json``,
+    plus ``<run>/*.json`` of those runs (a cell whose servers never started has one record there
+    instead of one per repeat; it counts as one attempt)."""
     root = Path(results_dir)
-    return sorted(p for p in root.glob("*-r[0-9][0-9]/*.json"))
+    repeats = sorted(root.glob("*-r[0-9][0-9]/*.json"))
+    runs = {p.parent.name.rsplit("-r", 1)[0] for p in repeats}
+    return repeats + sorted(p for run in runs for p in (root / run).glob("*.json"))
 
 
 def summarize(paths: Iterable[Path]) -> list[CellCalibration]:

@@ -40,6 +40,12 @@ def test_false_alarms_and_catches(tmp_path, capsys):
 def test_wrong_reason_is_a_miss_and_clean_runs_pass(tmp_path):
     _record(tmp_path, 0, "canary", "FAIL", "P/D evaluation failed: 502", "corrupt-block")
     assert summarize(record_paths(tmp_path))[0].caught == 0
+    # a pair that never started leaves one record in the run directory itself: one missed attempt
+    run_dir = tmp_path / "20261130T000000Z-abc123"
+    run_dir.mkdir()
+    (run_dir / "canary.json").write_text(
+        (tmp_path / "20261130T000000Z-abc123-r00" / "canary.json").read_text())
+    assert summarize(record_paths(tmp_path))[0].repeats == 2
     clean = tmp_path / "clean"
     for r in range(2):
         _record(clean, r, "real", "PASS", "ok")
