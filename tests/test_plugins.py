@@ -412,3 +412,22 @@ def test_received_request_ids_from_both_completion_apis():
     new_api = types.SimpleNamespace(finished_recving={"a", "b"}, failed_recving={"b"})
     assert faults.received_request_ids(new_api) == {"a"}
     assert faults.received_request_ids(({"x"}, {"c"})) == {"c"}
+
+
+def test_corrupt_on_groups_sharing_one_tensor_touches_each_groups_block():
+    """vLLM's hybrid layout (measured with the Granite zoo model on CPU): each attention layer is
+    its own KV-cache group, the groups share one tensor, and each group has its own block ids.
+    Both groups' blocks must be zeroed (keying the de-duplication on storage alone zeroed one)."""
+    shared = cpu_attn_cache(8)
+    ssm_state = torch.ones(8, 16)
+    worker = FakeWorker({"attn.1": shared, "attn.2": shared, "mamba.0": ssm_state},
+                        [FakeGroup(["attn.1"], FullAttentionSpec()),
+                         FakeGroup(["attn.2"], FullAttentionSpec()),
+                         FakeGroup(["mamba.0"], MambaSpec())])
+    before = shared.clone()
+    outcome = faults.apply_fault(worker, FakeMeta([[2, 3], [6, 7], [1]]),
+                                 FaultSpec("corrupt-block", "first"))
+    assert outcome == FaultOutcome(applied=True, block_ids=((2,), (6,)), num_layers=2)
+    assert torch.count_nonzero(shared[2]) == 0 and torch.count_nonzero(shared[6]) == 0
+    assert torch.equal(shared[3], before[3]) and torch.equal(shared[7], before[7])
+    assert torch.equal(ssm_state, torch.ones(8, 16))

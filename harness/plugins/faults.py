@@ -310,9 +310,14 @@ def apply_fault(worker: Any, meta: Any, spec: FaultSpec, generator: Any = None) 
             blocks = blocks_view(
                 caches[name], page_bytes, getattr(layer_spec, "dtype", None), num_blocks
             )
-            storage_key = (blocks.data_ptr(), tuple(blocks.shape), tuple(blocks.stride()))
+            # Hybrid models: vLLM lets attention layers of different KV-cache groups share one
+            # tensor, each group with its own block ids. Skip only a repeat of the same blocks on
+            # the same storage (a second swap would undo the first); keying on storage alone
+            # touched 1 of Granite's 2 attention layers, and the zeroed first block went unseen.
+            storage_key = (blocks.data_ptr(), tuple(blocks.shape), tuple(blocks.stride()),
+                           block_ids)
             if storage_key in seen_storage:
-                continue  # a second swap on shared storage would undo the first
+                continue
             seen_storage.add(storage_key)
             if spec.kind == "corrupt-block":
                 corrupt_block(blocks, block_ids[0], spec.value, generator)
