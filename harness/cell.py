@@ -67,16 +67,15 @@ class Cell:
             parts.append(f"n{self.num_prefill}x{self.num_decode}")
         if self.device == "cuda" and self.kv_buffer_device != "cuda":
             parts.append(f"kvbuf-{self.kv_buffer_device}")
-        plain_env = [e for e in self.extra_env if not e[0].startswith(FAULT_ENV_PREFIX)]
-        if self.extra_args or plain_env:
-            parts.append(self._extras_hash(plain_env))
+        if self.extra_args or self.plain_env:
+            parts.append(self._extras_hash(self.plain_env))
         if self.fault:
             parts.append(f"fault-{self.fault}")
             # PD_ACCURACY_FAULT_BLOCK=last -> "...-fault-corrupt-block-last"
             parts += [v for _, v in self.fault_env]
         return "-".join(parts)
 
-    def _extras_hash(self, env: list[tuple[str, str]]) -> str:
+    def _extras_hash(self, env: tuple[tuple[str, str], ...]) -> str:
         blob = json.dumps([list(self.extra_args), [list(e) for e in env]])
         return "x" + hashlib.sha256(blob.encode()).hexdigest()[:6]
 
@@ -103,7 +102,7 @@ class Cell:
             "max_model_len": self.max_model_len,
             "extra_args": list(self.extra_args),
             # the fault switches only act on a decode server: a canary shares the real baseline
-            "extra_env": [list(e) for e in self.extra_env if not e[0].startswith(FAULT_ENV_PREFIX)],
+            "extra_env": [list(e) for e in self.plain_env],
         }
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -111,6 +110,11 @@ class Cell:
     def fault_env(self) -> tuple[tuple[str, str], ...]:
         """extra_env entries that steer a server-side fault (e.g. PD_ACCURACY_FAULT_BLOCK=last)."""
         return tuple(e for e in self.extra_env if e[0].startswith(FAULT_ENV_PREFIX))
+
+    @property
+    def plain_env(self) -> tuple[tuple[str, str], ...]:
+        """extra_env without the fault switches: what every server of the cell runs with."""
+        return tuple(e for e in self.extra_env if not e[0].startswith(FAULT_ENV_PREFIX))
 
     @property
     def is_canary(self) -> bool:
