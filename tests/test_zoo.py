@@ -208,3 +208,38 @@ def test_curriculum_short_lists_first_and_off_switch():
     # curriculum 0 (Qwen3Next's recipe) draws every step from the full range, as recipe v4 did
     assert min(sizes(0, range(0, 1500, 7))) >= data.TRAIN_CATALOG_SIZES[0]
     assert data.step_catalog_size(5, 2000, 1500) == data.step_catalog_size(5, 2000, 0)
+
+
+def test_prev_token_init_makes_one_kv_head_attend_to_the_previous_token():
+    import torch
+    import transformers
+
+    from harness.zoo.init import add_previous_token_head
+    from harness.zoo.models import get_spec
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(
+        get_spec("tiny-llama-gsm").make_config(), attn_implementation="eager")
+    info = add_previous_token_head(model)
+    assert info["init"] == "prev-token" and info["weight"] > 0
+    ids = torch.randint(5, 700, (1, 600))
+    with torch.no_grad():
+        attn = model(input_ids=ids, output_attentions=True).attentions[0][0]
+    pos = torch.arange(1, 600)
+    # query heads 0 and 1 share KV head 0: both look one token back, the others do not
+    for head in (0, 1):
+        assert float(attn[head, pos, pos - 1].min()) > 0.9
+    for head in (2, 3):
+        assert float(attn[head, pos, pos - 1].mean()) < 0.2
+
+
+def test_prev_token_init_refuses_other_architectures():
+    import transformers
+
+    from harness.zoo.init import add_previous_token_head
+    from harness.zoo.models import get_spec
+
+    config = get_spec("tiny-granite-hybrid-gsm").make_config()
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with pytest.raises(ValueError, match="LlamaForCausalLM"):
+        add_previous_token_head(model)

@@ -41,6 +41,7 @@ class ZooSpec:
     decay_start: int | None = None   # None: the last quarter of `steps`
     stop_after: int | None = None    # stop early (the schedule still spans `steps`)
     curriculum_steps: int = 1500     # steps on short price lists first (harness/zoo/data.py)
+    init: str = "default"            # "prev-token": harness/zoo/init.py (Llama only)
 
     def make_config(self):
         """The transformers config object for this spec."""

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from harness.record import atomic_write_text
 from harness.zoo import task
+from harness.zoo.init import INIT_CHOICES
 from harness.zoo.models import get_spec
 from harness.zoo.tokenizer import save_tokenizer
 
@@ -29,8 +30,8 @@ DECAY_FRACTION = 0.25
 # 1: one question per sequence; 2: several questions per price list, mixed price-list lengths;
 # 3: eager attention in training (deterministic backward); 4: price token right after the item
 # token (catalog "- apples 7 dollars per box", digits keep their leading space); 5: a curriculum of
-# short price lists first.
-RECIPE_VERSION = 5
+# short price lists first; 6: `--init prev-token` (harness/zoo/init.py) for the dense Llama.
+RECIPE_VERSION = 6
 TRAINING_JSON = "training.json"
 
 
@@ -64,7 +65,8 @@ def train(name: str, out_dir: str | Path, *, device: str = "cpu", steps: int | N
           decay_start: int | None = None, stop_after: int | None = None,
           time_limit_s: float | None = None, probe_n: int = 0, workers: int = 2,
           log_every: int = 50, attn_implementation: str = "eager",
-          config_overrides: dict | None = None, curriculum_steps: int | None = None) -> dict:
+          config_overrides: dict | None = None, curriculum_steps: int | None = None,
+          init: str | None = None) -> dict:
     """Train `name`, save the checkpoint into `out_dir`, return the training record."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -84,6 +86,7 @@ def train(name: str, out_dir: str | Path, *, device: str = "cpu", steps: int | N
     lr = lr or spec.lr
     seed = spec.seed if seed is None else seed
     curriculum_steps = spec.curriculum_steps if curriculum_steps is None else curriculum_steps
+    init = init or spec.init
     planned_decay = int(steps * (1 - DECAY_FRACTION)) if decay_start is None else decay_start
     warmup = min(spec.warmup, max(1, steps // 10))
     out = Path(out_dir)
@@ -97,6 +100,11 @@ def train(name: str, out_dir: str | Path, *, device: str = "cpu", steps: int | N
     # deterministic on CUDA, and two same-seed runs drifted apart within a few hundred steps.
     model = transformers.AutoModelForCausalLM.from_config(
         config, attn_implementation=attn_implementation).to(device)
+    init_record = {"init": "default"}
+    if init == "prev-token":
+        from harness.zoo.init import add_previous_token_head
+
+        init_record = add_previous_token_head(model)
     n_params = sum(p.numel() for p in model.parameters())
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95),
                                   weight_decay=0.01, eps=1e-8)
@@ -167,6 +175,7 @@ def train(name: str, out_dir: str | Path, *, device: str = "cpu", steps: int | N
         "lr": lr,
         "warmup": warmup,
         "curriculum_steps": curriculum_steps,
+        "init": init_record,
         "steps_planned": steps,
         "steps_done": steps_done,
         "steps_total": total,
@@ -185,7 +194,7 @@ def train(name: str, out_dir: str | Path, *, device: str = "cpu", steps: int | N
                     f"--steps {total} --decay-start {decay} --batch-size {batch_size} "
                     f"--seed {seed}" + (f" --stop-after {steps_done}" if steps_done < total
                                         else "")
-                    + f" --lr {lr} --curriculum-steps {curriculum_steps}"
+                    + f" --lr {lr} --curriculum-steps {curriculum_steps} --init {init}"
                     + "".join(" --set " + shlex.quote(f"{k}={json.dumps(v, separators=(',', ':'))}")
                               for k, v in (config_overrides or {}).items())),
     }
@@ -233,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="transformers attention kernel for training (eager: deterministic)")
     parser.add_argument("--curriculum-steps", type=int, default=None,
                         help="steps on short price lists before the full mix (default: the spec's)")
+    parser.add_argument("--init", choices=INIT_CHOICES, default=None,
+                        help="weight init (default: the spec's; prev-token: harness/zoo/init.py)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
                         help="override one config field of the spec (value parsed as JSON)")
     args = parser.parse_args(argv)
@@ -249,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
                    time_limit_s=args.time_limit,
                    probe_n=args.probe_n, workers=args.workers,
                    attn_implementation=args.attn_implementation,
-                   config_overrides=overrides, curriculum_steps=args.curriculum_steps)
+                   config_overrides=overrides, curriculum_steps=args.curriculum_steps,
+                   init=args.init)
     print(json.dumps({"event": "done", "out": str(args.out), "steps_done": record["steps_done"],
                       "train_wall_s": record["train_wall_s"]}), flush=True)
     return 0
