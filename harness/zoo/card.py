@@ -93,6 +93,7 @@ def render_card(checkpoint: str | Path) -> str:
         f"| data | gsm_synth stream, seed {train['train_seed']} (test split seed "
         f"{train['test_seed']}) |",
         f"| init seed | {train['seed']} |",
+        f"| init | {_init_text(train.get('init'))} |",
         f"| steps | {train['steps_done']} x batch {train['batch_size']} (planned "
         f"{train['steps_planned']}) |",
         f"| schedule | AdamW lr {train['lr']}, warm-up {train['warmup']}, linear decay from step "
@@ -144,8 +145,11 @@ def _differs_from_recipe(name: str, config: dict) -> list[str]:
     spec = SPECS.get(name)
     if spec is None:
         return []
+    # compare with the config transformers builds from the recipe, not the raw kwargs: it
+    # normalises some fields (Granite's layer_types "mamba" is saved as "linear_attention")
+    built = spec.make_config().to_dict()
     return sorted(k for k, v in spec.config_kwargs.items()
-                  if k in config and not isinstance(v, dict) and config[k] != v)
+                  if k in config and not isinstance(v, dict) and config[k] != built.get(k, v))
 
 
 def write_card(checkpoint: str | Path, cards_dir: str | Path = CARDS_DIR) -> Path:
@@ -153,3 +157,12 @@ def write_card(checkpoint: str | Path, cards_dir: str | Path = CARDS_DIR) -> Pat
     text = render_card(checkpoint)
     name = json.loads((Path(checkpoint) / TRAINING_JSON).read_text())["model"]
     return atomic_write_text(Path(cards_dir) / f"{name}.md", text)
+
+
+def _init_text(init: dict | None) -> str:
+    """The weight-init row: transformers' default, or the previous-token head (harness/zoo/init.py)."""
+    if not init or init.get("init", "default") == "default":
+        return "transformers default (normal, std 0.02)"
+    return (f"{init['init']}: layer {init['layer']} KV head {init['kv_head']} attends to the previous "
+            f"token by RoPE phase ({init['pairs']} rotary pairs, {init['gap_logits']:g}-logit margin; "
+            f"harness/zoo/init.py)")
