@@ -24,9 +24,9 @@ from harness.cell import Cell
 from harness.calibration import CANARY_REASONS  # what each canary's verdict must say
 
 EFFECT_CHECKS = ("accuracy", "noise-floor", "logprob-divergence")
-# zoo models that solve their task (model cards: >= 97% through vLLM CPU): on these a zeroed or
-# swapped block of prompt KV must also show as lost accuracy, not only as changed text
-TRAINED_MODELS = ("tiny-granite-hybrid-gsm", "tiny-qwen3next-hybrid-gsm")
+# zoo models that solve their task (model cards: 97.5-100% through vLLM CPU): on these a zeroed
+# or swapped block of prompt KV must also show as lost accuracy, not only as changed text
+TRAINED_MODELS = ("tiny-llama-gsm", "tiny-granite-hybrid-gsm", "tiny-qwen3next-hybrid-gsm")
 TRAINED_MIN_ACCURACY = 0.80
 KV_CANARY_MIN_DROP = 0.30
 
