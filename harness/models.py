@@ -61,3 +61,19 @@ def resolve(name: str) -> ResolvedModel:
     layer_kinds = " ".join(str(x) for x in (config.get("layer_types") or config.get("layers_block_type") or []))
     hybrid = bool(set(archs) & HYBRID_ARCHITECTURES) or "mamba" in layer_kinds or "linear" in layer_kinds
     return ResolvedModel(name, path, local=True, hybrid=hybrid, architecture=arch)
+
+
+def reference_accuracy(model: ResolvedModel, task: str):
+    """The model's accuracy on `task` as its zoo card measured it (eval_vllm.json), or None."""
+    from harness.verdict import ReferenceAccuracy
+
+    if not model.local:
+        return None
+    path = Path(model.path) / "eval_vllm.json"
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    if data.get("task") != task or data.get("strict_match") is None or not data.get("n"):
+        return None
+    return ReferenceAccuracy(accuracy=float(data["strict_match"]), n=int(data["n"]),
+                             source=f"its model card ({data.get('vllm') or 'vLLM'})")

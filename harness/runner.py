@@ -25,7 +25,7 @@ from harness.compare import TransferProof, compare
 from harness.deploy import Deployment, Endpoint, Placement, ProxyDeployment, pair_key, plan_baseline, plan_pair
 from harness.evaluate import EvalRun, evaluate_endpoint, split_size
 from harness.metrics import TransferCounters, scrape_all
-from harness.models import ResolvedModel, resolve
+from harness.models import ResolvedModel, reference_accuracy, resolve
 from harness.ports import PortAllocator
 from harness.process import ManagedProcessError
 from harness.record import SCHEMA_VERSION, write_record
@@ -262,6 +262,7 @@ class Runner:
         hybrid = model.hybrid or first.model in self.hybrid_models
         task = self.options.task if self.options.task != "auto" else default_task(model)
         data_dir = self.options.dataset_dir or default_data_dir(task)
+        reference = reference_accuracy(model, task)
         common = dict(model_path=model.path, hybrid=hybrid, allocator=self.allocator,
                       placement=self.placement, log_dir=self.log_dir, features=self.features,
                       startup_timeout_s=self.options.startup_timeout_s,
@@ -342,7 +343,7 @@ class Runner:
                 for cell in cells_of_pair:
                     for rnd in rounds:
                         results.append(self._run_cell(
-                            cell, pair, rnd, task, data_dir, hybrid,
+                            cell, pair, rnd, task, data_dir, hybrid, reference=reference,
                             timings={"startup_s": max(startup_baseline_s or 0, pair.startup_s or 0),
                                      "baseline_eval_s": baseline_eval_s},
                             baseline_logs=baseline.logs()))
@@ -355,7 +356,7 @@ class Runner:
         return results
 
     def _run_cell(self, cell: Cell, pair: Deployment, rnd: "_BaselineRound", task: str,
-                  data_dir: str | None, hybrid: bool, *, timings: dict,
+                  data_dir: str | None, hybrid: bool, *, timings: dict, reference=None,
                   baseline_logs: dict) -> CellResult:
         base_run, base_aa, base_samples = rnd.run, rnd.aa, rnd.samples_path
         cell_dir = self.results_root / rnd.run_id / cell.cell_id
@@ -395,7 +396,7 @@ class Runner:
                                [str(pair.processes[s.name].log_path) for s in pair.specs
                                 if s.role == "decode"])
         cmp = compare(base_run, pd_run, proof, baseline_aa=base_aa, alpha=self.policy.alpha)
-        verdict = decide(cmp, self.policy, cell.expected_failure)
+        verdict = decide(cmp, self.policy, cell.expected_failure, reference=reference)
         timings = {**timings, "pd_eval_s": pd_run.wall_s,
                    "total_s": timings.get("startup_s", 0) + timings.get("baseline_eval_s", 0) + pd_run.wall_s}
         return self._record(cell, verdict, metrics=cmp.metrics_dict(), timings=timings,

@@ -345,6 +345,21 @@ def disagreement_exceeds_floor(k_pd: int, n_pd: int, k_aa: int, n_aa: int,
                      p_value, float(alpha))
 
 
+def below_reference(correct: int, n: int, reference: float, tolerance: float) -> float:
+    """p-value that a baseline with ``correct`` of ``n`` right scores below ``reference - tolerance``.
+
+    ``reference`` is the model's accuracy measured elsewhere (its model card). One-sided exact
+    binomial test ``scipy.stats.binomtest(correct, n, reference - tolerance, "less")``; a small
+    p-value says the baseline server is broken on this configuration, before any P/D question.
+    """
+    if n <= 0 or not 0 <= correct <= n:
+        raise ValueError(f"need 0 <= correct <= n and n > 0, got correct={correct}, n={n}")
+    floor = min(1.0, max(0.0, reference - tolerance))
+    if floor <= 0.0:
+        return 1.0
+    return float(sps.binomtest(int(correct), int(n), floor, alternative="less").pvalue)
+
+
 # ---------------------------------------------------------------------------------------------
 # 5. Logprob divergence between baseline and P/D generations
 # ---------------------------------------------------------------------------------------------

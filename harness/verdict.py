@@ -5,7 +5,8 @@ FAIL          the P/D pair is broken: it failed to start or hand-shake while the
               its requests failed, no KV crossed, or its answers/generations/logprobs are worse
               than the baseline beyond chance.
 INCONCLUSIVE  nothing failed, but too few questions to guarantee the stated sensitivity.
-ERROR         the environment is broken (the baseline itself failed): retry, do not blame P/D.
+ERROR         the environment is broken (the baseline itself failed to start or to answer, or
+              scores far below the model's known accuracy): retry, do not blame P/D.
 
 A cell declared as an expected failure keeps its status; its *outcome* is XFAIL (failed as
 expected) or XPASS (passed although expected to fail — the run says so, strict).
@@ -17,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from harness.compare import Comparison
+from harness.stats import below_reference
 
 PASS, FAIL, INCONCLUSIVE, ERROR = "PASS", "FAIL", "INCONCLUSIVE", "ERROR"
 EXIT_CODES = {PASS: 0, FAIL: 1, ERROR: 3, INCONCLUSIVE: 4, "XFAIL": 0, "XPASS": 1}
@@ -31,6 +33,17 @@ class Policy:
     logprob_min_threshold: float = 0.10   # nats; |Δ logprob| p95 above this AND ...
     logprob_floor_factor: float = 5.0     # ... above factor × the A/A p95 is divergence
     min_questions: int = 10
+    # a baseline more than this far below the model card's accuracy (one-sided binomial test at
+    # alpha) is broken itself: ERROR, the P/D comparison would be meaningless
+    baseline_tolerance: float = 0.10
+
+
+@dataclass(frozen=True)
+class ReferenceAccuracy:
+    """A model's accuracy on the run's task measured elsewhere (zoo model card: eval_vllm.json)."""
+    accuracy: float
+    n: int
+    source: str
 
 
 @dataclass(frozen=True)
@@ -122,9 +135,29 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | None = None) -> Verdict:
+def baseline_health(cmp: Comparison, reference: ReferenceAccuracy, policy: Policy) -> Check:
+    correct = round(cmp.baseline_accuracy * cmp.n)
+    p = below_reference(correct, cmp.n, reference.accuracy, policy.baseline_tolerance)
+    return Check("baseline-health", p > policy.alpha,
+                 f"baseline {_pct(cmp.baseline_accuracy)} ({correct}/{cmp.n}) vs "
+                 f"{_pct(reference.accuracy)} measured by {reference.source} (n={reference.n}); "
+                 f"below it by more than {100 * policy.baseline_tolerance:.0f} pts: binomial p={p:.3g}")
+
+
+def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | None = None,
+           reference: ReferenceAccuracy | None = None) -> Verdict:
     checks: list[Check] = []
     path: list[str] = []
+
+    # 0. the baseline itself: a non-disaggregated server far below the model's known accuracy is
+    #    broken on this configuration (backend, TP, build) and nothing can be said about P/D
+    if reference is not None and cmp.n > 0:
+        health = baseline_health(cmp, reference, policy)
+        checks.append(health)
+        path.append("baseline-health")
+        if not health.passed:
+            return Verdict(ERROR, f"the baseline itself is broken here: {health.detail}",
+                           tuple(checks), expected_failure, tuple(path))
 
     # 1. transfer proof: a P/D pair that moved no KV is a FAIL whatever its accuracy. All checks
     #    are computed (the record shows every one); the first failing one in this order decides.

@@ -376,3 +376,17 @@ def test_wilson_known_values():
     assert low99 < 0.49016 and high99 > 0.94332
     with pytest.raises(ValueError):
         wilson_ci(3, 0)
+
+
+def test_below_reference_matches_the_exact_binomial_tail():
+    from scipy.stats import binom
+
+    from harness.stats import below_reference
+
+    # P(X <= 40 | n=50, p=0.9): the exact lower tail
+    assert below_reference(40, 50, 1.0, 0.10) == pytest.approx(binom.cdf(40, 50, 0.9))
+    assert below_reference(2, 100, 1.0, 0.10) < 1e-80          # GPU Granite FLASH_ATTN baseline
+    assert below_reference(48, 50, 0.975, 0.10) > 0.5          # a healthy CPU repeat
+    assert below_reference(0, 10, 0.05, 0.10) == 1.0            # nothing to fall below
+    with pytest.raises(ValueError):
+        below_reference(5, 4, 0.9, 0.1)

@@ -261,3 +261,30 @@ def test_exit_codes():
 def test_worst_outcome(outcomes, worst):
     assert worst_outcome(outcomes) == worst
     assert set(SEVERITY) == set(EXIT_CODES)
+
+
+# ---- baseline health against the model card -----------------------------------------------------
+def test_baseline_far_below_its_model_card_is_error_before_any_pd_check():
+    from harness.verdict import ReferenceAccuracy
+
+    broken = comparison(transfer=proof(counters={"prompt_tokens_external": 0.0}))
+    # every baseline answer wrong: 0/60 where the card says 100%
+    cmp = dataclasses.replace(broken, baseline_accuracy=0.02)
+    v = decide(cmp, reference=ReferenceAccuracy(1.0, 200, "its model card"))
+    assert v.status == ERROR and v.exit_code == EXIT_CODES[ERROR]
+    assert v.decision_path == ("baseline-health",)
+    assert "the baseline itself is broken" in v.reason and "100.0%" in v.reason
+
+
+def test_baseline_near_its_model_card_passes_the_health_check():
+    from harness.verdict import ReferenceAccuracy
+
+    cmp = dataclasses.replace(comparison(), baseline_accuracy=0.95)   # 57/60 vs card 97.5%
+    v = decide(cmp, reference=ReferenceAccuracy(0.975, 200, "its model card"))
+    assert v.status == PASS
+    assert check(v, "baseline-health").passed
+
+
+def test_no_reference_no_health_check():
+    v = decide(comparison())
+    assert all(c.name != "baseline-health" for c in v.checks)

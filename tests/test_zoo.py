@@ -243,3 +243,16 @@ def test_prev_token_init_refuses_other_architectures():
     model = transformers.AutoModelForCausalLM.from_config(config)
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         add_previous_token_head(model)
+
+
+def test_reference_accuracy_comes_from_the_model_card_for_its_task(tmp_path):
+    import json
+
+    from harness.models import ResolvedModel, reference_accuracy, resolve
+
+    ref = reference_accuracy(resolve("tiny-llama-gsm"), "gsm_synth")
+    assert ref is not None and ref.accuracy >= 0.9 and ref.n == 200
+    assert reference_accuracy(resolve("tiny-llama-gsm"), "gsm8k") is None   # another task
+    (tmp_path / "eval_vllm.json").write_text(json.dumps({"task": "gsm_synth", "n": 0}))
+    assert reference_accuracy(ResolvedModel("x", str(tmp_path), True, False, None), "gsm_synth") is None
+    assert reference_accuracy(ResolvedModel("org/m", "org/m", False, False, None), "gsm_synth") is None
