@@ -132,6 +132,9 @@ _PROCESS_PREFIX_RE = re.compile(r"^\([^()]*\bpid=\d+\)\s?")
 # vLLM ("INFO 11-29 19:22:01 [x.py:1] ..."), NIXL's Python logger ("2026-11-29 19:22:01 NIXL INFO
 # ...") and glog-style C++ lines ("I1129 19:22:01.123 ...").
 _ROUTINE_LEVEL_RE = re.compile(r"^.{0,64}?\b(?:INFO|DEBUG|TRACE)\b|^[ID]\d{4} \d\d:\d\d:\d\d")
+# Lines that look like errors but are known to be harmless (vLLM 0.26 on CUDA 13 logs this at every
+# start; NIXL's expert-parallel extension is optional). Never decisive.
+_HARMLESS_RE = re.compile(r"No module named 'nixl_ep")
 _ERROR_LOOKING_RE = re.compile(
     r"Error|Exception|CUDA out of memory|NIXL|\bERROR\b|\bCRITICAL\b|\bFATAL\b|\berror:"
     r"|Segmentation fault|core dumped|Killed\b|Aborted\b|^[EF]\d{4} \d\d:\d\d:\d\d"
@@ -181,7 +184,7 @@ def decisive_error_lines(log_text: str, limit: int = 5) -> list[str]:
             in_traceback = False
             picked.append(raw)  # the exception line that ends the traceback
             continue
-        if _ROUTINE_LEVEL_RE.match(plain):
+        if _ROUTINE_LEVEL_RE.match(plain) or _HARMLESS_RE.search(plain):
             continue
         if _ERROR_LOOKING_RE.search(plain):
             picked.append(raw)

@@ -477,3 +477,16 @@ def test_decisive_lines_argparse_nixl_warning_dedupe_and_fallback():
     assert decisive_error_lines("") == [] and most_decisive_line([]) == ""
     many = "\n".join(f"ValueError: bad value {i}" for i in range(9))
     assert decisive_error_lines(many) == [f"ValueError: bad value {i}" for i in range(4, 9)]
+
+
+def test_known_harmless_nixl_ep_warning_is_never_decisive():
+    log = "\n".join([
+        "(EngineCore pid=1) WARNING 11-30 02:21:33 [import_utils.py:408] ModuleNotFoundError: "
+        "No module named 'nixl_ep_cu13.nixl_ep_cpp_torch211'",
+        "(EngineCore pid=2) ERROR 11-30 02:22:38 [core.py:1332] RuntimeError: shape "
+        "'[-1, 4, 64, 0, 128]' is invalid for input of size 131072",
+    ])
+    lines = decisive_error_lines(log)
+    assert len(lines) == 1 and "is invalid for input of size" in lines[0]
+    only_harmless = log.splitlines()[0]
+    assert all("nixl_ep" in l for l in decisive_error_lines(only_harmless))  # fallback: last lines
