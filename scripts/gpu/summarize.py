@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Markdown summary of GPU runs made with scripts/gpu/run_profile.sh.
+
+    python3 scripts/gpu/summarize.py RUN_DIR:NGPU [RUN_DIR:NGPU ...] > SUMMARY-table.md
+
+RUN_DIR is one unpacked `results/gpu/<TAG>` directory (cells.json + records/); NGPU the GPUs
+that run held (for GPU-minutes = the cell's wall time x GPUs, so concurrent runs overlap).
+Prints one table row per record, the totals, and per run the cells that wrote no record.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def _fmt(x, digits=2):
+    return "-" if x is None else (f"{x:.{digits}f}" if isinstance(x, float) else str(x))
+
+
+def rows_of(run_dir: Path, ngpu: int) -> tuple[list[str], float, list[str], list[dict]]:
+    tag = run_dir.name
+    records = []
+    for path in sorted(run_dir.glob("records/*/*.json")):
+        rec = json.loads(path.read_text())
+        if "verdict" in rec:
+            records.append(rec)
+    lines, gpu_min = [], 0.0
+    for rec in sorted(records, key=lambda r: r["cell"]["id"]):
+        m = rec.get("metrics") or {}
+        t = rec.get("timings") or {}
+        wall = t.get("total_s") or t.get("startup_s") or 0.0
+        minutes = wall * ngpu / 60
+        gpu_min += minutes
+        agree = m.get("agreement")
+        ext = (m.get("transfer") or {}).get("prompt_tokens_external")
+        reason = rec["verdict"]["reason"].replace("|", "/").replace("\n", " ")[:220]
+        lines.append(" | ".join([
+            "", tag, f"`{rec['cell']['id']}`", rec["verdict"]["outcome"],
+            _fmt(m.get("baseline_accuracy")), _fmt(m.get("pd_accuracy")),
+            _fmt(agree.get("rate") if isinstance(agree, dict) else agree),
+            _fmt(ext, 0) if isinstance(ext, float) else _fmt(ext),
+            _fmt(t.get("startup_s"), 0), _fmt(t.get("pd_eval_s"), 1), f"{minutes:.1f}", reason, ""]
+        ).strip())
+    cells = json.loads((run_dir / "cells.json").read_text())["cells"]
+    done = {r["cell"]["id"] for r in records}
+    missing = [c["id"] for c in cells if c["id"] not in done]
+    return lines, gpu_min, missing, records
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    print("| run | cell | outcome | baseline | P/D | gen. agree | ext. tokens | start-up s "
+          "| P/D eval s | GPU-min | reason |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    total, outcomes, not_run = 0.0, {}, []
+    for arg in argv:
+        path, _, ngpu = arg.rpartition(":")
+        lines, minutes, missing, records = rows_of(Path(path), int(ngpu))
+        print("\n".join(lines))
+        total += minutes
+        for r in records:
+            outcomes[r["verdict"]["outcome"]] = outcomes.get(r["verdict"]["outcome"], 0) + 1
+        if missing:
+            not_run.append(f"- {Path(path).name}: {len(missing)} not run: "
+                           + ", ".join(f"`{c}`" for c in missing))
+    n = sum(outcomes.values())
+    print(f"\n**{n} records, " + ", ".join(f"{v} {k}" for k, v in sorted(outcomes.items()))
+          + f"; GPU-minutes (wall x GPUs of the run, per cell; concurrent runs overlap): "
+          f"{total:.1f} total.**")
+    if not_run:
+        print("\nCells that wrote no record (the call's time ran out first):\n")
+        print("\n".join(not_run))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
