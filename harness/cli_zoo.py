@@ -1,4 +1,4 @@
-"""`pd-accuracy zoo build|list|path|data|card`: the harness's own tiny trained models.
+"""`pd-accuracy zoo build|list|path|data|install|eval|card`: the harness's own tiny trained models.
 
     pd-accuracy zoo build NAME [--device cuda|cpu] [--steps N] [--out DIR]
         retrain NAME from scratch (default: into its committed checkpoint directory) and
@@ -10,6 +10,9 @@
         unpack checkpoint tarballs made by scripts/train_on_device.sh (each holds one directory
         named after the run) into the committed checkpoint directories and render the cards;
         runs whose name is not a zoo name (e.g. tiny-llama-gsm-rerun) are skipped.
+    pd-accuracy zoo eval NAME [--limit N]
+        measure NAME's gsm_synth accuracy through a real vLLM CPU server (started, confined and
+        stopped like a cell's baseline) and write it into eval_vllm.json and the card.
     pd-accuracy zoo card NAME [--vllm-results FILE]
         re-render harness/zoo/cards/NAME.md, optionally recording an lm-eval results JSON
         measured through vLLM first.
@@ -23,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 EXIT_OK, EXIT_USAGE, EXIT_ERROR = 0, 2, 3
+EXIT_ENV = EXIT_ERROR     # the server did not start: an environment problem, like a verdict's ERROR
 
 
 def _default_device() -> str:
@@ -138,6 +142,29 @@ def _card(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _eval(args: argparse.Namespace) -> int:
+    from harness.process import ManagedProcessError
+    from harness.zoo import card, registry
+    from harness.zoo.vllm_eval import measure
+
+    if args.name not in registry.zoo_names():
+        print(f"{args.name!r} is not a zoo model; known: {', '.join(registry.zoo_names())}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    if args.limit < 1:
+        print(f"--limit must be at least 1, got {args.limit}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        record = measure(args.name, limit=args.limit, startup_timeout_s=args.startup_timeout)
+    except ManagedProcessError as exc:
+        print(f"the vLLM server did not start: {exc}", file=sys.stderr)
+        return EXIT_ENV
+    print(f"{args.name}: strict-match {100 * record['strict_match']:.1f}% "
+          f"(n={record['n']}, {record['vllm']})")
+    print(card.write_card(registry.checkpoint_dir(args.name)))
+    return EXIT_OK
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("zoo", help="build, list and locate the tiny trained zoo models",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -167,6 +194,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     i = zoo.add_parser("install", help="unpack device-trained checkpoint tarballs")
     i.add_argument("tars", nargs="+")
     i.set_defaults(func=_install)
+
+    e = zoo.add_parser("eval", help="measure a zoo model through a real vLLM server (CPU) "
+                                    "and write the number into its card")
+    e.add_argument("name")
+    e.add_argument("--limit", type=int, default=200, help="gsm_synth test docs (default 200)")
+    e.add_argument("--startup-timeout", type=float, default=600.0, help="seconds")
+    e.set_defaults(func=_eval)
 
     c = zoo.add_parser("card", help="re-render a model card (optionally with vLLM results)")
     c.add_argument("name")

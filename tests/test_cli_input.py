@@ -28,3 +28,16 @@ def test_bad_input_is_one_line_before_any_server(args: list[str], expected: str,
     assert expected.lower() in lines[0].lower(), lines[0]
     assert not any(tmp_path.iterdir()), "nothing may be written (no server started)"
     assert time.monotonic() - started < 120
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["no-such-model"], "is not a zoo model"),
+    (["tiny-llama-gsm", "--limit", "0"], "--limit must be at least 1"),
+])
+def test_zoo_eval_bad_input_is_one_line_before_any_server(args: list[str], expected: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "zoo", "eval", *args],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and expected in lines[0], proc.stderr
+    assert "starting" not in proc.stdout

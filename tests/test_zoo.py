@@ -256,3 +256,27 @@ def test_reference_accuracy_comes_from_the_model_card_for_its_task(tmp_path):
     (tmp_path / "eval_vllm.json").write_text(json.dumps({"task": "gsm_synth", "n": 0}))
     assert reference_accuracy(ResolvedModel("x", str(tmp_path), True, False, None), "gsm_synth") is None
     assert reference_accuracy(ResolvedModel("org/m", "org/m", False, False, None), "gsm_synth") is None
+
+
+def test_zoo_eval_plans_the_baseline_cell_each_model_needs():
+    from harness.zoo.vllm_eval import eval_cell
+
+    dense = eval_cell("tiny-llama-gsm")
+    assert (dense.prefill_block_size, dense.extra_args, dense.fault) == (128, (), None)
+    granite = eval_cell("tiny-granite-hybrid-gsm")
+    assert "--no-enable-prefix-caching" in granite.extra_args
+    assert granite.backend == "CPU_ATTN" and granite.device == "cpu"
+
+
+def test_record_vllm_accuracy_writes_what_the_card_and_baseline_health_read(tmp_path):
+    import json
+
+    from harness.models import ResolvedModel, reference_accuracy
+    from harness.zoo.card import VLLM_EVAL_JSON, record_vllm_accuracy
+
+    record_vllm_accuracy(tmp_path, n=200, strict_match=0.975, flexible_extract=0.975,
+                         vllm_version="vllm 0.32.0", command="python -m vllm...")
+    data = json.loads((tmp_path / VLLM_EVAL_JSON).read_text())
+    assert data["task"] == "gsm_synth" and data["n"] == 200 and data["strict_match"] == 0.975
+    ref = reference_accuracy(ResolvedModel("m", str(tmp_path), True, False, None), "gsm_synth")
+    assert (ref.accuracy, ref.n) == (0.975, 200)

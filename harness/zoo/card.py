@@ -32,6 +32,24 @@ def record_vllm_eval(checkpoint: str | Path, results_json: str | Path, *, comman
     return record
 
 
+def record_vllm_accuracy(checkpoint: str | Path, *, n: int, strict_match: float,
+                         flexible_extract: float | None, vllm_version: str = "",
+                         command: str = "") -> dict:
+    """Store accuracy measured through a vLLM server (harness/zoo/vllm_eval.py) next to the
+    checkpoint, in the same eval_vllm.json format as `record_vllm_eval`."""
+    record = {
+        "task": task.TASK_NAME,
+        "n": int(n),
+        "strict_match": float(strict_match),
+        "flexible_extract": None if flexible_extract is None else float(flexible_extract),
+        "num_fewshot": task.NUM_FEWSHOT,
+        "vllm": vllm_version,
+        "command": command,
+    }
+    atomic_write_text(Path(checkpoint) / VLLM_EVAL_JSON, json.dumps(record, indent=2) + "\n")
+    return record
+
+
 def _fmt_acc(value) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
