@@ -94,7 +94,8 @@ def test_smoke_profile_content():
     assert all(c.model == "tiny-llama-gsm" for c in e.cells if c.fault in proxy_faults)
     kv_canaries = {(c.model, dict(c.fault_env).get("PD_ACCURACY_FAULT_BLOCK", "first"))
                    for c in e.cells if c.fault == "corrupt-block"}
-    assert kv_canaries == {("tiny-granite-hybrid-gsm", "first"), ("tiny-qwen3next-hybrid-gsm", "last")}
+    assert kv_canaries == {("tiny-llama-gsm", "2"), ("tiny-granite-hybrid-gsm", "first"),
+                           ("tiny-qwen3next-hybrid-gsm", "last")}
     hybrids = [c for c in e.cells if "hybrid" in c.model]
     assert {c.model for c in hybrids} == {"tiny-granite-hybrid-gsm", "tiny-qwen3next-hybrid-gsm"}
     assert all(dict(c.extra_env)["VLLM_SSM_CONV_STATE_LAYOUT"] == "DS" for c in hybrids)
@@ -113,6 +114,11 @@ def test_pr_profile_content():
     combos = {(c.runner, c.backend, c.prefill_block_size) for c in e.cells if c.model == "tiny-llama-gsm"}
     assert len(combos) == 2 * 3 * 3
     assert "v2-FLASHINFER-p128d128-tiny-llama-gsm-tp1x1" in e.by_id()
+    # upstream failures measured on the H200 are declared, and still run
+    xfails = sorted(c.cell_id for c in e.cells if c.expected_failure)
+    assert xfails == ["v1-FLASH_ATTN-p128d128-tiny-granite-hybrid-gsm-tp1x1-xa3ac39",
+                      "v1-FLASH_ATTN-p16d64-tiny-llama-gsm-tp1x1",
+                      "v2-FLASH_ATTN-p128d128-tiny-granite-hybrid-gsm-tp1x1-xa3ac39"]
     assert "logical block 128" in " ".join(e.notes["v2-FLASHINFER-p128d128-tiny-llama-gsm-tp1x1"])
     assert sum(c.prefill_block_size != c.decode_block_size for c in e.cells) >= 1
     granite = [c for c in e.cells if c.model == "tiny-granite-hybrid-gsm"]
