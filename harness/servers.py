@@ -115,14 +115,6 @@ def build_argv(spec: ServerSpec, features: Features = Features()) -> list[str]:
         argv += ["--kv-cache-memory-bytes", str(spec.kv_cache_bytes)]
     if spec.gpu_memory_utilization is not None:
         argv += ["--gpu-memory-utilization", f"{spec.gpu_memory_utilization:.4f}"]
-    if spec.device != "cpu" and spec.tp > 1 and spec.gpu_memory_utilization is not None:
-        # Budgeted servers share their GPUs with other servers. The first 2-GPU run (vLLM 0.26.0,
-        # 2026-11-29) lost every TP2 baseline that started next to other TP2 servers with
-        # "CUBLAS_STATUS_INTERNAL_ERROR ... cublasCreate" then "illegal memory access" in
-        # profile_run; custom all-reduce's CUDA-IPC buffers are the suspect, NCCL is the
-        # well-trodden path for GPUs shared between tensor-parallel groups (build_env also turns
-        # off the symmetric-memory all-reduce: the crash was raised from CUDASymmetricMemory.cu).
-        argv += ["--disable-custom-all-reduce"]
     ktc = kv_transfer_config(spec, features)
     if ktc is not None:
         argv += ["--kv-transfer-config", json.dumps(ktc, separators=(",", ":"))]
@@ -165,8 +157,6 @@ def build_env(spec: ServerSpec, features: Features = Features(),
         # (a cell that really wants it says so in extra_env, applied last)
         env.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                     "NVSHMEM_DISABLE_NVLS": "1"})
-        if spec.tp > 1 and spec.gpu_memory_utilization is not None:
-            env["VLLM_ALLREDUCE_USE_SYMM_MEM"] = "0"   # see build_argv
     if spec.hybrid:
         env["VLLM_SSM_CONV_STATE_LAYOUT"] = "DS"
     if spec.fault in SERVER_FAULTS and spec.role == "decode":

@@ -91,18 +91,6 @@ def test_gpu_memory_utilization_only_when_set():
     assert flag(argv, "--gpu-memory-utilization") == "0.3000"
 
 
-def test_custom_all_reduce_off_only_for_tp_servers_sharing_gpus():
-    shared = dict(gpu_memory_utilization=0.06)
-    assert "--disable-custom-all-reduce" in build_argv(spec("prefill", "cuda", tp=2, **shared))
-    assert "--disable-custom-all-reduce" not in build_argv(spec("prefill", "cuda", tp=1, **shared))
-    assert "--disable-custom-all-reduce" not in build_argv(spec("prefill", "cuda", tp=2))
-    assert "--disable-custom-all-reduce" not in build_argv(spec("prefill", "cpu", tp=2))
-    assert build_env(spec("prefill", "cuda", tp=2, **shared), base_env={})[
-        "VLLM_ALLREDUCE_USE_SYMM_MEM"] == "0"
-    assert "VLLM_ALLREDUCE_USE_SYMM_MEM" not in build_env(spec("prefill", "cuda", tp=1, **shared),
-                                                          base_env={})
-
-
 def test_extra_args_are_appended_last():
     argv = build_argv(spec("decode", extra_args=("--enforce-eager", "--max-num-seqs", "4")))
     assert argv[-3:] == ["--enforce-eager", "--max-num-seqs", "4"]
