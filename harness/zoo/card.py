@@ -18,31 +18,25 @@ def record_vllm_eval(checkpoint: str | Path, results_json: str | Path, *, comman
     """Store the gsm_synth numbers of an lm-eval results JSON next to the checkpoint."""
     results = json.loads(Path(results_json).read_text())
     metrics = results["results"][task.TASK_NAME]
-    n = results.get("n-samples", {}).get(task.TASK_NAME, {}).get("effective")
+    return record_vllm_accuracy(
+        checkpoint, n=results.get("n-samples", {}).get(task.TASK_NAME, {}).get("effective"),
+        strict_match=metrics.get("exact_match,strict-match"),
+        flexible_extract=metrics.get("exact_match,flexible-extract"),
+        num_fewshot=results.get("n-shot", {}).get(task.TASK_NAME, task.NUM_FEWSHOT),
+        vllm_version=vllm_version, command=command)
+
+
+def record_vllm_accuracy(checkpoint: str | Path, *, n: int | None, strict_match: float | None,
+                         flexible_extract: float | None, num_fewshot: int = task.NUM_FEWSHOT,
+                         vllm_version: str = "", command: str = "") -> dict:
+    """Store gsm_synth accuracy measured through a vLLM server next to the checkpoint
+    (eval_vllm.json: what the card shows and every cell's baseline-health check reads)."""
     record = {
         "task": task.TASK_NAME,
         "n": n,
-        "strict_match": metrics.get("exact_match,strict-match"),
-        "flexible_extract": metrics.get("exact_match,flexible-extract"),
-        "num_fewshot": results.get("n-shot", {}).get(task.TASK_NAME, task.NUM_FEWSHOT),
-        "vllm": vllm_version,
-        "command": command,
-    }
-    atomic_write_text(Path(checkpoint) / VLLM_EVAL_JSON, json.dumps(record, indent=2) + "\n")
-    return record
-
-
-def record_vllm_accuracy(checkpoint: str | Path, *, n: int, strict_match: float,
-                         flexible_extract: float | None, vllm_version: str = "",
-                         command: str = "") -> dict:
-    """Store accuracy measured through a vLLM server (harness/zoo/vllm_eval.py) next to the
-    checkpoint, in the same eval_vllm.json format as `record_vllm_eval`."""
-    record = {
-        "task": task.TASK_NAME,
-        "n": int(n),
-        "strict_match": float(strict_match),
-        "flexible_extract": None if flexible_extract is None else float(flexible_extract),
-        "num_fewshot": task.NUM_FEWSHOT,
+        "strict_match": strict_match,
+        "flexible_extract": flexible_extract,
+        "num_fewshot": num_fewshot,
         "vllm": vllm_version,
         "command": command,
     }
