@@ -24,11 +24,19 @@ from harness.cell import Cell
 from harness.calibration import CANARY_REASONS  # what each canary's verdict must say
 
 EFFECT_CHECKS = ("accuracy", "noise-floor", "logprob-divergence")
-# zoo models that solve their task (model cards: 97.5-100% through vLLM CPU): on these a zeroed
-# or swapped block of prompt KV must also show as lost accuracy, not only as changed text
-TRAINED_MODELS = ("tiny-llama-gsm", "tiny-granite-hybrid-gsm", "tiny-qwen3next-hybrid-gsm")
+# trained models: those whose model card measured their task through vLLM (eval_vllm.json; the zoo's
+# three score 97.5-100%). On these a zeroed or swapped block of prompt KV must also show as lost
+# accuracy, not only as changed text, and the baseline must still solve the task.
 TRAINED_MIN_ACCURACY = 0.80
 KV_CANARY_MIN_DROP = 0.30
+
+
+def _is_trained(model: str) -> bool:
+    from harness.models import reference_accuracy, resolve
+    from harness.runner import default_task
+
+    resolved = resolve(model)
+    return reference_accuracy(resolved, default_task(resolved)) is not None
 
 
 def _expansion(config: pytest.Config):
@@ -167,7 +175,7 @@ def test_pd_matches_baseline(pd_cell: Cell, pd_results: dict) -> None:
         if pd_cell.fault in ("corrupt-block", "swap-blocks"):
             applied = on_disk["metrics"]["transfer"]["fault_lines"]
             assert applied > 0, "the decode server logged no applied fault:\n" + explain(result)
-            if pd_cell.model in TRAINED_MODELS:
+            if _is_trained(pd_cell.model):
                 m = on_disk["metrics"]
                 assert m["baseline_accuracy"] >= TRAINED_MIN_ACCURACY, \
                     f"the trained model no longer solves its task:\n{explain(result)}"
