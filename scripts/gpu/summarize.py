@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Markdown summary of GPU runs made with scripts/gpu/run_profile.sh.
 
-    python3 scripts/gpu/summarize.py RUN_DIR:NGPU [RUN_DIR:NGPU ...] > SUMMARY-table.md
+    .venv/bin/python scripts/gpu/summarize.py RUN_DIR:NGPU [RUN_DIR:NGPU ...] > SUMMARY-table.md
 
 RUN_DIR is one unpacked `results/gpu/<TAG>` directory (cells.json + records/); NGPU the GPUs
 that run held (for GPU-minutes = the cell's wall time x GPUs, so concurrent runs overlap).
@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from harness.annotate import md_cell, outcome_of  # noqa: E402  (the annotation's own formatting)
 
 
 def _fmt(x, digits=2):
@@ -34,9 +38,9 @@ def rows_of(run_dir: Path, ngpu: int) -> tuple[list[str], float, list[str], list
         gpu_min += minutes
         agree = m.get("agreement")
         ext = (m.get("transfer") or {}).get("prompt_tokens_external")
-        reason = rec["verdict"]["reason"].replace("|", "/").replace("\n", " ")[:220]
+        reason = md_cell(rec["verdict"]["reason"][:220])
         lines.append(" | ".join([
-            "", tag, f"`{rec['cell']['id']}`", rec["verdict"]["outcome"],
+            "", tag, f"`{rec['cell']['id']}`", outcome_of(rec),
             _fmt(m.get("baseline_accuracy")), _fmt(m.get("pd_accuracy")),
             _fmt(agree.get("rate") if isinstance(agree, dict) else agree),
             _fmt(ext, 0) if isinstance(ext, float) else _fmt(ext),
@@ -55,14 +59,13 @@ def main(argv: list[str]) -> int:
     print("| run | cell | outcome | baseline | P/D | gen. agree | ext. tokens | start-up s "
           "| P/D eval s | GPU-min | reason |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    total, outcomes, not_run = 0.0, {}, []
+    total, outcomes, not_run = 0.0, Counter(), []
     for arg in argv:
         path, _, ngpu = arg.rpartition(":")
         lines, minutes, missing, records = rows_of(Path(path), int(ngpu))
         print("\n".join(lines))
         total += minutes
-        for r in records:
-            outcomes[r["verdict"]["outcome"]] = outcomes.get(r["verdict"]["outcome"], 0) + 1
+        outcomes.update(outcome_of(r) for r in records)
         if missing:
             not_run.append(f"- {Path(path).name}: {len(missing)} not run: "
                            + ", ".join(f"`{c}`" for c in missing))
