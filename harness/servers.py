@@ -154,9 +154,14 @@ def build_env(spec: ServerSpec, features: Features = Features(),
             env["CUDA_VISIBLE_DEVICES"] = ",".join(
                 inherited[i] if i < len(inherited) else str(i) for i in spec.gpu_ids)
         # shared H200 hosts: never use NVLink multicast, even if the parent env enables it
-        # (a cell that really wants it says so in extra_env, applied last)
+        # (a cell that really wants it says so in extra_env, applied last). Besides NCCL, torch
+        # and NVSHMEM, vLLM >= 0.26 fuses all-reduce + RMSNorm for TP>1 on Hopper through
+        # FlashInfer, whose "auto" backend picks "mnnvl" on one node and calls cuMulticastCreate:
+        # on the 2xH200 (2026-11-29/30) every TP2 Llama server that did so died in start-up
+        # (CUBLAS_STATUS_INTERNAL_ERROR, illegal memory access). "trtllm" is the same fusion
+        # over CUDA IPC buffers, without multicast.
         env.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                    "NVSHMEM_DISABLE_NVLS": "1"})
+                    "NVSHMEM_DISABLE_NVLS": "1", "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm"})
     if spec.hybrid:
         env["VLLM_SSM_CONV_STATE_LAYOUT"] = "DS"
     if spec.fault in SERVER_FAULTS and spec.role == "decode":

@@ -131,16 +131,23 @@ def test_cuda_env_pins_gpus_and_turns_nvlink_multicast_off():
     assert env["NCCL_NVLS_ENABLE"] == "0"
     assert env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
     assert env["NVSHMEM_DISABLE_NVLS"] == "1"
+    assert env["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] == "trtllm"   # "auto" = mnnvl = multicast
     assert "VLLM_CPU_OMP_THREADS_BIND" not in env
 
 
 def test_cuda_env_keeps_nvlink_multicast_off_even_if_the_parent_turned_it_on():
     parent = {"NCCL_NVLS_ENABLE": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "0",
-              "NVSHMEM_DISABLE_NVLS": "0"}
+              "NVSHMEM_DISABLE_NVLS": "0", "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "mnnvl"}
     env = build_env(spec("decode", "cuda", gpu_ids=(0,)), base_env=parent)
     assert env["NCCL_NVLS_ENABLE"] == "0"
     assert env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
     assert env["NVSHMEM_DISABLE_NVLS"] == "1"
+    assert env["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] == "trtllm"
+
+
+def test_cpu_env_leaves_gpu_collectives_alone():
+    env = build_env(spec("decode", "cpu"), base_env={})
+    assert "VLLM_FLASHINFER_ALLREDUCE_BACKEND" not in env and "NCCL_NVLS_ENABLE" not in env
 
 
 def test_hybrid_models_get_the_ds_conv_state_layout():

@@ -8,6 +8,9 @@
 #
 # Every baseline group (cells sharing one baseline) is one `pd-accuracy run --only ...` process;
 # PAR of them run at once, all tiny-model servers sharing the GPUs with explicit memory budgets.
+# SPLIT=1 makes every cell its own process (its own baseline): more GPU time, less wall time for
+# groups whose pairs would otherwise start one after another. GPUS picks the physical GPUs
+# (default 0..NGPU-1), so two runs can use different GPUs of one machine.
 # The whole run is bounded by BUDGET_S so the records always come back.
 set -uo pipefail
 PROFILE=${PROFILE:-pr}
@@ -26,7 +29,8 @@ if [ ! -f $site/.unpacked ]; then
 fi
 export PYTHONPATH=$site CUDA_HOME=/usr/local/cuda PATH=$site/bin:$PATH
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 HF_HUB_OFFLINE=1
-export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((NGPU - 1)))
+export VLLM_FLASHINFER_ALLREDUCE_BACKEND=trtllm   # vLLM's "auto" = mnnvl = cuMulticastCreate (see harness/servers.py)
+export CUDA_VISIBLE_DEVICES=${GPUS:-$(seq -s, 0 $((NGPU - 1)))}
 if [ ! -f $site/.harness ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target $site .whl/*.whl &&
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target $site . &&
@@ -36,12 +40,12 @@ nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader
 res=$PWD/results/gpu/$TAG
 mkdir -p "$res" "$res/console"
 python3 -m harness.cli list --profile "$PROFILE" --platform cuda:2 --json "$@" > "$res/cells.json" || exit 2
-python3 - "$res/cells.json" > "$res/groups.txt" <<'PY'
+python3 - "$res/cells.json" "${SPLIT:-0}" > "$res/groups.txt" <<'PY'
 import json, sys
 cells = json.load(open(sys.argv[1]))["cells"]
 groups = {}
 for c in cells:
-    groups.setdefault(c["baseline_key"], []).append(c["id"])
+    groups.setdefault(c["id"] if sys.argv[2] == "1" else c["baseline_key"], []).append(c["id"])
 for ids in groups.values():
     print(",".join(ids))
 PY
