@@ -147,6 +147,18 @@ _GENERIC_WRAPPER_RE = re.compile(
 )
 
 
+# What a C++ abort prints after the real error (std::terminate boilerplate, c10's "Exception
+# raised from <destructor>" trailer, CUDA's advice lines): on the H200 a TP2 worker's CUBLAS
+# failure ended in six such lines that pushed the cause out of the last five.
+_ABORT_TRAILER_RE = re.compile(
+    r"^terminate called after throwing|^\s*what\(\):|^Search for `cuda"
+    r"|^Exception raised from \S+ at |^CUDA kernel errors might be asynchronously reported"
+    r"|^For debugging consider passing CUDA_LAUNCH_BLOCKING|^Compile with `TORCH_USE_CUDA_DSA`"
+)
+# vLLM's own statement of a worker's root cause; when present it is the line to show.
+_ROOT_CAUSE_RE = re.compile(r"Worker failed with error ")
+
+
 def _strip_process_prefix(line: str) -> str:
     return _PROCESS_PREFIX_RE.sub("", line, count=1)
 
@@ -184,7 +196,8 @@ def decisive_error_lines(log_text: str, limit: int = 5) -> list[str]:
             in_traceback = False
             picked.append(raw)  # the exception line that ends the traceback
             continue
-        if _ROUTINE_LEVEL_RE.match(plain) or _HARMLESS_RE.search(plain):
+        if (_ROUTINE_LEVEL_RE.match(plain) or _HARMLESS_RE.search(plain)
+                or _ABORT_TRAILER_RE.match(body)):
             continue
         if _ERROR_LOOKING_RE.search(plain):
             picked.append(raw)
@@ -197,8 +210,12 @@ def decisive_error_lines(log_text: str, limit: int = 5) -> list[str]:
 
 
 def most_decisive_line(lines: Sequence[str]) -> str:
-    """Pick the single line to show in a one-line error: the last line that is not a generic
-    wrapper such as vLLM's "Engine core initialization failed. See root cause above."."""
+    """Pick the single line to show in a one-line error: vLLM's "Worker failed with error ..."
+    when present (what came after it is the workers' teardown), else the last line that is not a
+    generic wrapper such as vLLM's "Engine core initialization failed. See root cause above."."""
+    for line in reversed(lines):
+        if _ROOT_CAUSE_RE.search(line):
+            return line.strip()
     for line in reversed(lines):
         if not _GENERIC_WRAPPER_RE.search(_strip_process_prefix(line).strip()):
             return line.strip()

@@ -451,6 +451,39 @@ def test_decisive_lines_of_a_vllm_crash():
     assert decisive_error_lines(VLLM_LOG, limit=1) == [lines[-1]]
 
 
+TP_WORKER_CRASH_LOG = """\
+(Worker_TP0 pid=30313) INFO 11-30 02:26:05 [flashinfer_all_reduce.py:121] Auto-selected flashinfer allreduce backend: mnnvl
+(Worker_TP1 pid=30314) ERROR 11-30 02:26:16 [multiproc_executor.py:1007] WorkerProc hit an exception.
+(Worker_TP1 pid=30314) ERROR 11-30 02:26:16 [multiproc_executor.py:1007] Traceback (most recent call last):
+(Worker_TP1 pid=30314) ERROR 11-30 02:26:16 [multiproc_executor.py:1007]   File "/tmp/site/vllm/v1/worker/gpu_worker.py", line 465, in determine_available_memory
+(Worker_TP1 pid=30314) ERROR 11-30 02:26:16 [multiproc_executor.py:1007] RuntimeError: CUDA error: CUBLAS_STATUS_INTERNAL_ERROR when calling `cublasCreate(handle)`
+(EngineCore pid=29636) ERROR 11-30 02:26:16 [core.py:1330] EngineCore failed to start.
+(EngineCore pid=29636) ERROR 11-30 02:26:16 [core.py:1330] RuntimeError: Worker failed with error 'CUDA error: CUBLAS_STATUS_INTERNAL_ERROR when calling `cublasCreate(handle)`', please check the stack trace above for the root cause
+(Worker_TP1 pid=30314) SystemExit
+(Worker_TP1 pid=30314) torch.AcceleratorError: CUDA error: an illegal memory access was encountered
+(Worker_TP1 pid=30314) Search for `cudaErrorIllegalAddress' in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information.
+(Worker_TP1 pid=30314) CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.
+(Worker_TP1 pid=30314) For debugging consider passing CUDA_LAUNCH_BLOCKING=1
+(Worker_TP1 pid=30314) Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.
+terminate called after throwing an instance of 'c10::AcceleratorError'
+  what():  CUDA error: an illegal memory access was encountered
+Search for `cudaErrorIllegalAddress' in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information.
+Exception raised from ~AllocationRef at /pytorch/torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemory.cu:51 (most recent call first):
+frame #0: c10::Error::Error(c10::SourceLocation, std::__cxx11::basic_string<char>) + 0x9d (0x7fd4ae17305d in libc10.so)
+"""
+
+
+def test_a_tp_workers_cause_beats_the_abort_trailer_of_its_teardown():
+    # the H200's TP2 start-up crash (session 3): the reason named "Exception raised from
+    # ~AllocationRef", a destructor in the teardown, instead of the CUBLAS failure
+    lines = decisive_error_lines(TP_WORKER_CRASH_LOG)
+    assert not any("~AllocationRef" in line or "terminate called" in line or "what():" in line
+                   for line in lines)
+    assert any("Worker failed with error" in line for line in lines)
+    assert "Worker failed with error 'CUDA error: CUBLAS_STATUS_INTERNAL_ERROR" in \
+        most_decisive_line(lines)
+
+
 def test_decisive_lines_argparse_nixl_warning_dedupe_and_fallback():
     log = "\n".join([
         "usage: vllm serve [-h] ...",
