@@ -25,6 +25,8 @@ from harness.servers import SERVER_FAULTS, Features, ServerSpec, build_argv, bui
 # (tiny zoo models need a few MiB; a real model on a GPU farm passes --kv-cache-bytes)
 DEFAULT_KV_CACHE_BYTES = 512 * 1024 * 1024
 GPU_SHARED_UTILIZATION = 0.06
+# Ports reserved per server for vLLM's own use (VLLM_PORT and up: the distributed rendezvous)
+INTERNAL_PORT_BLOCK = 4
 # vLLM's NIXL threads sometimes ignore SIGTERM; the harness owns no state there worth waiting for
 SERVER_TERM_TIMEOUT_S = 8.0
 
@@ -73,7 +75,8 @@ class Placement:
 
 def plan_server(cell: Cell, role: str, index: int, *, model_path: str, hybrid: bool,
                 port: int, side_channel_port: int | None, placement: Placement,
-                kv_cache_bytes: int | None = None, python: str = sys.executable) -> ServerSpec:
+                kv_cache_bytes: int | None = None, internal_port: int | None = None,
+                python: str = sys.executable) -> ServerSpec:
     block = {"baseline": cell.baseline_block_size, "prefill": cell.prefill_block_size,
              "decode": cell.decode_block_size}[role]
     tp = {"baseline": cell.baseline_tp, "prefill": cell.prefill_tp, "decode": cell.decode_tp}[role]
@@ -83,7 +86,7 @@ def plan_server(cell: Cell, role: str, index: int, *, model_path: str, hybrid: b
         port=port, backend=cell.backend, block_size=block, runner=cell.runner, device=cell.device,
         dtype=cell.dtype, tp=tp, max_model_len=cell.max_model_len,
         kv_buffer_device=cell.kv_buffer_device, side_channel_port=side_channel_port,
-        kv_cache_bytes=kv_cache_bytes or DEFAULT_KV_CACHE_BYTES,
+        internal_port=internal_port, kv_cache_bytes=kv_cache_bytes or DEFAULT_KV_CACHE_BYTES,
         cpu_cores=None if on_gpu else placement.core_for(role, index),
         gpu_ids=placement.gpus_for(role, index, tp, cell.prefill_tp * cell.num_prefill) if on_gpu else (),
         gpu_memory_utilization=GPU_SHARED_UTILIZATION if on_gpu else None,
@@ -247,11 +250,13 @@ def plan_baseline(cell: Cell, *, model_path: str, hybrid: bool, allocator: PortA
                   placement: Placement, log_dir: Path, features: Features,
                   startup_timeout_s: float, kv_cache_bytes: int | None = None) -> Deployment:
     port = allocator.reserve(1, owner=f"baseline:{cell.cell_id}")[0]
+    internal = allocator.reserve_block(INTERNAL_PORT_BLOCK, owner=f"baseline-vllm:{cell.cell_id}")
     spec = plan_server(cell, "baseline", 0, model_path=model_path, hybrid=hybrid, port=port,
-                       side_channel_port=None, placement=placement, kv_cache_bytes=kv_cache_bytes)
+                       side_channel_port=None, placement=placement, kv_cache_bytes=kv_cache_bytes,
+                       internal_port=internal[0])
     return Deployment(f"baseline-{cell.baseline_key}", [spec], log_dir=log_dir, features=features,
                       startup_timeout_s=startup_timeout_s, allocator=allocator,
-                      reserved_ports=[port])
+                      reserved_ports=[port, *internal])
 
 
 def plan_pair(cell: Cell, *, model_path: str, hybrid: bool, allocator: PortAllocator,
@@ -264,10 +269,11 @@ def plan_pair(cell: Cell, *, model_path: str, hybrid: bool, allocator: PortAlloc
             port = allocator.reserve(1, owner=f"{role}:{cell.cell_id}")[0]
             # vLLM offsets the side-channel port by rank for TP > 1: reserve a contiguous block
             side = allocator.reserve_block(max(tp, 1), owner=f"{role}-nixl:{cell.cell_id}")
-            reserved += [port, *side]
+            internal = allocator.reserve_block(INTERNAL_PORT_BLOCK, owner=f"{role}-vllm:{cell.cell_id}")
+            reserved += [port, *side, *internal]
             specs.append(plan_server(cell, role, index, model_path=model_path, hybrid=hybrid,
                                      port=port, side_channel_port=side[0], placement=placement,
-                                     kv_cache_bytes=kv_cache_bytes))
+                                     kv_cache_bytes=kv_cache_bytes, internal_port=internal[0]))
     name = "pair-" + "-".join(str(x) for x in (cell.baseline_key, cell.prefill_block_size,
                                                cell.decode_block_size, cell.prefill_tp,
                                                cell.decode_tp, cell.fault or "ok"))

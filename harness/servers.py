@@ -63,6 +63,7 @@ class ServerSpec:
     max_model_len: int = 4096
     kv_buffer_device: str = "cpu"
     side_channel_port: int | None = None      # NIXL handshake port (prefill/decode only)
+    internal_port: int | None = None          # VLLM_PORT: first of the ports vLLM binds inside
     kv_cache_bytes: int | None = DEFAULT_CPU_KV_CACHE_BYTES
     cpu_cores: str | None = None               # VLLM_CPU_OMP_THREADS_BIND, e.g. "0" or "0-1"
     gpu_ids: tuple[int, ...] = ()
@@ -140,6 +141,12 @@ def build_env(spec: ServerSpec, features: Features = Features(),
         env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = "127.0.0.1"
         if spec.side_channel_port is not None:
             env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(spec.side_channel_port)
+    if spec.internal_port is not None:
+        # vLLM's torch.distributed rendezvous otherwise probes a free ephemeral port, closes it
+        # and binds it later: servers starting together can pick the same one (on the H200 a
+        # baseline died with "DistNetworkError ... port: 36225 ... EADDRINUSE"). From VLLM_PORT
+        # it counts up from a port the harness reserved for this server alone.
+        env["VLLM_PORT"] = str(spec.internal_port)
     if spec.device == "cpu":
         if spec.cpu_cores is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpu_cores

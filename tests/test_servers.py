@@ -212,3 +212,12 @@ def test_render_command_is_a_valid_shell_line(s):
         assert env["PD_ACCURACY_FAULT"] == "corrupt-block"
         assert env["VLLM_WEIRD"] == "a b'c"
         assert json.loads(flag(words, "--kv-transfer-config"))["kv_role"] == "kv_consumer"
+
+
+def test_internal_port_becomes_vllm_port_only_when_planned():
+    assert build_env(spec("prefill", internal_port=25010), base_env={})["VLLM_PORT"] == "25010"
+    assert "VLLM_PORT" not in build_env(spec("prefill"), base_env={})
+    # a cell's own extra_env still wins
+    env = build_env(spec("prefill", internal_port=25010, extra_env=(("VLLM_PORT", "30000"),)),
+                    base_env={})
+    assert env["VLLM_PORT"] == "30000"
