@@ -484,6 +484,27 @@ def test_a_tp_workers_cause_beats_the_abort_trailer_of_its_teardown():
         most_decisive_line(lines)
 
 
+def test_a_start_up_timeout_with_only_harmless_warnings_shows_where_the_server_was():
+    # H200, 2026-11-30: an overloaded Granite baseline timed out in CUDA-graph capture and the
+    # reason named a harmless nixl_ep import warning (a traceback inside a WARNING record)
+    log = "\n".join([
+        "(APIServer pid=4079) WARNING 11-30 05:30:23 [system_utils.py:299] Found ulimit of 20000 and "
+        "failed to automatically increase with error current limit exceeds maximum limit.",
+        "(EngineCore pid=1) WARNING 11-30 05:32:44 [import_utils.py:408] Module nixl_ep was found but "
+        "failed to import",
+        "(EngineCore pid=1) WARNING 11-30 05:32:44 [import_utils.py:408] Traceback (most recent call last):",
+        '(EngineCore pid=1) WARNING 11-30 05:32:44 [import_utils.py:408]   File "<frozen importlib>", line 1',
+        "(EngineCore pid=1) WARNING 11-30 05:32:44 [import_utils.py:408] ModuleNotFoundError: No module "
+        "named 'nixl_ep_cu13.nixl_ep_cpp_torch211'",
+        "(EngineCore pid=1) WARNING 11-30 05:32:50 [flashinfer.py:369] Failed to connect to NVIDIA "
+        "artifactory: HTTPSConnectionPool(host='edge.urm.nvidia.com', port=443)",
+        "(EngineCore pid=1) INFO 11-30 05:36:36 [gpu_model_runner.py:6798] Rank 0: Torch profiler "
+        "disabled for CUDA graph capture",
+    ])
+    assert most_decisive_line(decisive_error_lines(log)).endswith(
+        "Torch profiler disabled for CUDA graph capture")
+
+
 def test_decisive_lines_argparse_nixl_warning_dedupe_and_fallback():
     log = "\n".join([
         "usage: vllm serve [-h] ...",
