@@ -288,7 +288,8 @@ class Runner:
                 baseline.wait()
             except ManagedProcessError as exc:
                 reason = f"baseline failed to start: {exc}"
-                return [self._record(c, error(reason, c.expected_failure),
+                waited = {"startup_s": time.monotonic() - group_started}  # what the attempt cost
+                return [self._record(c, error(reason, c.expected_failure), timings=waited,
                                      artifacts={"logs": baseline.logs()}) for c in group]
             base_ep = baseline.baseline_endpoint()
             startup_baseline_s = baseline.startup_s
