@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Sequence
 
 from harness.cell import Cell, RunOptions
+from harness.start_slots import StartSlots
 
 EXIT_USAGE = 2
 
@@ -61,6 +62,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     out.add_argument("--junit-xml", default=None)
     out.add_argument("--startup-timeout", type=float, default=600.0,
                      help="seconds a server may take to become healthy (default 600: three servers starting together on a loaded 2-core machine took up to 7 min)")
+    out.add_argument("--max-starting", type=int, default=None, metavar="N",
+                     help="at most N servers of this host in start-up at once; the others wait "
+                          "for a slot and their --startup-timeout counts from it (default: "
+                          "$PD_ACCURACY_MAX_STARTING, else no cap)")
     out.add_argument("--gpu-layout", choices=("shared", "split"), default="shared",
                      help="cuda: all servers from the first visible GPU, or prefill then decode GPUs")
     out.add_argument("--kv-cache-bytes", type=int, default=None,
@@ -152,6 +157,14 @@ def options_from(args: argparse.Namespace) -> RunOptions:
         raise UsageError("--limit must be at least 1")
     if not 0 < args.alpha < 0.5:
         raise UsageError("--alpha must be in (0, 0.5)")
+    max_starting = getattr(args, "max_starting", None)
+    if max_starting is not None and max_starting < 0:
+        raise UsageError("--max-starting must be 0 (no cap) or more")
+    if max_starting is None:
+        try:
+            StartSlots.limit_from_env()
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     return RunOptions(
         limit=args.limit or 50, seed=args.seed, concurrency=args.concurrency, alpha=args.alpha,
         task=args.task, dataset_dir=args.dataset_dir, results_dir=args.results_dir,
@@ -159,7 +172,7 @@ def options_from(args: argparse.Namespace) -> RunOptions:
         extra={"noise_floor": not args.no_noise_floor, "num_fewshot": args.num_fewshot,
                "max_gen_toks": args.max_gen_toks, "gpu_layout": args.gpu_layout,
                "kv_cache_bytes": args.kv_cache_bytes, "repeats": args.repeats,
-               "sample_seed": args.sample_seed,
+               "sample_seed": args.sample_seed, "max_starting": max_starting,
                "profile": args.profile},
     )
 

@@ -4,6 +4,8 @@ A Deployment owns the processes of one side of a comparison: either the non-disa
 baseline server, or a P/D pair (prefill server(s) + decode server(s)) plus the harness's proxy.
 It reserves ports, plans every server's command (harness.servers), starts them concurrently in
 their own process groups, waits for health with a deadline, and stops them on every exit path.
+With host-wide start slots (harness.start_slots) a server starts only when it holds a slot, and
+its deadline counts from then.
 The proxy is separate (`ProxyDeployment`) so that cells differing only in a proxy-side fault
 reuse one P/D pair.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,8 +21,9 @@ from typing import Sequence
 
 from harness.cell import Cell
 from harness.ports import PortAllocator
-from harness.process import ManagedProcess, ServerStartTimeout
+from harness.process import ManagedProcess, ManagedProcessError, ServerStartTimeout
 from harness.servers import SERVER_FAULTS, Features, ServerSpec, build_argv, build_env
+from harness.start_slots import StartSlots
 
 # Size of the CPU KV cache per server: tiny models need little; never let one server take all RAM.
 # (tiny zoo models need a few MiB; a real model on a GPU farm passes --kv-cache-bytes)
@@ -110,7 +114,8 @@ class Deployment:
 
     def __init__(self, name: str, specs: Sequence[ServerSpec], *, log_dir: Path,
                  features: Features = Features(), startup_timeout_s: float = 300.0,
-                 allocator: PortAllocator | None = None, reserved_ports: Sequence[int] = ()) -> None:
+                 allocator: PortAllocator | None = None, reserved_ports: Sequence[int] = (),
+                 start_slots: StartSlots | None = None) -> None:
         self.name = name
         self.specs = list(specs)
         self.log_dir = Path(log_dir)
@@ -121,21 +126,34 @@ class Deployment:
         self.processes: dict[str, ManagedProcess] = {}
         self.startup_s: float | None = None
         self._launched_at = time.monotonic()
+        self.start_slots = start_slots
+        self._starters: list[_SlotStarter] = []
+        self._cancel = threading.Event()
+        self._processes_lock = threading.Lock()
 
     def commands(self) -> list[str]:
         from harness.servers import render_command
 
         return [render_command(s, self.features) for s in self.specs]
 
+    def _process(self, spec: ServerSpec) -> ManagedProcess:
+        return ManagedProcess(spec.name, build_argv(spec, self.features),
+                              self.log_dir / f"{self.name}-{spec.name}.log",
+                              env=build_env(spec, self.features), inherit_env=False)
+
     def launch(self) -> "Deployment":
-        """Start every server (concurrently, each in its own process group); don't wait."""
+        """Start every server (concurrently, each in its own process group); don't wait.
+        With start slots, each server starts from a thread of its own once it holds a slot."""
         self._launched_at = time.monotonic()
+        if self.start_slots is not None:
+            self._cancel.clear()
+            self._starters = [_SlotStarter(self, spec) for spec in self.specs]
+            for starter in self._starters:
+                starter.thread.start()
+            return self
         try:
             for spec in self.specs:
-                proc = ManagedProcess(spec.name, build_argv(spec, self.features),
-                                      self.log_dir / f"{self.name}-{spec.name}.log",
-                                      env=build_env(spec, self.features), inherit_env=False)
-                self.processes[spec.name] = proc.start()
+                self.processes[spec.name] = self._process(spec).start()
         except BaseException:
             self.stop()
             raise
@@ -144,6 +162,8 @@ class Deployment:
     def wait(self) -> "Deployment":
         """Wait until every server answers /health; the first to die (or the deadline) raises
         ManagedProcessError naming it and its decisive log line. Servers stay up on error."""
+        if self.start_slots is not None:
+            return self._wait_for_starters()
         pending = list(self.specs)
         while pending:
             # poll every server in turn, so the first one to die fails the wait at once
@@ -162,6 +182,20 @@ class Deployment:
         self.startup_s = time.monotonic() - self._launched_at
         return self
 
+    def _wait_for_starters(self) -> "Deployment":
+        while True:
+            if self._cancel.is_set():
+                raise RuntimeError(f"{self.name}: stopped while starting")
+            failed = sorted((s for s in self._starters if s.error is not None),
+                            key=lambda s: s.finished_at or 0.0)
+            if failed:
+                raise failed[0].error  # the first server to fail, as without slots
+            if all(s.healthy for s in self._starters):
+                break
+            time.sleep(0.1)
+        self.startup_s = time.monotonic() - self._launched_at
+        return self
+
     def start(self) -> "Deployment":
         self.launch()
         try:
@@ -171,8 +205,13 @@ class Deployment:
             raise
 
     def stop(self) -> None:
-        for proc in reversed(list(self.processes.values())):
+        with self._processes_lock:  # no starter thread starts a server after this point
+            self._cancel.set()
+            procs = list(self.processes.values())
+        for proc in reversed(procs):
             proc.stop(term_timeout_s=SERVER_TERM_TIMEOUT_S)
+        for starter in self._starters:  # each ends once its server is gone (and frees its slot)
+            starter.thread.join(timeout=SERVER_TERM_TIMEOUT_S + 5)
         if self.allocator and self.reserved_ports:
             self.allocator.release(self.reserved_ports)
             self.reserved_ports = []
@@ -196,6 +235,43 @@ class Deployment:
         spec = self.specs[0]
         return Endpoint("baseline", spec.base_url, spec.served_model_name, (spec.base_url,),
                         self.logs())
+
+
+class _SlotStarter:
+    """Starts one server of a Deployment once it holds a host-wide start slot, waits for its
+    health (deadline from its own start) and frees the slot: the slot never outlives start-up,
+    whoever calls Deployment.wait() and when, so runs holding slots cannot wait on each other."""
+
+    def __init__(self, deployment: Deployment, spec: ServerSpec) -> None:
+        self.deployment, self.spec = deployment, spec
+        self.healthy = False
+        self.error: BaseException | None = None
+        self.finished_at: float | None = None
+        self.thread = threading.Thread(target=self._run, name=f"start-{deployment.name}-{spec.name}",
+                                       daemon=True)
+
+    def _run(self) -> None:
+        d = self.deployment
+        slot = None
+        try:
+            slot = d.start_slots.acquire(cancelled=d._cancel)
+            if slot is None:
+                return  # the deployment was stopped while waiting
+            with d._processes_lock:
+                if d._cancel.is_set():
+                    return
+                proc = d._process(self.spec)
+                d.processes[self.spec.name] = proc
+                proc.start()
+            proc.wait_healthy(f"{self.spec.base_url}/health", deadline_s=d.startup_timeout_s,
+                              poll_s=0.25)
+            self.healthy = True
+        except Exception as exc:  # noqa: BLE001 - becomes the deployment's start-up error
+            self.error = exc
+        finally:
+            if slot is not None:
+                slot.release()
+            self.finished_at = time.monotonic()
 
 
 class ProxyDeployment:
@@ -248,7 +324,8 @@ class ProxyDeployment:
 
 def plan_baseline(cell: Cell, *, model_path: str, hybrid: bool, allocator: PortAllocator,
                   placement: Placement, log_dir: Path, features: Features,
-                  startup_timeout_s: float, kv_cache_bytes: int | None = None) -> Deployment:
+                  startup_timeout_s: float, kv_cache_bytes: int | None = None,
+                  start_slots: StartSlots | None = None) -> Deployment:
     port = allocator.reserve(1, owner=f"baseline:{cell.cell_id}")[0]
     internal = allocator.reserve_block(INTERNAL_PORT_BLOCK, owner=f"baseline-vllm:{cell.cell_id}")
     spec = plan_server(cell, "baseline", 0, model_path=model_path, hybrid=hybrid, port=port,
@@ -256,12 +333,13 @@ def plan_baseline(cell: Cell, *, model_path: str, hybrid: bool, allocator: PortA
                        internal_port=internal[0])
     return Deployment(f"baseline-{cell.baseline_key}", [spec], log_dir=log_dir, features=features,
                       startup_timeout_s=startup_timeout_s, allocator=allocator,
-                      reserved_ports=[port, *internal])
+                      reserved_ports=[port, *internal], start_slots=start_slots)
 
 
 def plan_pair(cell: Cell, *, model_path: str, hybrid: bool, allocator: PortAllocator,
               placement: Placement, log_dir: Path, features: Features,
-              startup_timeout_s: float, kv_cache_bytes: int | None = None) -> Deployment:
+              startup_timeout_s: float, kv_cache_bytes: int | None = None,
+              start_slots: StartSlots | None = None) -> Deployment:
     specs, reserved = [], []
     for role, count, tp in (("prefill", cell.num_prefill, cell.prefill_tp),
                             ("decode", cell.num_decode, cell.decode_tp)):
@@ -278,4 +356,5 @@ def plan_pair(cell: Cell, *, model_path: str, hybrid: bool, allocator: PortAlloc
                                                cell.decode_block_size, cell.prefill_tp,
                                                cell.decode_tp, cell.fault or "ok"))
     return Deployment(name, specs, log_dir=log_dir, features=features,
-                      startup_timeout_s=startup_timeout_s, allocator=allocator, reserved_ports=reserved)
+                      startup_timeout_s=startup_timeout_s, allocator=allocator, reserved_ports=reserved,
+                      start_slots=start_slots)

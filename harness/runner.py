@@ -30,6 +30,7 @@ from harness.ports import PortAllocator
 from harness.process import ManagedProcessError
 from harness.record import SCHEMA_VERSION, write_record
 from harness.servers import Features
+from harness.start_slots import StartSlots
 from harness.verdict import Policy, Verdict, decide, error, fail
 
 log = logging.getLogger(__name__)
@@ -187,6 +188,9 @@ class Runner:
         self.run_id = run_id or new_run_id()
         self.progress = progress or (lambda msg: log.info(msg))
         self.allocator = PortAllocator()
+        max_starting = options.extra.get("max_starting")
+        self.start_slots = StartSlots.from_limit(
+            StartSlots.limit_from_env() if max_starting is None else max_starting)
         self.hybrid_models = set(hybrid_models)
         self.results_root = Path(options.results_dir)
         self.run_dir = self.results_root / self.run_id
@@ -266,7 +270,8 @@ class Runner:
         common = dict(model_path=model.path, hybrid=hybrid, allocator=self.allocator,
                       placement=self.placement, log_dir=self.log_dir, features=self.features,
                       startup_timeout_s=self.options.startup_timeout_s,
-                      kv_cache_bytes=self.options.extra.get("kv_cache_bytes"))
+                      kv_cache_bytes=self.options.extra.get("kv_cache_bytes"),
+                      start_slots=self.start_slots)
         pairs: dict[tuple, list[Cell]] = {}
         for cell in group:
             pairs.setdefault(pair_key(cell), []).append(cell)

@@ -15,6 +15,7 @@ import pytest
     (["--model", "tiny-llama-random", "--runner", "v2"], "V2"),
     (["--profile", "no-such-profile"], "unknown profile"),
     (["--model", "tiny-llama-random", "--block-size", "64:x"], "PREFILL:DECODE"),
+    (["--model", "tiny-llama-random", "--max-starting", "-1"], "--max-starting must be 0"),
 ])
 def test_bad_input_is_one_line_before_any_server(args: list[str], expected: str, tmp_path) -> None:
     started = time.monotonic()

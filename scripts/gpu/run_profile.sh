@@ -10,7 +10,8 @@
 # PAR of them run at once, all tiny-model servers sharing the GPUs with explicit memory budgets.
 # SPLIT=1 makes every cell its own process (its own baseline): more GPU time, less wall time for
 # groups whose pairs would otherwise start one after another. GPUS picks the physical GPUs
-# (default 0..NGPU-1), so two runs can use different GPUs of one machine.
+# (default 0..NGPU-1), so two runs can use different GPUs of one machine. MAX_STARTING=N lets at
+# most N servers of the machine be in start-up at once (PD_ACCURACY_MAX_STARTING; default: no cap).
 # The whole run is bounded by BUDGET_S so the records always come back.
 set -uo pipefail
 PROFILE=${PROFILE:-pr}
@@ -31,6 +32,7 @@ export PYTHONPATH=$site CUDA_HOME=/usr/local/cuda PATH=$site/bin:$PATH
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 HF_HUB_OFFLINE=1
 export VLLM_FLASHINFER_ALLREDUCE_BACKEND=trtllm   # vLLM's "auto" = mnnvl = cuMulticastCreate (see harness/servers.py)
 export CUDA_VISIBLE_DEVICES=${GPUS:-$(seq -s, 0 $((NGPU - 1)))}
+export PD_ACCURACY_MAX_STARTING=${MAX_STARTING:-0}
 if [ ! -f $site/.harness ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target $site .whl/*.whl &&
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target $site . &&
