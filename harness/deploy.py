@@ -60,13 +60,17 @@ class Placement:
         cores = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else ()
         return cls(cpu_cores=cores or tuple(range(os.cpu_count() or 1)), gpu_layout=gpu_layout)
 
-    def core_for(self, role: str, index: int) -> str | None:
+    def core_for(self, role: str, index: int, tp: int = 1) -> str | None:
+        """VLLM_CPU_OMP_THREADS_BIND: one core per TP rank, ranks separated by '|'."""
         if not self.cpu_cores:
             return None
         # prefill and baseline share the first core (they are rarely busy at the same time);
-        # decode gets the last, so a P/D request uses both cores
-        order = {"baseline": 0, "prefill": 0, "decode": len(self.cpu_cores) - 1}[role]
-        return str(self.cpu_cores[(order + index) % len(self.cpu_cores)])
+        # decode gets the last, so a P/D request uses both cores. A TP>1 server's further ranks
+        # take the following cores (wrapping: on 2 cores a TP2 prefill binds "0|1").
+        n = len(self.cpu_cores)
+        order = {"baseline": 0, "prefill": 0, "decode": n - 1}[role]
+        first = order + index * max(tp, 1)
+        return "|".join(str(self.cpu_cores[(first + r) % n]) for r in range(max(tp, 1)))
 
     def gpus_for(self, role: str, index: int, tp: int, prefill_gpus: int) -> tuple[int, ...]:
         start = self.gpu_base
@@ -91,7 +95,7 @@ def plan_server(cell: Cell, role: str, index: int, *, model_path: str, hybrid: b
         dtype=cell.dtype, tp=tp, max_model_len=cell.max_model_len,
         kv_buffer_device=cell.kv_buffer_device, side_channel_port=side_channel_port,
         internal_port=internal_port, kv_cache_bytes=kv_cache_bytes or DEFAULT_KV_CACHE_BYTES,
-        cpu_cores=None if on_gpu else placement.core_for(role, index),
+        cpu_cores=None if on_gpu else placement.core_for(role, index, tp),
         gpu_ids=placement.gpus_for(role, index, tp, cell.prefill_tp * cell.num_prefill) if on_gpu else (),
         gpu_memory_utilization=GPU_SHARED_UTILIZATION if on_gpu else None,
         hybrid=hybrid,

@@ -39,3 +39,13 @@ def test_every_server_gets_its_own_reserved_ports_for_vllm_internals(tmp_path):
     baseline.stop()
     pair.stop()                                             # never launched: stop only releases
     assert allocator.reservations() == {}
+
+
+def test_cpu_binding_gives_each_tp_rank_a_core():
+    two = Placement(cpu_cores=(0, 1))
+    assert two.core_for("baseline", 0) == "0" and two.core_for("decode", 0) == "1"
+    assert two.core_for("prefill", 0, tp=2) == "0|1"       # vLLM CPU: one core list per rank
+    assert two.core_for("decode", 0, tp=2) == "1|0"
+    four = Placement(cpu_cores=(4, 5, 6, 7))
+    assert four.core_for("prefill", 1, tp=2) == "6|7"      # the second TP2 prefill: next cores
+    assert Placement(cpu_cores=()).core_for("prefill", 0, tp=2) is None
