@@ -157,12 +157,12 @@ def options_from(args: argparse.Namespace) -> RunOptions:
         raise UsageError("--limit must be at least 1")
     if not 0 < args.alpha < 0.5:
         raise UsageError("--alpha must be in (0, 0.5)")
-    max_starting = getattr(args, "max_starting", None)
+    max_starting = args.max_starting
     if max_starting is not None and max_starting < 0:
         raise UsageError("--max-starting must be 0 (no cap) or more")
-    if max_starting is None:
+    if max_starting is None:  # resolved (and checked) once here; the record shows the cap used
         try:
-            StartSlots.limit_from_env()
+            max_starting = StartSlots.limit_from_env()
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     return RunOptions(
