@@ -349,3 +349,20 @@ def test_cli_list_any_platform(capsys):
 def test_cli_rules(capsys):
     assert cli_main(["list", "--rules"]) == 0
     assert "hybrid-homogeneous-block" in capsys.readouterr().out
+
+
+def test_nightly_declares_the_h200_block_and_host_buffer_failures():
+    """Measured on the H200 (results/reference/gpu-h200-20261201-s5): every P<D block pair and the
+    hybrid's host-buffer path are expected failures on cuda; the dense host-buffer cells, which
+    passed, are not."""
+    e = expand(load_matrix(), "nightly", GPU2)
+    llama = [c for c in e.cells if c.model == "tiny-llama-gsm" and c.fault is None]
+    hetero = [c for c in llama if c.prefill_block_size != c.decode_block_size]
+    assert len(hetero) == 2 * 3 * 3 and all(c.expected_failure for c in hetero)
+    assert "HND" in e.by_id()["v2-FLASH_ATTN-p64d128-tiny-llama-gsm-tp1x1"].expected_failure
+    host = [c for c in e.cells if c.kv_buffer_device == "cpu"
+            and c.model in ("tiny-llama-gsm", "tiny-granite-hybrid-gsm")]
+    assert {c.model for c in host if c.expected_failure} == {"tiny-granite-hybrid-gsm"}
+    assert sum(c.model == "tiny-llama-gsm" for c in host) == 8
+    assert all("initialize_host_xfer_buffer" in c.expected_failure
+               for c in host if c.model == "tiny-granite-hybrid-gsm" and c.runner == "v2")
