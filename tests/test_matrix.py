@@ -366,3 +366,10 @@ def test_nightly_declares_the_h200_block_and_host_buffer_failures():
     assert sum(c.model == "tiny-llama-gsm" for c in host) == 8
     assert all("initialize_host_xfer_buffer" in c.expected_failure
                for c in host if c.model == "tiny-granite-hybrid-gsm" and c.runner == "v2")
+
+
+def test_cpu_full_has_a_heterogeneous_tp_pair_that_a_cpu_machine_runs():
+    e = expand(load_matrix(), "cpu-full", CPU)
+    tp = [c for c in e.cells if (c.prefill_tp, c.decode_tp) != (1, 1)]
+    assert [c.cell_id for c in tp] == ["v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x2"]
+    assert not tp[0].expected_failure and gpus_needed(tp[0])["total"] == 0
