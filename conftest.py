@@ -8,7 +8,7 @@ import pytest
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("pd-accuracy")
     g.addoption("--pd-profile", default="smoke", help="matrix profile to parametrize (default smoke)")
-    g.addoption("--pd-matrix", default=None, help="matrix YAML (default suites/matrices/default.yaml)")
+    g.addoption("--pd-matrix", default=None, help="matrix YAML (default harness/matrix/default.yaml)")
     g.addoption("--pd-results-dir", default="results/runs", help="where records are written")
     g.addoption("--pd-limit", type=int, default=None, help="questions per cell (default: profile's)")
     g.addoption("--pd-alpha", type=float, default=0.01, help="significance level of the verdict")
@@ -34,7 +34,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """No process of the run may outlive it: stop stragglers and fail loudly if there were any."""
     try:
-        from harness.process import live_processes, stop_all
+        from harness.serve.process import live_processes, stop_all
     except ImportError:
         return
     leftovers = [p for p in live_processes() if p.is_running()]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Manual real-server check of the harness's vLLM plugins (harness/plugins/).
+# Manual real-server check of the harness's vLLM plugins (harness/serve/plugins/).
 #
 #   scripts/check_plugins.sh [idle|faults|all]      (default: all)
 #

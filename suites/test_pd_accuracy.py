@@ -1,7 +1,7 @@
 """The P/D accuracy suite: one test per matrix cell, each a REAL vLLM P/D pair (NIXL) against a
 REAL non-disaggregated baseline, scored by real lm-eval.
 
-All selected cells run once per session (per xdist worker) through harness.runner, which shares
+All selected cells run once per session (per xdist worker) through harness.run.runner, which shares
 baselines and P/D pairs between cells; each test then asserts on its own cell's verdict:
 - a normal cell must PASS (or fail as a declared expected failure);
 - a canary cell (a fault the harness injects) must FAIL, for the right reason.
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.cell import Cell
+from harness.core.cell import Cell
 
-from harness.calibration import CANARY_REASONS  # what each canary's verdict must say
+from harness.judge.calibration import CANARY_REASONS  # what each canary's verdict must say
 
 EFFECT_CHECKS = ("accuracy", "noise-floor", "logprob-divergence")
 # trained models: those whose model card measured their task through vLLM (eval_vllm.json; the zoo's
@@ -32,20 +32,21 @@ KV_CANARY_MIN_DROP = 0.30
 
 
 def _is_trained(model: str) -> bool:
-    from harness.models import reference_accuracy, resolve
-    from harness.runner import default_task
+    from harness.serve.models import reference_accuracy, resolve
+    from harness.run.runner import default_task
 
     resolved = resolve(model)
     return reference_accuracy(resolved, default_task(resolved)) is not None
 
 
 def _expansion(config: pytest.Config):
-    from harness import matrix
-    from harness.vllm_features import PlatformInfo
+    from harness.matrix import spec as matrix
+    from harness.core.platform import PlatformInfo
+    from harness.serve.vllm_features import detect_platform
 
     spec = matrix.load_matrix(config.getoption("--pd-matrix"))
     plat = config.getoption("--pd-platform")
-    platform = PlatformInfo.from_spec(plat) if plat else PlatformInfo.detect(with_vllm=True)
+    platform = PlatformInfo.from_spec(plat) if plat else detect_platform()
     return spec, matrix.expand(spec, config.getoption("--pd-profile"), platform)
 
 
@@ -75,7 +76,7 @@ class RecordResult:
 
     @property
     def verdict(self):
-        from harness.verdict import Check, Verdict
+        from harness.judge.verdict import Check, Verdict
 
         v = self.record["verdict"]
         return Verdict(v["status"], v["reason"], tuple(Check(**c) for c in v.get("checks", [])),
@@ -85,8 +86,8 @@ class RecordResult:
 @pytest.fixture(scope="session")
 def pd_farm(request: pytest.FixtureRequest) -> dict:
     """Farm mode: run the selected cells' generated Buildkite steps on this machine."""
-    from harness.farm import run_farm
-    from harness.record import load_records
+    from harness.ci.farm import run_farm
+    from harness.run.record import load_records
 
     config = request.config
     cells = _selected_cells(request)
@@ -113,11 +114,11 @@ def pd_results(request: pytest.FixtureRequest) -> dict:
     """Run every selected cell once (shared servers) and return {cell_id: result}."""
     if not request.config.getoption("--pd-in-process"):
         return request.getfixturevalue("pd_farm")["results"]
-    from harness.cell import RunOptions
-    from harness.process import install_signal_handlers
-    from harness.runner import Runner
-    from harness.servers import Features
-    from harness.verdict import Policy
+    from harness.core.cell import RunOptions
+    from harness.serve.process import install_signal_handlers
+    from harness.run.runner import Runner
+    from harness.serve.server_spec import Features
+    from harness.judge.verdict import Policy
 
     config = request.config
     cells = _selected_cells(request)
@@ -202,9 +203,9 @@ def test_annotation_history_and_report(request: pytest.FixtureRequest, pd_result
     import sqlite3
     from html.parser import HTMLParser
 
-    from harness.annotate import annotate
-    from harness.history import append_results_dir
-    from harness.report import render_report
+    from harness.report.annotate import annotate
+    from harness.report.history import append_results_dir
+    from harness.report.html import render_report
 
     if request.config.getoption("--pd-in-process"):
         outputs = request.config._pd_outputs  # noqa: SLF001

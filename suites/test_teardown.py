@@ -40,7 +40,7 @@ def _alive(p: psutil.Process) -> bool:
 def test_ctrl_c_mid_run_leaves_no_process(tmp_path: Path, when: str) -> None:
     log = open(tmp_path / "run.log", "w")
     run = subprocess.Popen(
-        [sys.executable, "-m", "harness.cli", "run", "--model", "tiny-llama-random",
+        [sys.executable, "-m", "harness.cli.main", "run", "--model", "tiny-llama-random",
          "--limit", "5", "--max-model-len", "4096", "--num-fewshot", "1", "--max-gen-toks", "16",
          "--results-dir", str(tmp_path / "results")],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-from harness.record import atomic_write_text
+from harness.run.record import atomic_write_text
 
 NAME = "tiny-llama-random"
 _CORPUS_SEED_TEXT = (

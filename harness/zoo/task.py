@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from harness.record import atomic_write_text
+from harness.run.record import atomic_write_text
 
 TASK_NAME = "gsm_synth"
 NUM_FEWSHOT = 0          # the worked format is learned in training; each doc is self-contained
@@ -187,7 +187,7 @@ def doc_from_parts(catalog: list[tuple[str, int]], purchases: list[tuple[str, in
 
 
 def prompt_text(doc: dict) -> str:
-    """What the model sees; must match `doc_to_text` in harness/tasks/gsm_synth.yaml."""
+    """What the model sees; must match `doc_to_text` in harness/eval/tasks/gsm_synth.yaml."""
     return f"{doc['context']}\n\nQuestion: {doc['question']}\nAnswer:"
 
 

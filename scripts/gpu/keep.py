@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from harness.annotate import outcome_of  # noqa: E402
+from harness.report.annotate import outcome_of  # noqa: E402
 
 
 def _gzip_to(src: Path, dst: Path) -> None:

@@ -41,7 +41,7 @@ fi
 nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader
 res=$PWD/results/gpu/$TAG
 mkdir -p "$res" "$res/console"
-python3 -m harness.cli list --profile "$PROFILE" --platform cuda:2 --json "$@" > "$res/cells.json" || exit 2
+python3 -m harness.cli.main list --profile "$PROFILE" --platform cuda:2 --json "$@" > "$res/cells.json" || exit 2
 python3 - "$res/cells.json" "${SPLIT:-0}" > "$res/groups.txt" <<'PY'
 import json, sys
 cells = json.load(open(sys.argv[1]))["cells"]
@@ -56,7 +56,7 @@ remaining=$((BUDGET_S - ($(date +%s) - started)))
 # shellcheck disable=SC2016
 timeout --signal=INT --kill-after=30 "$remaining" xargs -P "$PAR" -I{} bash -c '
   ids="$1"; name=$(echo "$ids" | md5sum | cut -c1-10)
-  python3 -m harness.cli run --profile "'"$PROFILE"'" --only "$ids" --limit '"$LIMIT"' \
+  python3 -m harness.cli.main run --profile "'"$PROFILE"'" --only "$ids" --limit '"$LIMIT"' \
     --results-dir "'"$res"'/records" --gpu-layout '"$LAYOUT"' --platform cuda:2 \
     --startup-timeout 420 > "'"$res"'/console/$name.log" 2>&1
   echo "group $name exit $?: $ids"' _ {} < "$res/groups.txt"

@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from harness.annotate import md_cell, outcome_of  # noqa: E402  (the annotation's own formatting)
+from harness.report.annotate import md_cell, outcome_of  # noqa: E402  (the annotation's own formatting)
 
 
 def _fmt(x, digits=2):

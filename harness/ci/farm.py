@@ -1,0 +1,586 @@
+"""Local farm: run a generated Buildkite pipeline on this machine, step by step.
+
+``pd-accuracy farm --local --profile smoke`` generates the same pipeline documents that CI
+uploads (harness.pipeline.generate_pipeline) and executes their command steps here, with the
+semantics Buildkite gives them:
+
+* commands are interpolated the way ``buildkite-agent pipeline upload`` does (``$$`` becomes a
+  literal ``$``; ``$VAR``/``${VAR}``/``${VAR:-default}`` are filled from the environment), and
+  then run as one ``bash -e -c`` script, like the agent's default shell;
+* ``depends_on`` (steps or whole groups) orders the jobs; a step whose dependency failed is not
+  run unless it sets ``allow_dependency_failure``;
+* ``parallelism: N`` gives N jobs with ``BUILDKITE_PARALLEL_JOB``/``..._COUNT`` set;
+* ``retry.automatic`` reruns a job on the listed exit statuses up to ``limit`` times;
+* ``soft_fail`` turns the listed exit statuses into a soft failure (does not fail the farm);
+* ``timeout_in_minutes`` kills the job's process group.
+
+Resources: a job needing G GPUs (``PD_ACCURACY_GPUS`` in its env, else its queue) waits until G
+GPUs are free and gets them as ``CUDA_VISIBLE_DEVICES`` (physical indices from
+harness.serve.gpu_lease's inventory; the run command's own GPU leases then stay inside that set); jobs needing none take one of
+`cpu_slots` (1 by default: a 2-core box runs one CPU cell at a time). A job needing more GPUs
+than the machine has fails at once instead of waiting forever.
+
+``buildkite-agent`` is replaced, on the jobs' PATH, by a small stand-in: ``artifact download``
+and ``artifact upload`` succeed without copying (every job ran in this working tree), and
+``annotate`` writes the annotation body under the farm's log directory.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from harness.ci.pipeline import DEFAULT_QUEUES, normalize_queues
+from harness.core.outcomes import EXIT_ERROR, EXIT_FAIL, EXIT_OK
+
+DEFAULT_AUTOMATIC_RETRY_LIMIT = 2   # Buildkite's limit for `automatic: true`
+KILL_GRACE_S = 10.0
+
+PASSED = "passed"
+SOFT_FAILED = "soft_failed"
+FAILED = "failed"
+TIMED_OUT = "timed_out"
+NOT_RUN = "not_run"           # a dependency failed
+HARD_FAILURES = (FAILED, TIMED_OUT)
+
+_INTERPOLATION = re.compile(r"\$\$|\$\{(\w+)(?::?-([^}]*))?\}|\$(\w+)")
+
+
+def interpolate(text: str, env: Mapping[str, str] | None = None) -> str:
+    """`text` as ``buildkite-agent pipeline upload`` leaves it: ``$$`` -> ``$``, variables
+    filled from `env` (default: this process's environment)."""
+    env = os.environ if env is None else env
+
+    def sub(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name = match.group(1) or match.group(3)
+        value = env.get(name, "")
+        if not value and match.group(2) is not None:
+            return match.group(2)
+        return value
+
+    return _INTERPOLATION.sub(sub, text)
+
+
+# ---- steps ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RetryRule:
+    exit_statuses: frozenset[int] | None   # None: any exit status ("*")
+    limit: int
+
+    def matches(self, status: int) -> bool:
+        return self.exit_statuses is None or status in self.exit_statuses
+
+
+@dataclass(frozen=True)
+class FarmStep:
+    """One command step of a pipeline, as the farm runs it."""
+
+    key: str
+    label: str
+    commands: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    gpus: int = 0
+    parallelism: int = 1
+    depends_on: tuple[str, ...] = ()
+    allow_dependency_failure: bool = False
+    retry: tuple[RetryRule, ...] = ()
+    soft_fail: frozenset[int] | bool = False  # True: any nonzero status
+    timeout_s: float | None = None
+    group_key: str | None = None
+
+    def retry_limit(self, status: int) -> int:
+        for rule in self.retry:
+            if rule.matches(status):
+                return rule.limit
+        return 0
+
+    def is_soft(self, status: int) -> bool:
+        if self.soft_fail is True:
+            return status != 0
+        if not self.soft_fail:
+            return False
+        return "*" in self.soft_fail or status in self.soft_fail  # type: ignore[operator]
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return value if isinstance(value, list) else [value]
+
+
+def _retry_rules(retry: Any) -> tuple[RetryRule, ...]:
+    automatic = (retry or {}).get("automatic") if isinstance(retry, Mapping) else None
+    if automatic in (None, False, "false"):
+        return ()
+    if automatic in (True, "true"):
+        return (RetryRule(None, DEFAULT_AUTOMATIC_RETRY_LIMIT),)
+    rules = []
+    for rule in _as_list(automatic):
+        status = rule.get("exit_status", "*")
+        statuses = None if status == "*" else frozenset(int(s) for s in _as_list(status))
+        rules.append(RetryRule(statuses, int(rule.get("limit", DEFAULT_AUTOMATIC_RETRY_LIMIT))))
+    return tuple(rules)
+
+
+def _soft_fail(value: Any) -> frozenset | bool:
+    if value in (None, False, "false"):
+        return False
+    if value in (True, "true"):
+        return True
+    statuses = set()
+    for entry in _as_list(value):
+        status = entry.get("exit_status", "*") if isinstance(entry, Mapping) else entry
+        statuses.add("*" if status == "*" else int(status))
+    return frozenset(statuses)
+
+
+def _deps(value: Any) -> tuple[str, ...]:
+    return tuple(d if isinstance(d, str) else d["step"] for d in _as_list(value)
+                 if isinstance(d, str) or (isinstance(d, Mapping) and d.get("step")))
+
+
+def _gpus_of(step: Mapping[str, Any], queues: Mapping[int, str]) -> int:
+    env = step.get("env") or {}
+    if "PD_ACCURACY_GPUS" in env:
+        return int(env["PD_ACCURACY_GPUS"])
+    queue = (step.get("agents") or {}).get("queue") if isinstance(step.get("agents"), Mapping) else None
+    by_name = {name: gpus for gpus, name in normalize_queues(queues).items()}
+    return by_name.get(queue, 0)
+
+
+def farm_steps(docs: Iterable[Mapping[str, Any]],
+               queues: Mapping[int, str] | None = None) -> list[FarmStep]:
+    """The command steps of pipeline `docs`, in upload order, with Buildkite semantics resolved.
+
+    Wait, block, input and trigger steps are not supported (the generator never emits them).
+    """
+    queues = queues or DEFAULT_QUEUES
+    out: list[FarmStep] = []
+
+    def add(step: Mapping[str, Any], group: Mapping[str, Any] | None) -> None:
+        if not isinstance(step, Mapping) or not ("command" in step or "commands" in step):
+            raise ValueError(f"farm runs command steps only, got {step!r}")
+        commands = tuple(str(c) for c in _as_list(step.get("commands", step.get("command"))))
+        key = step.get("key") or f"step-{len(out) + 1}"
+        depends = _deps(step.get("depends_on"))
+        allow = step.get("allow_dependency_failure") in (True, "true")
+        if group is not None:
+            depends = _deps(group.get("depends_on")) + depends
+            allow = allow or group.get("allow_dependency_failure") in (True, "true")
+        timeout = step.get("timeout_in_minutes")
+        out.append(FarmStep(
+            key=key,
+            label=str(step.get("label") or key),
+            commands=commands,
+            env={str(k): str(v) for k, v in (step.get("env") or {}).items()},
+            gpus=_gpus_of(step, queues),
+            parallelism=int(step.get("parallelism") or 1),
+            depends_on=depends,
+            allow_dependency_failure=allow,
+            retry=_retry_rules(step.get("retry")),
+            soft_fail=_soft_fail(step.get("soft_fail")),
+            timeout_s=float(timeout) * 60 if timeout else None,
+            group_key=group.get("key") if group is not None else None,
+        ))
+
+    for doc in docs:
+        for step in doc.get("steps", []):
+            if isinstance(step, Mapping) and "group" in step:
+                for child in step.get("steps", []):
+                    add(child, step)
+            else:
+                add(step, None)
+    known = {s.key for s in out} | {s.group_key for s in out if s.group_key}
+    for step in out:
+        unknown = [d for d in step.depends_on if d not in known]
+        if unknown:
+            raise ValueError(f"step {step.key!r} depends on unknown steps: {unknown}")
+    return out
+
+
+# ---- execution --------------------------------------------------------------------------------
+@dataclass
+class JobResult:
+    """What one job (a step, or one parallel job of it) ended as."""
+
+    step_key: str
+    label: str
+    index: int | None            # parallel job index, None without parallelism
+    state: str                   # PASSED | SOFT_FAILED | FAILED | TIMED_OUT | NOT_RUN
+    exit_status: int | None
+    attempts: int
+    duration_s: float
+    log_path: Path | None
+    reason: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.step_key if self.index is None else f"{self.step_key}#{self.index}"
+
+
+@dataclass
+class FarmResult:
+    jobs: list[JobResult]
+
+    @property
+    def hard_failures(self) -> list[JobResult]:
+        return [j for j in self.jobs if j.state in HARD_FAILURES]
+
+    @property
+    def exit_code(self) -> int:
+        """0 when no job hard-failed; 3 when every hard failure was an ERROR (exit 3, the
+        environment); 1 otherwise."""
+        failures = self.hard_failures
+        if not failures:
+            return EXIT_OK
+        if all(j.exit_status == EXIT_ERROR for j in failures):
+            return EXIT_ERROR
+        return EXIT_FAIL
+
+
+@dataclass
+class _Job:
+    step: FarmStep
+    index: int | None
+
+
+def detect_gpus() -> list[str]:
+    """Indices of the GPUs this machine offers, as CUDA_VISIBLE_DEVICES names them.
+
+    harness.serve.gpu_lease's inventory when it is importable (physical indices, honouring
+    CUDA_VISIBLE_DEVICES), else CUDA_VISIBLE_DEVICES itself, else ``nvidia-smi -L``.
+    """
+    try:
+        from harness.serve.gpu_lease import GpuInventory
+    except ImportError:
+        GpuInventory = None
+    if GpuInventory is not None:
+        return [str(gpu.index) for gpu in GpuInventory.detect().devices]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [d.strip() for d in visible.split(",") if d.strip() and d.strip() != "-1"]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(l for l in out.stdout.splitlines()
+                                            if l.startswith("GPU "))]
+
+
+_AGENT_SHIM = """#!/bin/sh
+# pd-accuracy farm: local stand-in for buildkite-agent (see harness/farm.py).
+case "$1 $2" in
+  "artifact download"|"artifact upload")
+    echo "farm: artifacts stay in the working tree ($1 $2 skipped)"; exit 0 ;;
+esac
+if [ "$1" = "annotate" ]; then
+  context=default
+  while [ $# -gt 0 ]; do
+    if [ "$1" = "--context" ]; then context="$2"; fi
+    shift
+  done
+  cat > "$PD_ACCURACY_FARM_LOG_DIR/annotation-$context.md"
+  echo "farm: annotation written to $PD_ACCURACY_FARM_LOG_DIR/annotation-$context.md"
+  exit 0
+fi
+echo "farm: buildkite-agent $* is not available locally" >&2
+exit 1
+"""
+
+
+class Farm:
+    """Runs FarmSteps as subprocesses in `workdir`; see the module docstring."""
+
+    def __init__(self, *, gpus: int | str | Sequence[str] = "auto", cpu_slots: int = 1,
+                 workdir: str | os.PathLike[str] = ".",
+                 log_dir: str | os.PathLike[str] = "results/farm",
+                 env: Mapping[str, str] | None = None, console: Any = None):
+        if gpus == "auto":
+            self.gpu_ids = detect_gpus()
+        elif isinstance(gpus, (list, tuple)):
+            self.gpu_ids = [str(g) for g in gpus]
+        else:
+            if int(gpus) < 0:
+                raise ValueError("gpus must be >= 0")
+            self.gpu_ids = [str(i) for i in range(int(gpus))]
+        self.total_gpus = len(self.gpu_ids)
+        if cpu_slots < 1:
+            raise ValueError("cpu_slots must be >= 1")
+        self.cpu_slots = cpu_slots
+        self.workdir = Path(workdir).resolve()
+        self.log_dir = (self.workdir / log_dir).resolve()
+        self.base_env = dict(os.environ if env is None else env)
+        if console is None:
+            from rich.console import Console
+
+            console = Console(stderr=True)
+        self.console = console
+        self._procs: dict[int, subprocess.Popen] = {}
+        self._lock = threading.Lock()
+
+    # -- public ---------------------------------------------------------------------------------
+    def run(self, steps: Sequence[FarmStep]) -> FarmResult:
+        """Run every job of `steps`, honouring dependencies; returns what each ended as."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        jobs = [_Job(s, i if s.parallelism > 1 else None)
+                for s in steps for i in range(max(1, s.parallelism))]
+        members: dict[str, list[_Job]] = {}
+        for job in jobs:
+            members.setdefault(job.step.key, []).append(job)
+            if job.step.group_key:
+                members.setdefault(job.step.group_key, []).append(job)
+        results: dict[int, JobResult] = {}
+        pending = list(jobs)
+        running: dict[Future, tuple[_Job, list[str]]] = {}
+        free_gpus = list(self.gpu_ids)
+        free_cpu = self.cpu_slots
+        self.console.log(f"farm: {len(jobs)} jobs from {len(steps)} steps; "
+                         f"{self.total_gpus} GPUs, {self.cpu_slots} CPU slot(s)")
+
+        def dependency_state(key: str) -> str | None:
+            states = [results[id(j)].state if id(j) in results else None for j in members[key]]
+            if None in states:
+                return None
+            return FAILED if any(s in HARD_FAILURES + (NOT_RUN,) for s in states) else PASSED
+
+        with tempfile.TemporaryDirectory(prefix="pd-farm-bin-") as shim_dir, \
+                ThreadPoolExecutor(max_workers=max(1, self.total_gpus + self.cpu_slots)) as pool:
+            shim = Path(shim_dir) / "buildkite-agent"
+            shim.write_text(_AGENT_SHIM)
+            shim.chmod(0o755)
+            try:
+                while pending or running:
+                    for job in list(pending):
+                        states = [dependency_state(d) for d in job.step.depends_on]
+                        if None in states:
+                            continue
+                        if FAILED in states and not job.step.allow_dependency_failure:
+                            pending.remove(job)
+                            results[id(job)] = self._not_run(job, "a dependency failed")
+                            continue
+                        if job.step.gpus > self.total_gpus:
+                            pending.remove(job)
+                            results[id(job)] = self._not_run(
+                                job, f"needs {job.step.gpus} GPUs, this machine has "
+                                     f"{self.total_gpus}", state=FAILED)
+                            continue
+                        if job.step.gpus == 0:
+                            if free_cpu < 1:
+                                continue
+                            free_cpu -= 1
+                            held: list[str] = []
+                        else:
+                            if len(free_gpus) < job.step.gpus:
+                                continue
+                            held, free_gpus = free_gpus[:job.step.gpus], free_gpus[job.step.gpus:]
+                        pending.remove(job)
+                        running[pool.submit(self._run_job, job, held, shim_dir)] = (job, held)
+                    if not running:
+                        if pending:   # nothing can start and nothing will finish: a cycle
+                            for job in pending:
+                                results[id(job)] = self._not_run(
+                                    job, "dependencies can never finish", state=FAILED)
+                            pending.clear()
+                        break
+                    done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                    for future in done:
+                        job, held = running.pop(future)
+                        results[id(job)] = future.result()
+                        if held:
+                            free_gpus = [g for g in self.gpu_ids if g in free_gpus or g in held]
+                        else:
+                            free_cpu += 1
+            except BaseException:
+                self.kill_all()
+                raise
+        ordered = [results[id(j)] for j in jobs]
+        self._summary(ordered)
+        return FarmResult(ordered)
+
+    def kill_all(self) -> None:
+        """Stop every job still running (its whole process group)."""
+        with self._lock:
+            procs = list(self._procs.values())
+        for proc in procs:
+            _kill_group(proc)
+
+    # -- internals ------------------------------------------------------------------------------
+    def _not_run(self, job: _Job, reason: str, state: str = NOT_RUN) -> JobResult:
+        result = JobResult(job.step.key, job.step.label, job.index, state, None, 0, 0.0, None,
+                           reason)
+        self.console.log(f"[{'red' if state == FAILED else 'yellow'}]{state}[/] "
+                         f"{result.name}: {reason}")
+        return result
+
+    def _job_env(self, job: _Job, gpu_ids: list[str], shim_dir: str, attempt: int) -> dict:
+        env = dict(self.base_env)
+        upload_env = dict(self.base_env)
+        env.update({k: interpolate(v, upload_env) for k, v in job.step.env.items()})
+        path = [shim_dir] + [p for p in env.get("PATH", "").split(os.pathsep) if p]
+        python_bin = os.path.dirname(sys.executable)
+        if python_bin not in path:
+            path.append(python_bin)   # `pd-accuracy` resolves even without an activated venv
+        env["PATH"] = os.pathsep.join(path)
+        env.update({
+            "PD_ACCURACY_FARM": "1",
+            "PD_ACCURACY_FARM_LOG_DIR": str(self.log_dir),
+            "BUILDKITE_STEP_KEY": job.step.key,
+            "BUILDKITE_LABEL": job.step.label,
+            "BUILDKITE_RETRY_COUNT": str(attempt - 1),
+        })
+        env.pop("BUILDKITE", None)   # jobs must not talk to a real agent from here
+        if job.index is not None:
+            env["BUILDKITE_PARALLEL_JOB"] = str(job.index)
+            env["BUILDKITE_PARALLEL_JOB_COUNT"] = str(job.step.parallelism)
+        if job.step.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
+        elif self.total_gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ""   # a CPU job must not touch the GPUs
+        return env
+
+    def _run_job(self, job: _Job, gpu_ids: list[str], shim_dir: str) -> JobResult:
+        step = job.step
+        name = step.key if job.index is None else f"{step.key}#{job.index}"
+        log_path = self.log_dir / (re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".log")
+        script = "\n".join(interpolate(c, self.base_env) for c in step.commands)
+        started = time.monotonic()
+        attempt = 0
+        retries_used = 0
+        while True:
+            attempt += 1
+            self.console.log(f"[cyan]start[/] {name} (attempt {attempt})"
+                             + (f" on GPUs {','.join(gpu_ids)}" if gpu_ids else ""))
+            status = self._spawn(script, self._job_env(job, gpu_ids, shim_dir, attempt),
+                                 log_path, step.timeout_s, attempt)
+            if status is None:
+                state, status_shown = TIMED_OUT, -1
+            elif status == 0:
+                state, status_shown = PASSED, 0
+            else:
+                status_shown = status
+                if retries_used < step.retry_limit(status):
+                    retries_used += 1
+                    self.console.log(f"[yellow]retry[/] {name}: exit {status}, automatic retry "
+                                     f"{retries_used}/{step.retry_limit(status)}")
+                    continue
+                state = SOFT_FAILED if step.is_soft(status) else FAILED
+            break
+        duration = time.monotonic() - started
+        colour = {PASSED: "green", SOFT_FAILED: "yellow"}.get(state, "red")
+        self.console.log(f"[{colour}]{state}[/] {name}: exit {status_shown} after "
+                         f"{attempt} attempt(s), {duration:.1f}s, log {log_path}")
+        if state in HARD_FAILURES:
+            self._show_tail(log_path)
+        return JobResult(step.key, step.label, job.index, state, status_shown, attempt, duration,
+                         log_path)
+
+    def _spawn(self, script: str, env: dict, log_path: Path, timeout_s: float | None,
+               attempt: int) -> int | None:
+        """Run `script` once; its exit status, or None when it timed out."""
+        with open(log_path, "a", encoding="utf-8") as log:
+            log.write(f"--- farm: attempt {attempt}\n{script}\n---\n")
+            log.flush()
+            proc = subprocess.Popen(["bash", "-e", "-c", script], cwd=self.workdir, env=env,
+                                    stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            with self._lock:
+                self._procs[proc.pid] = proc
+            try:
+                return proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                log.write(f"--- farm: timed out after {timeout_s:.0f}s, killing\n")
+                _kill_group(proc)
+                return None
+            finally:
+                with self._lock:
+                    self._procs.pop(proc.pid, None)
+
+    def _show_tail(self, log_path: Path, lines: int = 20) -> None:
+        try:
+            tail = log_path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            return
+        for line in tail:
+            self.console.print(f"    {line}", markup=False, highlight=False)
+
+    def _summary(self, results: Sequence[JobResult]) -> None:
+        from rich.table import Table
+
+        table = Table(title="farm summary")
+        for column in ("job", "state", "exit", "attempts", "seconds", "log / reason"):
+            table.add_column(column)
+        for r in results:
+            table.add_row(r.name, r.state, "" if r.exit_status is None else str(r.exit_status),
+                          str(r.attempts), f"{r.duration_s:.1f}",
+                          r.reason or (str(r.log_path) if r.log_path else ""))
+        self.console.print(table)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the job's process group, SIGKILL it if it is still there after a grace period."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def run_farm(profile: str, *, matrix_path: str | None = None, parallelism: int = 1,
+             gpus: int | str = "auto", cpu_slots: int = 1,
+             queues: Mapping[int, str] | None = None, results_dir: str | None = None,
+             run_args: Sequence[str] = (), workdir: str | os.PathLike[str] = ".",
+             log_dir: str = "results/farm", dry_run: bool = False, console: Any = None,
+             only: Sequence[str] | None = None, annotation_path: str | None = None,
+             report_dir: str | None = None) -> int:
+    """Expand `profile` for this machine, generate its pipeline and run it here. Returns the
+    farm's exit code (FarmResult.exit_code); raises ValueError (harness.matrix.MatrixError)
+    when the profile cannot be expanded or holds no cell runnable here."""
+    from harness.matrix import spec as matrix
+    from harness.ci.pipeline import DEFAULT_RESULTS_DIR, generate_pipeline, pipeline_yaml
+    from harness.core.platform import PlatformInfo
+
+    spec = matrix.load_matrix(matrix_path)
+    cells = list(matrix.expand(spec, profile, PlatformInfo.detect()).cells)
+    if only:
+        cells = matrix.select(cells, list(only))
+    if not cells:
+        raise ValueError(f"profile {profile!r} has no cell this machine can run")
+    docs = generate_pipeline(cells, profile=profile, queues=queues,
+                             results_dir=results_dir or DEFAULT_RESULTS_DIR,
+                             parallelism=parallelism, matrix_path=matrix_path, run_args=run_args,
+                             report_dir=report_dir,
+                             **({"annotation_path": annotation_path} if annotation_path else {}))
+    if dry_run:
+        for doc in docs:
+            print(pipeline_yaml(doc))
+        return EXIT_OK
+    steps = farm_steps(docs, queues)
+    farm = Farm(gpus=gpus, cpu_slots=cpu_slots, workdir=workdir, log_dir=log_dir, console=console)
+    return farm.run(steps).exit_code
+
+
+__all__ = ["Farm", "FarmResult", "FarmStep", "JobResult", "RetryRule", "detect_gpus",
+           "farm_steps", "interpolate", "run_farm"]

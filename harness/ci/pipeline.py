@@ -1,0 +1,550 @@
+"""Buildkite pipeline generation, validation and export (vLLM ci-infra ``test_areas`` format).
+
+One matrix expansion becomes one or more Buildkite pipeline documents:
+
+* cells that share a ``baseline_key`` run in ONE command step, so the run command starts their
+  baseline server once and reuses it;
+* steps are wrapped in ``group`` steps, one group per model/backend;
+* the agent queue is chosen from the GPUs a step needs (``queues``: GPUs needed -> queue name;
+  a step goes to the smallest queue that has enough GPUs);
+* ``retry.automatic`` retries only exit status 3 (ERROR: environment, retry is reasonable);
+  exit status 1 (FAIL) is a verdict and is never retried;
+* steps of expected-failure cells ``soft_fail`` on exit status 1 (strict-xfail XPASS: the cell
+  now passes, which is news but must not break the build). Expected-failure cells never share
+  a step with regular cells, because ``soft_fail`` applies to the whole step;
+* a final annotate step (``depends_on`` every group, ``allow_dependency_failure: true``)
+  downloads the result artifacts and runs ``pd-accuracy annotate``.
+
+Buildkite accepts at most 500 steps per upload (groups and the steps inside them count), so
+``generate_pipeline`` returns a list of documents, each of which must be uploaded separately.
+
+Sharded mode (``parallelism > 1``): one step per (GPU queue, expected-failure) class with
+``parallelism: N``; each of its jobs runs ``pd-accuracy run ... --shard
+$$BUILDKITE_PARALLEL_JOB/$$BUILDKITE_PARALLEL_JOB_COUNT`` and the run command picks its share
+with ``harness.matrix.shard``. ``$$`` is Buildkite's escape for a literal ``$``: the variable is
+then expanded by the job's shell at run time, not by ``buildkite-agent pipeline upload``.
+
+Steps are built with ``buildkite-sdk`` typed models and every document is validated against
+the vendored Buildkite pipeline JSON schema (``harness/ci/schemas/buildkite-pipeline-schema.json``).
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+from collections import OrderedDict
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Iterable, Mapping, Sequence
+
+from harness.core.cell import Cell
+from harness.core.outcomes import EXIT_ERROR, EXIT_FAIL
+
+
+MAX_STEPS_PER_UPLOAD = 500
+DEFAULT_QUEUES: dict[int, str] = {0: "cpu", 1: "gpu-1", 2: "gpu-2", 4: "gpu-4", 8: "gpu-8"}
+DEFAULT_RESULTS_DIR = "results/runs"
+DEFAULT_JUNIT_DIR = "results/junit"
+DEFAULT_ANNOTATION_PATH = "results/annotation.md"
+DEFAULT_REPORT_DIR = "results/report"
+DEFAULT_TIMEOUT_MINUTES = 30       # per cell; a step's timeout scales with its cells
+DEFAULT_RETRY_LIMIT = 2
+ANNOTATE_KEY = "pd-accuracy-annotate"
+RUN_COMMAND = "pd-accuracy"
+PARALLEL_JOB = "$$BUILDKITE_PARALLEL_JOB"
+PARALLEL_JOB_COUNT = "$$BUILDKITE_PARALLEL_JOB_COUNT"
+SCHEMA_RESOURCE = "buildkite-pipeline-schema.json"
+
+# Fields of one step in vLLM's `.buildkite/test_areas/*.yaml`, as read by vllm-project/ci-infra
+# `buildkite/pipeline_generator/step.py` (class Step). Only this subset is ever emitted.
+TEST_AREA_FIELDS = frozenset({
+    "label", "group", "working_dir", "key", "depends_on", "commands", "device", "num_devices",
+    "num_nodes", "source_file_dependencies", "soft_fail", "parallelism",
+    "mount_buildkite_agent", "env", "retry", "optional", "no_plugin", "mirror",
+    "timeout_in_minutes",
+})
+DEFAULT_SOURCE_FILE_DEPENDENCIES = (
+    "vllm/distributed/kv_transfer/",
+    "vllm/v1/attention/",
+    "vllm/v1/worker/",
+    "vllm/v1/core/",
+)
+
+_KEY_CHARS = re.compile(r"[^a-zA-Z0-9_\-]+")
+_KEY_PATTERN = re.compile(r"^[a-zA-Z0-9_\-:${}.,]+$")
+_UUID_PATTERN = re.compile(
+    r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+
+
+class PipelineValidationError(ValueError):
+    """A generated pipeline document breaks the Buildkite schema or one of our own rules."""
+
+    def __init__(self, problems: Sequence[str]):
+        self.problems = list(problems)
+        shown = "\n  ".join(self.problems[:20])
+        more = f"\n  ... and {len(self.problems) - 20} more" if len(self.problems) > 20 else ""
+        super().__init__(f"invalid Buildkite pipeline:\n  {shown}{more}")
+
+
+# ---- cells -> batches -------------------------------------------------------------------------
+def gpus_needed(cell: Cell) -> int:
+    """GPUs one run of `cell` holds at once (``harness.matrix.gpus_needed(cell)["total"]``).
+
+    Falls back to a local estimate while harness.matrix.spec is not importable: 0 on CPU, otherwise
+    all prefill + decode workers (the baseline runs before or after them, on the same GPUs).
+    """
+    try:
+        from harness.matrix.spec import gpus_needed as matrix_gpus_needed
+    except ImportError:
+        matrix_gpus_needed = None
+    if matrix_gpus_needed is not None:
+        return int(matrix_gpus_needed(cell)["total"])
+    if cell.device != "cuda":
+        return 0
+    pd_gpus = cell.prefill_tp * cell.num_prefill + cell.decode_tp * cell.num_decode
+    return max(pd_gpus, cell.baseline_tp)
+
+
+def queue_for(gpus: int, queues: Mapping[int, str]) -> tuple[int, str]:
+    """The smallest configured queue with at least `gpus` GPUs, as (its GPU count, its name)."""
+    by_gpus = normalize_queues(queues)
+    fitting = sorted(n for n in by_gpus if n >= gpus)
+    if not fitting:
+        raise ValueError(f"no agent queue has {gpus} GPUs (queues: {by_gpus})")
+    return fitting[0], by_gpus[fitting[0]]
+
+
+def normalize_queues(queues: Mapping[Any, str]) -> dict[int, str]:
+    """`queues` with integer GPU counts as keys (JSON gives strings)."""
+    try:
+        by_gpus = {int(n): str(name) for n, name in queues.items()}
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"queue keys must be GPU counts: {dict(queues)}") from exc
+    if any(n < 0 for n in by_gpus) or not by_gpus:
+        raise ValueError(f"queues must map GPU counts >= 0 to names: {dict(queues)}")
+    return by_gpus
+
+
+def slug(text: str, max_len: int = 40) -> str:
+    """`text` reduced to characters valid in a Buildkite step key."""
+    return _KEY_CHARS.sub("-", text).strip("-").lower()[:max_len].strip("-") or "x"
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Cells that run in one Buildkite command step."""
+
+    key: str
+    label: str
+    group_key: str
+    group_label: str
+    cells: tuple[Cell, ...]
+    gpus: int                 # GPUs of the queue the step runs on
+    queue: str
+    expected_failure: bool
+    parallelism: int = 1      # > 1: jobs of one step, each running a shard of `cells`
+
+    @property
+    def cell_ids(self) -> list[str]:
+        return [c.cell_id for c in self.cells]
+
+    @property
+    def baseline_groups(self) -> int:
+        return len({c.baseline_key for c in self.cells})
+
+
+def _group_of(cell: Cell) -> tuple[str, str]:
+    key = f"grp-{slug(cell.model_short, 50)}-{slug(cell.backend, 20)}"
+    return key, f"{cell.model_short} / {cell.backend}"
+
+
+def plan_batches(cells: Iterable[Cell], queues: Mapping[int, str] = DEFAULT_QUEUES,
+                 parallelism: int = 1) -> list[Batch]:
+    """Split `cells` into command steps (see module docstring), in first-seen order."""
+    cells = list(cells)
+    ids = [c.cell_id for c in cells]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise ValueError(f"{len(dupes)} duplicate cell ids, e.g. {', '.join(dupes[:5])}")
+    buckets: OrderedDict[tuple, list[Cell]] = OrderedDict()
+    for cell in cells:
+        xfail = cell.expected_failure is not None
+        if parallelism > 1:
+            bucket = (queue_for(gpus_needed(cell), queues)[0], xfail)
+        else:
+            bucket = (cell.baseline_key, xfail)
+        buckets.setdefault(bucket, []).append(cell)
+
+    batches = []
+    for bucket, members in buckets.items():
+        xfail = bucket[1]
+        gpus, queue = queue_for(max(gpus_needed(c) for c in members), queues)
+        suffix = "-xfail" if xfail else ""
+        if parallelism > 1:
+            groups = len({c.baseline_key for c in members})
+            # More jobs than baseline groups would only split groups or leave shards empty.
+            jobs = max(1, min(parallelism, groups))
+            batches.append(Batch(
+                key=f"pd-shards-gpu{gpus}{suffix}",
+                label=f"P/D accuracy, {gpus} GPU queue{' (expected failures)' if xfail else ''}"
+                      f": {len(members)} cell{'s' * (len(members) != 1)}",
+                group_key="grp-sharded", group_label="P/D accuracy (sharded)",
+                cells=tuple(members), gpus=gpus, queue=queue, expected_failure=xfail,
+                parallelism=jobs))
+            continue
+        first = members[0]
+        group_key, group_label = _group_of(first)
+        key = (f"pd-{slug(first.model_short, 40)}-{slug(first.backend, 16)}-{first.runner}"
+               f"-{first.baseline_key}{suffix}")
+        label = (f"{first.runner} {first.backend} d{first.decode_block_size} "
+                 f"{first.model_short} tp{first.baseline_tp}"
+                 f"{' xfail' if xfail else ''}: {len(members)} cell{'s' * (len(members) != 1)}")
+        batches.append(Batch(key=key, label=label, group_key=group_key, group_label=group_label,
+                             cells=tuple(members), gpus=gpus, queue=queue, expected_failure=xfail))
+    keys = [b.key for b in batches]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"step keys collide: {keys}")
+    return batches
+
+
+# ---- commands ---------------------------------------------------------------------------------
+def run_command(batch: Batch, *, profile: str, results_dir: str, junit_dir: str = DEFAULT_JUNIT_DIR,
+                matrix_path: str | None = None, extra_args: Sequence[str] = ()) -> str:
+    """The ``pd-accuracy run`` command line a step runs (Buildkite-escaped)."""
+    args = [RUN_COMMAND, "run", "--profile", profile]
+    if matrix_path:
+        args += ["--matrix", matrix_path]
+    args += ["--only", ",".join(batch.cell_ids), "--results-dir", results_dir]
+    args += list(extra_args)
+    line = shlex.join(args)
+    if batch.parallelism > 1:
+        # Not shlex-quoted: the job's shell must expand these at run time.
+        line += f" --shard {PARALLEL_JOB}/{PARALLEL_JOB_COUNT}"
+        junit = f"{junit_dir}/{batch.key}-{PARALLEL_JOB}.xml"
+    else:
+        junit = shlex.quote(f"{junit_dir}/{batch.key}.xml")
+    return f"{line} --junit-xml {junit}"
+
+
+def annotate_commands(results_dir: str, *, annotation_path: str = DEFAULT_ANNOTATION_PATH,
+                      report_dir: str | None = None) -> list[str]:
+    """Commands of the final step: fetch every job's records, annotate, optionally report."""
+    commands = [
+        # A build whose jobs all died before writing a record has nothing to download; the
+        # annotation must still be posted (it then says so), hence the fallback.
+        f'buildkite-agent artifact download "{results_dir}/**/*" . '
+        f'|| echo "no result artifacts to download"',
+        shlex.join([RUN_COMMAND, "annotate", "--results-dir", results_dir,
+                    "--out", annotation_path]),
+    ]
+    if report_dir:
+        commands.append(
+            shlex.join([RUN_COMMAND, "report", "--results-dir", results_dir, "--out-dir",
+                        report_dir]) + ' --history "$${PD_ACCURACY_HISTORY:-results/history.sqlite}"')
+    return commands
+
+
+def _step_timeout(batch: Batch, timeout_minutes: int) -> int:
+    cells_per_job = len(batch.cells)
+    if batch.parallelism > 1:
+        largest_group = max(sum(1 for c in batch.cells if c.baseline_key == k)
+                            for k in {c.baseline_key for c in batch.cells})
+        # A shard holds whole baseline groups, so it can exceed the even share by one group.
+        cells_per_job = min(len(batch.cells),
+                            math.ceil(len(batch.cells) / batch.parallelism) + largest_group)
+    return max(1, int(timeout_minutes) * max(1, cells_per_job))
+
+
+# ---- pipeline documents -----------------------------------------------------------------------
+def generate_pipeline(cells: Iterable[Cell], *, profile: str,
+                      queues: Mapping[int, str] | None = None,
+                      results_dir: str = DEFAULT_RESULTS_DIR,
+                      timeout_minutes: int = DEFAULT_TIMEOUT_MINUTES,
+                      max_steps: int = MAX_STEPS_PER_UPLOAD,
+                      parallelism: int = 1,
+                      junit_dir: str = DEFAULT_JUNIT_DIR,
+                      matrix_path: str | None = None,
+                      run_args: Sequence[str] = (),
+                      retry_limit: int = DEFAULT_RETRY_LIMIT,
+                      annotation_path: str = DEFAULT_ANNOTATION_PATH,
+                      report_dir: str | None = None,
+                      validate: bool = True) -> list[dict[str, Any]]:
+    """Buildkite pipeline documents (each ≤ `max_steps` steps) that run `cells`.
+
+    `timeout_minutes` is per cell: a step's ``timeout_in_minutes`` is that times the number of
+    cells one of its jobs runs. `run_args` are appended to every ``pd-accuracy run`` (e.g.
+    ``["--limit", "20"]``). `report_dir` adds a history + HTML report command to the final step.
+    Every document is validated (`validate_uploads`) unless `validate` is False.
+    """
+    from buildkite_sdk import (AutomaticRetry, CommandStep, CommandStepRetry, GroupStep,
+                               Pipeline, SoftFailObject)
+
+    if max_steps < 3:
+        raise ValueError("max_steps must leave room for a group, a step and the annotate step")
+    queues = normalize_queues(queues or DEFAULT_QUEUES)
+    batches = plan_batches(cells, queues, parallelism)
+
+    def command_step(batch: Batch) -> CommandStep:
+        return CommandStep(
+            label=batch.label,
+            key=batch.key,
+            commands=[run_command(batch, profile=profile, results_dir=results_dir,
+                                  junit_dir=junit_dir, matrix_path=matrix_path,
+                                  extra_args=run_args)],
+            agents={"queue": batch.queue},
+            env={"PD_ACCURACY_RESULTS_DIR": results_dir, "PD_ACCURACY_PROFILE": profile,
+                 "PD_ACCURACY_GPUS": str(batch.gpus), "PYTHONUNBUFFERED": "1"},
+            timeout_in_minutes=_step_timeout(batch, timeout_minutes),
+            artifact_paths=[
+                f"{results_dir}/**/*.json",     # result records
+                f"{results_dir}/**/*.jsonl",    # per-question samples, proxy records
+                f"{results_dir}/**/*.log",      # server and proxy logs
+                f"{junit_dir}/{batch.key}*.xml",
+            ],
+            retry=CommandStepRetry(automatic=[AutomaticRetry(exit_status=EXIT_ERROR,
+                                                             limit=retry_limit)]),
+            soft_fail=[SoftFailObject(exit_status=EXIT_FAIL)] if batch.expected_failure else None,
+            parallelism=batch.parallelism if batch.parallelism > 1 else None,
+        )
+
+    # Group consecutive batches by group key, keeping first-seen order.
+    grouped: OrderedDict[str, tuple[str, list[Batch]]] = OrderedDict()
+    for batch in batches:
+        grouped.setdefault(batch.group_key, (batch.group_label, []))[1].append(batch)
+
+    # Pack groups into uploads; each upload keeps one slot free for the annotate step. A group
+    # that does not fit is split into parts with their own keys.
+    room_per_doc = max_steps - 1
+    docs: list[list[GroupStep]] = [[]]
+    used = 0
+    group_keys: list[str] = []
+    for group_key, (group_label, members) in grouped.items():
+        part = 1
+        while members:
+            free = room_per_doc - used - 1   # the group step itself counts
+            if free < 1:
+                docs.append([])
+                used = 0
+                continue
+            taken, members = members[:free], members[free:]
+            key = group_key if part == 1 else f"{group_key}-part{part}"
+            label = group_label if part == 1 and not members else f"{group_label} ({part})"
+            docs[-1].append(GroupStep(group=label, key=key, steps=[command_step(b) for b in taken]))
+            group_keys.append(key)
+            used += 1 + len(taken)
+            part += 1
+
+    annotate = CommandStep(
+        label="P/D accuracy annotation",
+        key=ANNOTATE_KEY,
+        commands=annotate_commands(results_dir, annotation_path=annotation_path,
+                                   report_dir=report_dir),
+        agents={"queue": queue_for(0, queues)[1]},
+        depends_on=list(group_keys),
+        allow_dependency_failure=True,
+        artifact_paths=[annotation_path] + ([f"{report_dir}/**/*"] if report_dir else []),
+        timeout_in_minutes=30,
+    )
+    out = []
+    for i, groups in enumerate(docs):
+        pipeline = Pipeline()
+        for group in groups:
+            pipeline.add_step(group)
+        if i == len(docs) - 1:
+            pipeline.add_step(annotate)
+        out.append(_readable(pipeline.to_dict()))
+    if validate:
+        validate_uploads(out, max_steps=max_steps)
+    return out
+
+
+_LEADING_FIELDS = ("group", "label", "key", "depends_on", "allow_dependency_failure", "agents",
+                   "parallelism", "timeout_in_minutes")
+
+
+def _readable(value: Any) -> Any:
+    """The SDK dumps fields alphabetically; put the ones a reader looks for first."""
+    if isinstance(value, list):
+        return [_readable(v) for v in value]
+    if isinstance(value, dict):
+        head = [k for k in _LEADING_FIELDS if k in value]
+        return {k: _readable(value[k]) for k in head + [k for k in value if k not in head]}
+    return value
+
+
+def pipeline_yaml(doc: Mapping[str, Any]) -> str:
+    """One pipeline document as YAML (key order kept, long commands unwrapped)."""
+    import yaml
+
+    return yaml.safe_dump(dict(doc), sort_keys=False, width=100_000, default_flow_style=False)
+
+
+# ---- validation -------------------------------------------------------------------------------
+@lru_cache(maxsize=1)
+def _schema() -> dict[str, Any]:
+    text = resources.files("harness.ci").joinpath("schemas", SCHEMA_RESOURCE).read_text("utf-8")
+    return json.loads(text)
+
+
+@lru_cache(maxsize=1)
+def _validator():
+    from jsonschema import Draft7Validator
+
+    return Draft7Validator(_schema())
+
+
+def iter_steps(doc_or_steps: Mapping[str, Any] | Sequence[Any]) -> Iterable[Any]:
+    """Every step of a document, groups first then the steps inside them."""
+    steps = doc_or_steps.get("steps", []) if isinstance(doc_or_steps, Mapping) else doc_or_steps
+    for step in steps or []:
+        yield step
+        if isinstance(step, Mapping) and "group" in step:
+            yield from iter_steps(step.get("steps") or [])
+
+
+def count_steps(doc: Mapping[str, Any]) -> int:
+    """Steps Buildkite counts against the per-upload limit (groups and their children)."""
+    return sum(1 for _ in iter_steps(doc))
+
+
+def _commands_of(step: Mapping[str, Any]) -> list[str]:
+    for field in ("commands", "command"):
+        value = step.get(field)
+        if isinstance(value, str):
+            return [value]
+        if isinstance(value, list):
+            return [v for v in value if isinstance(v, str)]
+    return []
+
+
+def _dependencies(step: Mapping[str, Any]) -> list[str]:
+    deps = step.get("depends_on")
+    if deps is None:
+        return []
+    if isinstance(deps, str):
+        return [deps]
+    return [d if isinstance(d, str) else d.get("step") for d in deps
+            if isinstance(d, (str, Mapping))]
+
+
+def validate_pipeline(doc: Mapping[str, Any], *, max_steps: int = MAX_STEPS_PER_UPLOAD) -> None:
+    """Raise PipelineValidationError unless `doc` is one valid Buildkite upload.
+
+    Checks the Buildkite JSON schema, the per-upload step limit, unique keys, and that every
+    command escapes ``$`` as ``$$`` (an unescaped ``$`` would be interpolated by
+    ``buildkite-agent pipeline upload`` instead of by the job's shell).
+    """
+    problems = []
+    for error in sorted(_validator().iter_errors(doc), key=lambda e: list(e.absolute_path)):
+        where = "/".join(str(p) for p in error.absolute_path) or "<root>"
+        problems.append(f"schema: {where}: {error.message[:300]}")
+    if not problems:
+        steps = [s for s in iter_steps(doc) if isinstance(s, Mapping)]
+        if count_steps(doc) > max_steps:
+            problems.append(f"{count_steps(doc)} steps in one upload (limit {max_steps})")
+        keys = [s["key"] for s in steps if "key" in s]
+        for dup in sorted({k for k in keys if keys.count(k) > 1}):
+            problems.append(f"duplicate step key {dup!r}")
+        for step in steps:
+            for command in _commands_of(step):
+                if "$" in command.replace("$$", ""):
+                    problems.append(f"step {step.get('key')!r}: unescaped '$' in {command!r}")
+    if problems:
+        raise PipelineValidationError(problems)
+
+
+def validate_uploads(docs: Sequence[Mapping[str, Any]], *,
+                     max_steps: int = MAX_STEPS_PER_UPLOAD) -> None:
+    """Validate each upload, plus keys unique across uploads and depends_on resolvable
+    (a step may depend on steps of its own or an earlier upload)."""
+    problems = []
+    seen: set[str] = set()
+    for index, doc in enumerate(docs, start=1):
+        try:
+            validate_pipeline(doc, max_steps=max_steps)
+        except PipelineValidationError as exc:
+            problems += [f"upload {index}: {p}" for p in exc.problems]
+            continue
+        steps = [s for s in iter_steps(doc) if isinstance(s, Mapping)]
+        keys = {s["key"] for s in steps if "key" in s}
+        for key in sorted(keys & seen):
+            problems.append(f"upload {index}: key {key!r} already used by an earlier upload")
+        seen |= keys
+        for step in steps:
+            for dep in _dependencies(step):
+                if dep not in seen:
+                    problems.append(f"upload {index}: step {step.get('key')!r} depends on "
+                                    f"unknown step {dep!r}")
+    if problems:
+        raise PipelineValidationError(problems)
+
+
+def is_valid_key(key: str) -> bool:
+    """Whether `key` is accepted by Buildkite as a step key."""
+    return bool(len(key) <= 100 and _KEY_PATTERN.match(key) and not _UUID_PATTERN.match(key))
+
+
+# ---- vLLM ci-infra test_areas export ----------------------------------------------------------
+def export_test_areas(cells: Iterable[Cell], *, profile: str,
+                      queues: Mapping[int, str] | None = None,
+                      results_dir: str = DEFAULT_RESULTS_DIR,
+                      timeout_minutes: int = DEFAULT_TIMEOUT_MINUTES,
+                      parallelism: int = 1,
+                      device: str | None = None,
+                      source_file_dependencies: Sequence[str] = DEFAULT_SOURCE_FILE_DEPENDENCIES,
+                      setup_commands: Sequence[str] = (),
+                      junit_dir: str = DEFAULT_JUNIT_DIR,
+                      matrix_path: str | None = None,
+                      run_args: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The same command steps as `generate_pipeline`, as vLLM ``.buildkite/test_areas`` steps.
+
+    ci-infra picks the agent from ``device`` and ``num_devices``: CPU steps get
+    ``device: cpu``; GPU steps get ``num_devices`` and, when given, `device` (e.g. ``h200``).
+    `setup_commands` run first in every step (e.g. installing pd-accuracy in the CI image).
+    """
+    queues = normalize_queues(queues or DEFAULT_QUEUES)
+    steps = []
+    for batch in plan_batches(cells, queues, parallelism):
+        step: dict[str, Any] = {
+            "label": f"PD accuracy: {batch.label}",
+            "key": batch.key,
+            "timeout_in_minutes": _step_timeout(batch, timeout_minutes),
+        }
+        if batch.gpus == 0:
+            step["device"] = "cpu"
+        else:
+            step["num_devices"] = batch.gpus
+            if device:
+                step["device"] = device
+        if batch.parallelism > 1:
+            step["parallelism"] = batch.parallelism
+        if batch.expected_failure:
+            step["soft_fail"] = True   # ci-infra's test_areas soft_fail is a plain boolean
+        step["source_file_dependencies"] = list(source_file_dependencies)
+        step["commands"] = list(setup_commands) + [
+            run_command(batch, profile=profile, results_dir=results_dir, junit_dir=junit_dir,
+                        matrix_path=matrix_path, extra_args=run_args)]
+        steps.append(step)
+    return steps
+
+
+def vllm_test_areas_document(steps: Sequence[Mapping[str, Any]], *, group: str = "PD Accuracy",
+                        depends_on: Sequence[str] = ("image-build",)) -> dict[str, Any]:
+    """A whole ``.buildkite/test_areas/<name>.yaml`` document holding `steps`."""
+    doc: dict[str, Any] = {"group": group}
+    if depends_on:
+        doc["depends_on"] = list(depends_on)
+    doc["steps"] = [dict(s) for s in steps]
+    return doc
+
+
+__all__ = [
+    "ANNOTATE_KEY", "Batch", "DEFAULT_QUEUES", "MAX_STEPS_PER_UPLOAD", "PipelineValidationError",
+    "TEST_AREA_FIELDS", "annotate_commands", "count_steps", "export_test_areas",
+    "generate_pipeline", "gpus_needed", "is_valid_key", "iter_steps", "normalize_queues",
+    "pipeline_yaml",
+    "plan_batches", "queue_for", "run_command", "vllm_test_areas_document", "validate_pipeline",
+    "validate_uploads",
+]

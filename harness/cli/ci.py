@@ -1,0 +1,240 @@
+"""CI sub-commands: ``pipeline``, ``annotate``, ``report``, ``history``, ``farm``.
+
+Exit codes follow harness.cli.main: 0 done, 2 bad input (nothing was run), 3 environment error
+(e.g. ``buildkite-agent annotate`` failed); ``farm`` returns its jobs' verdict (0, 1 or 3).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+from harness.core.outcomes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+
+# Pipelines are generated on a CPU agent for the GPU farm, so the matrix is not expanded for
+# this machine; each job's `pd-accuracy run` re-expands for its own agent.
+DEFAULT_PLATFORM = "any"
+
+
+def _fail(message: str, code: int = EXIT_USAGE) -> int:
+    print(f"pd-accuracy: {message}", file=sys.stderr)
+    return code
+
+
+def _queues(text: str | None) -> dict[int, str] | None:
+    if not text:
+        return None
+    from harness.ci.pipeline import normalize_queues
+
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError("--queues must be a JSON object of GPU count -> queue name")
+    return normalize_queues(data)
+
+
+def _cells(profile: str, matrix_path: str | None, platform_spec: str) -> list:
+    """The cells of `profile` for the target machines (not this one): 'any' applies only the
+    matrix's validity rules; a spec like 'cuda:8' also drops what such a machine cannot run."""
+    from harness.matrix import spec as matrix
+    from harness.core.platform import PlatformInfo
+
+    platform = None if platform_spec == "any" else PlatformInfo.from_spec(platform_spec)
+    expansion = matrix.expand(matrix.load_matrix(matrix_path), profile, platform)
+    if not expansion.cells:
+        raise ValueError(f"profile {profile!r} expands to no cells on {platform_spec}")
+    return list(expansion.cells)
+
+
+def _run_args(args: argparse.Namespace) -> list[str]:
+    return ["--limit", str(args.limit)] if getattr(args, "limit", None) else []
+
+
+# ---- pipeline ---------------------------------------------------------------------------------
+def cmd_pipeline(args: argparse.Namespace) -> int:
+    import yaml
+
+    from harness.ci import pipeline
+
+    try:
+        queues = _queues(args.queues)
+        cells = _cells(args.profile, args.matrix, args.platform)
+        common: dict[str, Any] = dict(profile=args.profile, queues=queues,
+                                      results_dir=args.results_dir,
+                                      timeout_minutes=args.timeout_minutes,
+                                      parallelism=args.parallelism, matrix_path=args.matrix,
+                                      run_args=_run_args(args))
+        if args.format == "test-areas":
+            steps = pipeline.export_test_areas(cells, device=args.device,
+                                               setup_commands=args.setup or (), **common)
+            texts = [yaml.safe_dump(pipeline.vllm_test_areas_document(steps), sort_keys=False,
+                                    width=100_000)]
+        else:
+            docs = pipeline.generate_pipeline(cells, max_steps=args.max_steps,
+                                              report_dir=args.report_dir, **common)
+            texts = [pipeline.pipeline_yaml(doc) for doc in docs]
+    except (ImportError, ValueError, KeyError, FileNotFoundError) as exc:
+        return _fail(str(exc))
+
+    if args.out_dir:
+        out_dir = Path(args.out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for old in out_dir.glob("pipeline-*.yml"):
+            old.unlink()   # a previous, longer generation must not leave extra uploads behind
+        for index, text in enumerate(texts, start=1):
+            path = out_dir / f"pipeline-{index:03d}.yml"
+            path.write_text(text)
+            print(path)
+        return EXIT_OK
+    if len(texts) > 1:
+        return _fail(f"{len(texts)} uploads are needed (at most {args.max_steps} steps each); "
+                     f"use --out-dir and upload each file")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(texts[0])
+    else:
+        sys.stdout.write(texts[0])
+    return EXIT_OK
+
+
+# ---- annotate / history / report --------------------------------------------------------------
+def cmd_annotate(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from harness.report.annotate import annotate
+
+    agent: bool | str = {"auto": "auto", "always": True, "never": False}[args.agent]
+    try:
+        result = annotate(args.results_dir, args.out, agent=agent)
+    except FileNotFoundError as exc:
+        return _fail(str(exc))
+    except (OSError, subprocess.CalledProcessError) as exc:
+        return _fail(f"posting the annotation failed: {exc}", EXIT_ERROR)
+    print(f"{result.path}: {result.cells} cells, style {result.style}"
+          + (", posted to Buildkite" if result.posted else ""))
+    return EXIT_OK
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from harness.report.history import append_results_dir
+
+    if not Path(args.append).is_dir():
+        return _fail(f"results directory {args.append} does not exist")
+    written = append_results_dir(args.history, args.append)
+    print(f"{args.history}: {written} records appended from {args.append}")
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from harness.report.history import append_results_dir, load_cells
+    from harness.report.html import render_report
+
+    if args.results_dir:
+        if not Path(args.results_dir).is_dir():
+            return _fail(f"results directory {args.results_dir} does not exist")
+        append_results_dir(args.history, args.results_dir)
+    elif not Path(args.history).exists():
+        return _fail(f"history {args.history} does not exist (give --results-dir)")
+    if not load_cells(args.history):
+        print(f"pd-accuracy: warning: {args.history} holds no cells; the report is empty",
+              file=sys.stderr)
+    index = render_report(args.history, args.out_dir)
+    print(index)
+    return EXIT_OK
+
+
+# ---- farm -------------------------------------------------------------------------------------
+def cmd_farm(args: argparse.Namespace) -> int:
+    from harness.ci.farm import run_farm
+
+    if not args.local:
+        return _fail("only --local is supported: CI runs the pipeline through Buildkite")
+    gpus: int | str = args.gpus if args.gpus == "auto" else int(args.gpus)
+    try:
+        return run_farm(args.profile, matrix_path=args.matrix, parallelism=args.parallelism,
+                        gpus=gpus, cpu_slots=args.cpu_slots, queues=_queues(args.queues),
+                        results_dir=args.results_dir, run_args=_run_args(args),
+                        log_dir=args.log_dir, dry_run=args.dry_run)
+    except (ImportError, ValueError, KeyError, FileNotFoundError) as exc:
+        return _fail(str(exc))
+
+
+# ---- registration -----------------------------------------------------------------------------
+def _gpus_arg(text: str) -> str:
+    if text != "auto" and not text.isdigit():
+        raise argparse.ArgumentTypeError("--gpus takes 'auto' or a number")
+    return text
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the CI sub-commands to the ``pd-accuracy`` parser."""
+    from harness.report.history import DEFAULT_HISTORY_PATH
+    from harness.ci.pipeline import (DEFAULT_ANNOTATION_PATH, DEFAULT_REPORT_DIR,
+                                  DEFAULT_RESULTS_DIR, DEFAULT_TIMEOUT_MINUTES,
+                                  MAX_STEPS_PER_UPLOAD)
+
+    p = subparsers.add_parser(
+        "pipeline", help="generate the Buildkite pipeline (or vLLM test_areas) for a profile",
+        description="Print a Buildkite pipeline (YAML) running a matrix profile; pipe it to "
+                    "`buildkite-agent pipeline upload`. More than --max-steps steps need "
+                    "several uploads: use --out-dir.")
+    p.add_argument("--profile", required=True)
+    p.add_argument("--matrix", help="matrix YAML (default: the harness's own)")
+    p.add_argument("--platform", default=DEFAULT_PLATFORM,
+                   help="the machines the cells will run on: 'any' (default: only the "
+                        "matrix's validity rules), or 'cpu', 'cuda:N', 'cuda:N:GiB' to also "
+                        "drop what such a machine cannot run")
+    p.add_argument("--queues", help='JSON: GPUs needed -> agent queue, e.g. '
+                                    '\'{"0": "cpu", "1": "gpu-1", "2": "gpu-2", "4": "gpu-4"}\'')
+    p.add_argument("--parallelism", type=int, default=1,
+                   help="N > 1: one sharded step per GPU queue with `parallelism: N`")
+    p.add_argument("--format", choices=("buildkite", "test-areas"), default="buildkite")
+    p.add_argument("--out", help="write the YAML here instead of stdout")
+    p.add_argument("--out-dir", help="write pipeline-001.yml, pipeline-002.yml, ... here")
+    p.add_argument("--results-dir", default=DEFAULT_RESULTS_DIR)
+    p.add_argument("--timeout-minutes", type=int, default=DEFAULT_TIMEOUT_MINUTES,
+                   help="per cell; a step's timeout scales with its cells")
+    p.add_argument("--max-steps", type=int, default=MAX_STEPS_PER_UPLOAD)
+    p.add_argument("--report-dir", help=f"also render the HTML report there in the final step "
+                                        f"(e.g. {DEFAULT_REPORT_DIR})")
+    p.add_argument("--limit", type=int, help="questions per cell (passed to `run --limit`)")
+    p.add_argument("--device", help="test-areas: ci-infra device of GPU steps (e.g. h200)")
+    p.add_argument("--setup", action="append", metavar="CMD",
+                   help="test-areas: command run before pd-accuracy in every step (repeatable)")
+    p.set_defaults(func=cmd_pipeline)
+
+    p = subparsers.add_parser("annotate", help="render (and post) the Buildkite annotation")
+    p.add_argument("--results-dir", default=DEFAULT_RESULTS_DIR)
+    p.add_argument("--out", default=DEFAULT_ANNOTATION_PATH)
+    p.add_argument("--agent", choices=("auto", "always", "never"), default="auto",
+                   help="post with buildkite-agent: auto = when running inside Buildkite")
+    p.set_defaults(func=cmd_annotate)
+
+    p = subparsers.add_parser("history", help="append result records to the history store")
+    p.add_argument("--append", required=True, metavar="RESULTS_DIR")
+    p.add_argument("--history", default=DEFAULT_HISTORY_PATH)
+    p.set_defaults(func=cmd_history)
+
+    p = subparsers.add_parser("report", help="render the static HTML report from the history")
+    p.add_argument("--results-dir", help="append these records to the history first")
+    p.add_argument("--history", default=DEFAULT_HISTORY_PATH)
+    p.add_argument("--out-dir", default=DEFAULT_REPORT_DIR)
+    p.set_defaults(func=cmd_report)
+
+    p = subparsers.add_parser(
+        "farm", help="run a profile's generated pipeline on this machine",
+        description="Generate the Buildkite pipeline of a profile and execute its command "
+                    "steps here, with Buildkite's depends_on/retry/soft_fail/parallelism rules.")
+    p.add_argument("--local", action="store_true", help="run here (the only mode)")
+    p.add_argument("--profile", required=True)
+    p.add_argument("--matrix")
+    p.add_argument("--parallelism", type=int, default=1)
+    p.add_argument("--gpus", type=_gpus_arg, default="auto",
+                   help="GPUs to schedule on: 'auto' (CUDA_VISIBLE_DEVICES / nvidia-smi) or N")
+    p.add_argument("--cpu-slots", type=int, default=1, help="CPU-only jobs run at once")
+    p.add_argument("--queues")
+    p.add_argument("--results-dir")
+    p.add_argument("--limit", type=int, help="questions per cell (passed to `run --limit`)")
+    p.add_argument("--log-dir", default="results/farm")
+    p.add_argument("--dry-run", action="store_true", help="print the pipeline, run nothing")
+    p.set_defaults(func=cmd_farm)

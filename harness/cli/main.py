@@ -1,0 +1,34 @@
+"""`pd-accuracy` command line: one module per sub-command group, each exposing
+`register(subparsers)`, registered here by name (the list below is the whole CLI)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import harness
+from harness.cli import bench, calibration, ci, matrix, run, zoo
+from harness.core.outcomes import EXIT_USAGE
+
+COMMAND_MODULES = (run, matrix, bench, calibration, ci, zoo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pd-accuracy", description=harness.__doc__)
+    parser.add_argument("--version", action="version", version=harness.__version__)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in COMMAND_MODULES:
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_USAGE
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""`pd-accuracy list`: show the cells a profile expands to on this (or a pretend) machine."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from harness.matrix.spec import MatrixError, expand, gpus_needed, load_matrix, select, shard
+from harness.matrix.rules import describe_rules
+from harness.core.platform import PlatformInfo
+from harness.core.outcomes import EXIT_OK, EXIT_USAGE
+
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """"I/N" (0-based index) -> (I, N)."""
+    try:
+        index, count = (int(part) for part in text.split("/"))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--shard {text!r}: expected I/N, e.g. 0/4") from exc
+    if count < 1 or not 0 <= index < count:
+        raise argparse.ArgumentTypeError(f"--shard {text!r}: need 0 <= I < N")
+    return index, count
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("list", help="list the cells of a matrix profile",
+                              description="Expand a matrix profile and show its cells (and, with "
+                                          "--show-excluded, the cells dropped and why).")
+    p.add_argument("--profile", default="smoke", help="profile name (default: smoke)")
+    p.add_argument("--matrix", default=None, help="matrix YAML (default: harness/matrix/default.yaml)")
+    p.add_argument("--show-excluded", action="store_true", help="also list excluded cells with rule and reason")
+    p.add_argument("--platform", default=None, metavar="SPEC",
+                   help="pretend machine: cpu, cuda:N or cuda:N:GiB; 'any' skips machine checks "
+                        "(default: detect this one)")
+    p.add_argument("-k", dest="keyword", default=None, help="pytest-style keyword expression on cell ids")
+    p.add_argument("--cell", dest="only", action="append", default=None, help="cell id or glob (repeatable)")
+    p.add_argument("--shard", type=parse_shard, default=None, metavar="I/N", help="only shard I of N (0-based)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--rules", action="store_true", help="list the validity rules and exit")
+    p.set_defaults(func=run_list)
+
+
+def _error(message: str) -> int:
+    print(f"pd-accuracy list: error: {' '.join(str(message).split())}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def run_list(args: argparse.Namespace) -> int:
+    # logs and CI pipes are not terminals: give them one line per cell instead of 80 columns
+    console = Console(width=None if sys.stdout.isatty() else 220, soft_wrap=False)
+    if args.rules:
+        table = Table(title="validity rules (harness/rules.py)")
+        for column in ("rule", "kind", "what it checks"):
+            table.add_column(column)
+        for name, kind, summary in describe_rules():
+            table.add_row(name, kind, summary)
+        console.print(table)
+        return EXIT_OK
+    try:
+        if args.platform == "any":
+            platform = None
+        else:
+            platform = PlatformInfo.from_spec(args.platform) if args.platform else PlatformInfo.detect()
+        spec = load_matrix(args.matrix)
+        expansion = expand(spec, args.profile, platform)
+        cells = select(expansion.cells, args.only, args.keyword)
+        if args.shard:
+            cells = shard(cells, *args.shard)
+    except (MatrixError, ValueError) as exc:
+        return _error(str(exc))
+
+    where = platform.describe() if platform is not None else "any machine"
+    if args.json:
+        payload = {
+            "profile": args.profile,
+            "platform": where,
+            "cells": [{**c.to_dict(), "gpus": gpus_needed(c), "baseline_key": c.baseline_key,
+                       "notes": list(expansion.notes.get(c.cell_id, ()))} for c in cells],
+            "excluded": [{"id": x.cell.cell_id, "rule": x.rule, "reason": x.reason}
+                         for x in expansion.excluded] if args.show_excluded else [],
+        }
+        print(json.dumps(payload, indent=1))
+        return EXIT_OK
+
+    table = Table(title=f"profile {args.profile} on {where}: {len(cells)} cell(s)")
+    table.add_column("cell id", no_wrap=True)
+    table.add_column("GPUs p+d/base", justify="right")
+    table.add_column("baseline")
+    table.add_column("expected failure / note")
+    for cell in cells:
+        need = gpus_needed(cell)
+        gpus = f"{need['prefill']}+{need['decode']}/{need['baseline']}" if cell.device == "cuda" else "cpu"
+        remarks = []
+        if cell.expected_failure:
+            remarks.append(f"[yellow]xfail:[/] {cell.expected_failure}")
+        if cell.fault:
+            remarks.append(f"[magenta]canary {cell.fault}:[/] must be caught")
+        remarks += [f"[dim]{n}[/]" for n in expansion.notes.get(cell.cell_id, ())]
+        table.add_row(cell.cell_id, gpus, cell.baseline_key[:8], "\n".join(remarks))
+    console.print(table)
+    if args.show_excluded:
+        dropped = Table(title=f"excluded: {len(expansion.excluded)} cell(s)")
+        dropped.add_column("cell id", no_wrap=True)
+        dropped.add_column("rule")
+        dropped.add_column("reason")
+        for item in expansion.excluded:
+            dropped.add_row(item.cell.cell_id, item.rule, item.reason)
+        console.print(dropped)
+    elif expansion.excluded:
+        console.print(f"[dim]{len(expansion.excluded)} cell(s) excluded; --show-excluded lists them with reasons[/]")
+    return EXIT_OK

@@ -1,0 +1,296 @@
+"""`pd-accuracy run`: expand a profile (or one ad-hoc cell), validate everything before any server
+starts, run the cells, print the verdict table, write records (and JUnit XML)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Sequence
+
+from harness.core.cell import Cell
+from harness.core.options import GPU_LAYOUTS, RunOptions, UsageError
+from harness.serve.start_slots import StartSlots
+from harness.core.outcomes import EXIT_CODES, EXIT_USAGE, worst_outcome
+
+
+_OPT = RunOptions()   # every option's one default
+_CELL = Cell(model="-")
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    sel = p.add_argument_group("which cells")
+    sel.add_argument("--profile", help="matrix profile (smoke, cpu-full, pr, nightly)")
+    sel.add_argument("--matrix", help="matrix YAML (default: harness/matrix/default.yaml)")
+    sel.add_argument("--only", help="comma-separated cell ids")
+    sel.add_argument("-k", dest="keyword", help="keyword expression on cell ids (like pytest -k)")
+    sel.add_argument("--shard", help="I/N: run the I-th of N deterministic shards (0-based)")
+    adhoc = p.add_argument_group("one ad-hoc cell (instead of --profile)")
+    adhoc.add_argument("--model", help="zoo name, local path or hub id")
+    adhoc.add_argument("--backend", default=None)
+    adhoc.add_argument("--runner", default=_CELL.runner)
+    adhoc.add_argument("--block-size", default="128", help="N or PREFILL:DECODE")
+    adhoc.add_argument("--device", default=None, help="cpu | cuda (default: what this machine has)")
+    adhoc.add_argument("--kv-buffer-device", default=None)
+    adhoc.add_argument("--tp", default="1", help="N or PREFILL:DECODE")
+    adhoc.add_argument("--dtype", default=_CELL.dtype)
+    adhoc.add_argument("--max-model-len", type=int, default=_CELL.max_model_len)
+    adhoc.add_argument("--fault", default=None, help="canary: drop-transfer | foreign-params | "
+                       "corrupt-block | swap-blocks")
+    adhoc.add_argument("--server-arg", action="append", default=[], help="extra vLLM argument")
+    ev = p.add_argument_group("evaluation")
+    ev.add_argument("--limit", type=int, default=None, help=f"questions per cell (default {_OPT.limit})")
+    ev.add_argument("--task", default=_OPT.task, help="lm-eval task (default: by model)")
+    ev.add_argument("--dataset-dir", default=None, help="local GSM8K-style jsonl directory")
+    ev.add_argument("--num-fewshot", type=int, default=None)
+    ev.add_argument("--concurrency", type=int, default=_OPT.concurrency)
+    ev.add_argument("--seed", type=int, default=_OPT.seed)
+    ev.add_argument("--max-gen-toks", type=int, default=None)
+    ev.add_argument("--no-noise-floor", action="store_true", help="skip the A/A baseline re-run")
+    ev.add_argument("--repeats", type=int, default=_OPT.repeats,
+                    help="evaluate every cell N times on different question samples, servers kept "
+                         "up (calibration: false-alarm and canary rates); one record per repeat")
+    ev.add_argument("--sample-seed", type=int, default=None,
+                    help="draw the questions at random with this seed instead of the first N")
+    ev.add_argument("--alpha", type=float, default=_OPT.alpha)
+    ev.add_argument("--max-mde", type=float, default=_OPT.max_mde,
+                    help="a PASS must detect accuracy drops of this size with 80%% power")
+    out = p.add_argument_group("output")
+    out.add_argument("--results-dir", default=_OPT.results_dir)
+    out.add_argument("--junit-xml", default=None)
+    out.add_argument("--startup-timeout", type=float, default=_OPT.startup_timeout_s,
+                     help="seconds a server may take to become healthy (default 600: three servers starting together on a loaded 2-core machine took up to 7 min)")
+    out.add_argument("--max-starting", type=int, default=None, metavar="N",
+                     help="at most N servers of this host in start-up at once; the others wait "
+                          "for a slot and their --startup-timeout counts from it (default: "
+                          "$PD_ACCURACY_MAX_STARTING, else no cap)")
+    out.add_argument("--gpu-layout", choices=GPU_LAYOUTS, default=_OPT.gpu_layout,
+                     help="cuda: all servers from the first visible GPU, or prefill then decode GPUs")
+    out.add_argument("--kv-cache-bytes", type=int, default=None,
+                     help="KV cache per server (default: 512 MiB, enough for the tiny zoo models)")
+    out.add_argument("--platform", default=None,
+                     help="validate for this platform instead of this machine (cpu, cuda:N)")
+    out.add_argument("--dry-run", action="store_true", help="print the server commands and stop")
+    out.add_argument("-v", "--verbose", action="store_true")
+
+
+def _pair(value: str, what: str) -> tuple[int, int]:
+    try:
+        parts = [int(x) for x in str(value).split(":")]
+    except ValueError:
+        raise UsageError(f"{what} must be N or PREFILL:DECODE, got {value!r}") from None
+    if len(parts) == 1:
+        return parts[0], parts[0]
+    if len(parts) == 2:
+        return parts[0], parts[1]
+    raise UsageError(f"{what} must be N or PREFILL:DECODE, got {value!r}")
+
+
+def adhoc_cell(args: argparse.Namespace, platform) -> Cell:
+    device = args.device or platform.device
+    backend = args.backend or ("CPU_ATTN" if device == "cpu" else "FLASH_ATTN")
+    pb, db = _pair(args.block_size, "--block-size")
+    ptp, dtp = _pair(args.tp, "--tp")
+    cell = Cell(model=args.model, runner=args.runner, backend=backend, prefill_block_size=pb,
+                decode_block_size=db, device=device,
+                kv_buffer_device=args.kv_buffer_device or ("cpu" if device == "cpu" else "cuda"),
+                prefill_tp=ptp, decode_tp=dtp, dtype=args.dtype, max_model_len=args.max_model_len,
+                extra_args=tuple(args.server_arg), fault=args.fault)
+    from harness.matrix.rules import normalize_cell
+    return normalize_cell(cell)
+
+
+def select_cells(args: argparse.Namespace) -> tuple[list[Cell], object]:
+    """The cells to run, validated; raises UsageError with one line on bad input."""
+    from harness.matrix import spec as matrix
+    from harness.matrix import rules
+    from harness.core.platform import PlatformInfo
+    from harness.serve.vllm_features import detect_platform
+
+    platform = (PlatformInfo.from_spec(args.platform) if args.platform
+                else detect_platform())
+    catalog = None
+    if args.model:
+        if args.profile:
+            raise UsageError("give either --profile or --model, not both")
+        cells = [adhoc_cell(args, platform)]
+    else:
+        try:
+            spec = matrix.load_matrix(args.matrix)
+            expansion = matrix.expand(spec, args.profile or "smoke", platform)
+        except matrix.MatrixError as exc:
+            raise UsageError(str(exc)) from None
+        catalog = spec.models
+        cells = expansion.cells
+        try:
+            cells = matrix.select(cells, args.only.split(",") if args.only else None, args.keyword)
+        except matrix.MatrixError as exc:
+            raise UsageError(str(exc)) from None
+        if args.shard:
+            try:
+                i, n = (int(x) for x in args.shard.split("/"))
+            except ValueError:
+                raise UsageError(f"--shard must be I/N, got {args.shard!r}") from None
+            cells = matrix.shard(cells, i, n)
+    if getattr(args, "gpu_layout", "shared") == "split":
+        for cell in cells:
+            need = rules.gpus_needed(cell)["total"]
+            if cell.device == "cuda" and need > platform.gpu_count:
+                raise UsageError(f"cell {cell.cell_id}: --gpu-layout split needs {need} GPUs "
+                                 f"(prefill and decode on their own), this machine has "
+                                 f"{platform.gpu_count}; use --gpu-layout shared")
+    try:
+        rules.validate_or_die(cells, platform, catalog)
+    except rules.InvalidCellError as exc:
+        raise UsageError(str(exc)) from None
+    from harness.serve.models import ModelNotFound, resolve
+    for model in dict.fromkeys(c.model for c in cells):
+        try:
+            resolve(model)
+        except ModelNotFound as exc:
+            raise UsageError(str(exc)) from None
+    return cells, catalog
+
+
+def options_from(args: argparse.Namespace) -> RunOptions:
+    """The one way RunOptions are built from `pd-accuracy run` arguments (the pytest plugin parses
+    its options with the same parser, `run_parser`). Raises UsageError with one line."""
+    max_starting = args.max_starting
+    if max_starting is None:  # resolved (and checked) once here; the record shows the cap used
+        try:
+            max_starting = StartSlots.limit_from_env()
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    return RunOptions(
+        limit=_OPT.limit if args.limit is None else args.limit,
+        seed=args.seed, concurrency=args.concurrency, alpha=args.alpha, max_mde=args.max_mde,
+        task=args.task, dataset_dir=args.dataset_dir, results_dir=args.results_dir,
+        startup_timeout_s=args.startup_timeout, noise_floor=not args.no_noise_floor,
+        num_fewshot=args.num_fewshot, max_gen_toks=args.max_gen_toks, gpu_layout=args.gpu_layout,
+        kv_cache_bytes=args.kv_cache_bytes, repeats=args.repeats, sample_seed=args.sample_seed,
+        max_starting=max_starting, profile=args.profile)
+
+
+def run_parser() -> argparse.ArgumentParser:
+    """`pd-accuracy run`'s own parser, for callers that build RunOptions from run arguments."""
+    p = argparse.ArgumentParser(prog="pd-accuracy run")
+    add_run_arguments(p)
+    return p
+
+
+def write_junit(path: str, results, run_id: str) -> None:
+    suite = ET.Element("testsuite", name="pd-accuracy", tests=str(len(results)))
+    failures = errors = skipped = 0
+    for r in results:
+        case = ET.SubElement(suite, "testcase", classname="pd_accuracy", name=r.cell.cell_id,
+                             time=f"{r.record.get('timings', {}).get('pd_eval_s', 0):.1f}")
+        outcome = r.verdict.outcome
+        if outcome in ("FAIL", "XPASS"):
+            failures += 1
+            ET.SubElement(case, "failure", message=r.verdict.reason[:500]).text = r.verdict.reason
+        elif outcome == "ERROR":
+            errors += 1
+            ET.SubElement(case, "error", message=r.verdict.reason[:500]).text = r.verdict.reason
+        elif outcome in ("INCONCLUSIVE", "XFAIL"):
+            skipped += 1
+            ET.SubElement(case, "skipped", message=f"{outcome}: {r.verdict.reason[:480]}")
+        ET.SubElement(case, "system-out").text = str(r.record_path or "")
+    suite.set("failures", str(failures))
+    suite.set("errors", str(errors))
+    suite.set("skipped", str(skipped))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def print_table(results, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console(width=200)
+    table = Table(title="pd-accuracy verdicts", show_lines=False)
+    for col in ("cell", "outcome", "baseline", "P/D", "Δ pts [95% CI]", "McNemar p", "MDE",
+                "gen. agree", "ext. tokens", "reason"):
+        table.add_column(col, overflow="fold")
+    for r in results:
+        m = r.record.get("metrics") or {}
+        t = m.get("transfer") or {}
+        ci = m.get("delta_ci") or [None, None]
+        pct = lambda x: "-" if x is None else f"{100 * x:.1f}%"  # noqa: E731
+        table.add_row(
+            r.cell.cell_id, r.verdict.outcome, pct(m.get("baseline_accuracy")), pct(m.get("pd_accuracy")),
+            "-" if m.get("accuracy_delta") is None else
+            f"{100 * m['accuracy_delta']:+.1f} [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]",
+            "-" if m.get("mcnemar_p") is None else f"{m['mcnemar_p']:.3g}",
+            pct(m.get("mde")), pct(m.get("agreement")),
+            "-" if not t else f"{t.get('prompt_tokens_external', 0):.0f}",
+            r.verdict.reason[:160])
+    console.print(table)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        options = options_from(args)
+        cells, catalog = select_cells(args)
+    except UsageError as exc:
+        print(f"pd-accuracy: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if not cells:
+        print("pd-accuracy: error: no cell selected", file=sys.stderr)
+        return EXIT_USAGE
+    from harness.judge.verdict import Policy
+
+    hybrid_models = [c.model for c in cells
+                     if catalog is not None and catalog.get(c.model).is_hybrid]
+    if args.dry_run:
+        return dry_run(cells, options, hybrid_models)
+
+    from harness.serve.process import install_signal_handlers
+    from harness.run.runner import Runner
+    install_signal_handlers()
+    from harness.serve.server_spec import Features
+
+    features = Features.detect()
+    policy = Policy(alpha=options.alpha, max_mde=options.max_mde)
+    started = time.monotonic()
+    runner = Runner(options, policy, features=features, progress=lambda m: print(m, flush=True),
+                    hybrid_models=hybrid_models)
+    print(f"run {runner.run_id}: {len(cells)} cell(s), results in {runner.run_dir}", flush=True)
+    results = runner.run(cells)
+    print_table(results)
+    if args.junit_xml:
+        write_junit(args.junit_xml, results, runner.run_id)
+    worst = worst_outcome([r.verdict.outcome for r in results])
+    print(f"{len(results)} cell(s) in {time.monotonic() - started:.0f}s; worst outcome {worst}; "
+          f"records under {runner.run_dir}")
+    return EXIT_CODES[worst]
+
+
+def dry_run(cells: Sequence[Cell], options: RunOptions, hybrid_models: Sequence[str]) -> int:
+    from harness.serve.deploy import Placement, plan_server
+    from harness.serve.models import resolve
+    from harness.serve.server_spec import render_command
+
+    placement = Placement.detect(options.gpu_layout)
+    port = iter(range(30000, 40000))
+    for cell in cells:
+        model = resolve(cell.model)
+        hybrid = model.hybrid or cell.model in hybrid_models
+        print(f"# {cell.cell_id}  (baseline {cell.baseline_key})")
+        for role, n in (("baseline", 1), ("prefill", cell.num_prefill), ("decode", cell.num_decode)):
+            for i in range(n):
+                spec = plan_server(cell, role, i, model_path=model.path, hybrid=hybrid,
+                                   port=next(port), side_channel_port=None if role == "baseline" else next(port),
+                                   placement=placement, kv_cache_bytes=options.kv_cache_bytes)
+                print(render_command(spec))
+        print()
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run cells: real baseline vs real P/D pair, one verdict each")
+    add_run_arguments(p)
+    p.set_defaults(func=run_command)

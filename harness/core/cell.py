@@ -1,0 +1,144 @@
+"""Cell: one point of the matrix, the unit the harness runs and judges.
+
+A Cell is a frozen value. Everything downstream (Deployment, EvalRun, Comparison, Verdict, Record)
+receives it and never mutates it. `cell_id` is the readable, stable name used for pytest ids,
+file names and history rows; `baseline_key` names the non-disaggregated server the cell is
+compared against, so cells that differ only in P/D settings share one baseline.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+RUNNERS = ("v1", "v2")
+GPU_BACKENDS = ("FLASHINFER", "FLASH_ATTN", "TRITON_ATTN")
+CPU_BACKENDS = ("CPU_ATTN",)
+BACKENDS = GPU_BACKENDS + CPU_BACKENDS
+DEVICES = ("cpu", "cuda")
+KV_BUFFER_DEVICES = ("cpu", "cuda")
+FAULTS = ("drop-transfer", "foreign-params", "corrupt-block", "swap-blocks")
+FAULT_ENV_PREFIX = "PD_ACCURACY_FAULT"   # extra_env keys that tune a fault (block, value)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One P/D configuration plus its baseline. Defaults are the CPU smoke cell's."""
+
+    model: str                      # zoo name (e.g. "tiny-llama-gsm"), local path, or hub id
+    runner: str = "v1"              # "v1" | "v2" (VLLM_USE_V2_MODEL_RUNNER)
+    backend: str = "CPU_ATTN"
+    prefill_block_size: int = 128
+    decode_block_size: int = 128
+    device: str = "cpu"             # where the servers compute: "cpu" | "cuda"
+    kv_buffer_device: str = "cpu"   # NIXL buffer: "cpu" | "cuda"
+    prefill_tp: int = 1
+    decode_tp: int = 1
+    num_prefill: int = 1
+    num_decode: int = 1
+    dtype: str = "bfloat16"
+    max_model_len: int = 2048
+    extra_args: tuple[str, ...] = ()                 # appended to every server's argv
+    extra_env: tuple[tuple[str, str], ...] = ()      # added to every server's env
+    fault: str | None = None        # canary fault mode (see FAULTS); None for a real cell
+    expected_failure: str | None = None  # reason, when the cell is known to fail upstream
+    model_tag: str | None = None    # short name for ids when `model` is a path
+
+    # ---- identity -------------------------------------------------------------------------
+    @property
+    def model_short(self) -> str:
+        if self.model_tag:
+            return self.model_tag
+        return self.model.rstrip("/").split("/")[-1]
+
+    @property
+    def cell_id(self) -> str:
+        """Readable id, e.g. ``v2-FLASHINFER-p128d128-tiny-llama-gsm-tp1x1``."""
+        parts = [
+            self.runner,
+            self.backend,
+            f"p{self.prefill_block_size}d{self.decode_block_size}",
+            self.model_short,
+            f"tp{self.prefill_tp}x{self.decode_tp}",
+        ]
+        if (self.num_prefill, self.num_decode) != (1, 1):
+            parts.append(f"n{self.num_prefill}x{self.num_decode}")
+        if self.device == "cuda" and self.kv_buffer_device != "cuda":
+            parts.append(f"kvbuf-{self.kv_buffer_device}")
+        if self.extra_args or self.plain_env:
+            parts.append(self._extras_hash(self.plain_env))
+        if self.fault:
+            parts.append(f"fault-{self.fault}")
+            # PD_ACCURACY_FAULT_BLOCK=last -> "...-fault-corrupt-block-last"
+            parts += [v for _, v in self.fault_env]
+        return "-".join(parts)
+
+    def _extras_hash(self, env: tuple[tuple[str, str], ...]) -> str:
+        blob = json.dumps([list(self.extra_args), [list(e) for e in env]])
+        return "x" + hashlib.sha256(blob.encode()).hexdigest()[:6]
+
+    @property
+    def baseline_block_size(self) -> int:
+        # The baseline generates like the decode side does.
+        return self.decode_block_size
+
+    @property
+    def baseline_tp(self) -> int:
+        return self.decode_tp
+
+    @property
+    def baseline_key(self) -> str:
+        """Cells with equal baseline_key are compared against the same baseline server."""
+        key = {
+            "model": self.model,
+            "runner": self.runner,
+            "backend": self.backend,
+            "block": self.baseline_block_size,
+            "device": self.device,
+            "tp": self.baseline_tp,
+            "dtype": self.dtype,
+            "max_model_len": self.max_model_len,
+            "extra_args": list(self.extra_args),
+            # the fault switches only act on a decode server: a canary shares the real baseline
+            "extra_env": [list(e) for e in self.plain_env],
+        }
+        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+    @property
+    def fault_env(self) -> tuple[tuple[str, str], ...]:
+        """extra_env entries that steer a server-side fault (e.g. PD_ACCURACY_FAULT_BLOCK=last)."""
+        return tuple(e for e in self.extra_env if e[0].startswith(FAULT_ENV_PREFIX))
+
+    @property
+    def plain_env(self) -> tuple[tuple[str, str], ...]:
+        """extra_env without the fault switches: what every server of the cell runs with."""
+        return tuple(e for e in self.extra_env if not e[0].startswith(FAULT_ENV_PREFIX))
+
+    @property
+    def is_canary(self) -> bool:
+        return self.fault is not None
+
+    # ---- (de)serialisation ----------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["extra_args"] = list(self.extra_args)
+        d["extra_env"] = {k: v for k, v in self.extra_env}
+        d["id"] = self.cell_id
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Cell":
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in names}
+        if "extra_args" in kwargs:
+            kwargs["extra_args"] = tuple(kwargs["extra_args"])
+        if "extra_env" in kwargs:
+            env = kwargs["extra_env"]
+            items = env.items() if isinstance(env, Mapping) else env
+            kwargs["extra_env"] = tuple(sorted((str(k), str(v)) for k, v in items))
+        return cls(**kwargs)
+
+    def replace(self, **changes: Any) -> "Cell":
+        return dataclasses.replace(self, **changes)

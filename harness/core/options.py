@@ -1,0 +1,64 @@
+"""RunOptions: every run-wide setting that is not part of a cell's identity, typed, with its one
+default. The CLI (`harness.cli.run.options_from`), the pytest plugin (both modes, through the same
+parser) and the farm's `pd-accuracy run` steps all build it the same way; `__post_init__` rejects
+bad values with one line (UsageError), before any server starts."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+GPU_LAYOUTS = ("shared", "split")
+
+
+class UsageError(ValueError):
+    """Bad input: reported as one line, exit 2, before any server starts."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    # which questions
+    limit: int = 50                       # questions per cell (per stage, with sequential looks)
+    task: str = "auto"                    # lm-eval task; "auto": the model's own (zoo) or GSM8K
+    dataset_dir: str | None = None        # local GSM8K-style jsonl directory
+    num_fewshot: int | None = None        # None: the task YAML's own
+    seed: int = 1234
+    sample_seed: int | None = None        # draw questions at random with this seed
+    repeats: int = 1                      # evaluations per cell on different samples (calibration)
+    # how they are asked
+    concurrency: int = 4                  # lm-eval num_concurrent
+    max_gen_toks: int | None = None
+    top_logprobs: int = 5
+    request_timeout_s: float = 300.0
+    noise_floor: bool = True              # the A/A re-run of the baseline
+    # how they are judged
+    alpha: float = 0.01
+    max_mde: float = 0.25                 # a PASS must see drops this large at 80% power
+    # where servers run
+    startup_timeout_s: float = 600.0      # three servers starting on a loaded 2-core machine: ≤ 7 min
+    max_starting: int | None = None       # servers of this host in start-up at once (None: no cap)
+    gpu_layout: str = "shared"
+    kv_cache_bytes: int | None = None     # per server (None: the deployment's default)
+    # where results go
+    results_dir: str = "results/runs"
+    profile: str | None = None            # the matrix profile the cells came from (records)
+
+    def __post_init__(self) -> None:
+        if self.limit < 1:
+            raise UsageError("--limit must be at least 1")
+        if not 0 < self.alpha < 0.5:
+            raise UsageError("--alpha must be in (0, 0.5)")
+        if not 0 < self.max_mde <= 1:
+            raise UsageError("--max-mde must be in (0, 1]")
+        if self.repeats < 1:
+            raise UsageError("--repeats must be at least 1")
+        if self.concurrency < 1:
+            raise UsageError("--concurrency must be at least 1")
+        if self.max_starting is not None and self.max_starting < 0:
+            raise UsageError("--max-starting must be 0 (no cap) or more")
+        if self.gpu_layout not in GPU_LAYOUTS:
+            raise UsageError(f"--gpu-layout must be one of {', '.join(GPU_LAYOUTS)}")
+        if self.startup_timeout_s <= 0:
+            raise UsageError("--startup-timeout must be positive")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

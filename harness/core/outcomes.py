@@ -1,0 +1,39 @@
+"""Every way a cell, a run or a command can end, and the one exit-code table.
+
+Verdict statuses are what the judge decides about a cell; outcomes add what the matrix declared
+(an expected failure turns FAIL into XFAIL and PASS into XPASS). Exit codes are what CI acts on:
+0 nothing to do, 1 P/D is broken (never retry), 2 bad input (nothing was started), 3 the
+environment is broken (retry), 4 too little evidence (add questions).
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+PASS, FAIL, INCONCLUSIVE, ERROR = "PASS", "FAIL", "INCONCLUSIVE", "ERROR"
+XFAIL, XPASS = "XFAIL", "XPASS"
+STATUSES = (PASS, FAIL, INCONCLUSIVE, ERROR)
+
+EXIT_OK = 0
+EXIT_FAIL = 1
+EXIT_USAGE = 2          # bad input: one line on stderr, nothing was started
+EXIT_ERROR = 3          # environment error: a retry is reasonable
+EXIT_INCONCLUSIVE = 4   # nothing failed, too few questions
+
+EXIT_CODES = {PASS: EXIT_OK, FAIL: EXIT_FAIL, ERROR: EXIT_ERROR, INCONCLUSIVE: EXIT_INCONCLUSIVE,
+              XFAIL: EXIT_OK, XPASS: EXIT_FAIL}
+# worst first: the exit code of a run is its worst outcome's
+SEVERITY = (FAIL, XPASS, ERROR, INCONCLUSIVE, XFAIL, PASS)
+# the order tables and reports list outcomes in (what a reader must look at first)
+DISPLAY_ORDER = (FAIL, ERROR, XPASS, INCONCLUSIVE, XFAIL, PASS)
+
+
+def worst_outcome(outcomes: Iterable[str]) -> str:
+    present = set(outcomes)
+    for o in SEVERITY:
+        if o in present:
+            return o
+    return PASS
+
+
+def display_rank(outcome: str) -> int:
+    return DISPLAY_ORDER.index(outcome) if outcome in DISPLAY_ORDER else 0

@@ -1,0 +1,176 @@
+"""The machine cells are expanded for: its GPUs and, when probed, what its vLLM accepts.
+
+`PlatformInfo.detect()` answers "how many GPUs, how big" from nvidia-smi (or torch as a fallback)
+without importing vLLM; the matrix uses it to exclude cells the machine cannot hold. `VllmFeatures`
+is the value the probe in `harness.serve.vllm_features` returns; it lives here because the matrix
+rules read it and must not depend on the code that starts servers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+
+@dataclass(frozen=True)
+class VllmFeatures:
+    """Capabilities of the installed vLLM, as read from the package itself."""
+
+    version: str
+    platform: str                         # "cpu" | "cuda" (vLLM's current_platform.device_type)
+    attention_backend_flag: bool          # EngineArgs has `attention_backend` (--attention-backend)
+    attention_backend_env: bool           # vllm.envs knows VLLM_ATTENTION_BACKEND
+    v2_runner_env: bool                   # vllm.envs knows VLLM_USE_V2_MODEL_RUNNER
+    kv_roles: tuple[str, ...]             # accepted KVTransferConfig.kv_role values
+    nixl_available: bool                  # NIXL's python agent imports
+    attention_backends: tuple[str, ...] = ()  # AttentionBackendEnum member names, when known
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "VllmFeatures":
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in names}
+        for key in ("kv_roles", "attention_backends"):
+            if key in kwargs:
+                kwargs[key] = tuple(kwargs[key])
+        return cls(**kwargs)
+
+    def attention_backend_setting(self, backend: str) -> tuple[list[str], dict[str, str]]:
+        """(argv, env) that select `backend` on this vLLM: the CLI flag where it exists,
+        else the legacy environment variable."""
+        if self.attention_backend_flag:
+            return ["--attention-backend", backend], {}
+        if self.attention_backend_env:
+            return [], {"VLLM_ATTENTION_BACKEND": backend}
+        raise RuntimeError(f"vLLM {self.version} has neither --attention-backend nor VLLM_ATTENTION_BACKEND")
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    index: int
+    name: str
+    memory_bytes: int
+
+
+def query_nvidia_smi(smi: str | None = None) -> list[GpuDevice] | None:
+    """GPUs as nvidia-smi lists them (physical indices), or None when nvidia-smi is unusable."""
+    smi = smi or shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return parse_nvidia_smi_csv(out)
+
+
+def parse_nvidia_smi_csv(text: str) -> list[GpuDevice]:
+    """Parse `index, name, memory.total [MiB]` rows."""
+    devices = []
+    for line in text.strip().splitlines():
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) < 3 or not parts[0].isdigit():
+            continue  # header or an error line
+        try:
+            mib = float(parts[-1])
+        except ValueError:
+            mib = 0.0  # "[N/A]": count the GPU, memory unknown
+        devices.append(GpuDevice(int(parts[0]), ", ".join(parts[1:-1]), int(mib) * 1024 * 1024))
+    return devices
+
+
+def query_torch() -> list[GpuDevice]:
+    try:
+        import torch
+    except ImportError:
+        return []
+    if not torch.cuda.is_available():
+        return []
+    out = []
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        out.append(GpuDevice(i, props.name, int(props.total_memory)))
+    return out
+
+
+def visible_devices(devices: Iterable[GpuDevice], cuda_visible: str | None) -> list[GpuDevice]:
+    """Apply CUDA_VISIBLE_DEVICES (numeric form only; UUIDs leave the list as is)."""
+    devices = list(devices)
+    if cuda_visible is None:
+        return devices
+    wanted = [p.strip() for p in cuda_visible.split(",") if p.strip()]
+    if not all(p.lstrip("-").isdigit() for p in wanted):
+        return devices
+    by_index = {d.index: d for d in devices}
+    chosen = []
+    for p in wanted:
+        if int(p) < 0:
+            break  # CUDA stops enumerating at the first invalid index
+        if int(p) in by_index:
+            chosen.append(by_index[int(p)])
+    return chosen
+
+
+def detect_gpus() -> list[GpuDevice]:
+    """The one home of GPU detection: nvidia-smi (physical indices, honouring
+    CUDA_VISIBLE_DEVICES), torch as a fallback; [] on a machine without GPUs."""
+    found = query_nvidia_smi()
+    if found is None:
+        return query_torch()
+    return visible_devices(found, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+@dataclass(frozen=True)
+class PlatformInfo:
+    """The machine cells are expanded for. `vllm` is filled only when the caller probed it."""
+
+    device: str = "cpu"                       # "cpu" | "cuda"
+    gpu_count: int = 0
+    gpu_names: tuple[str, ...] = ()
+    gpu_memory_bytes: tuple[int, ...] = ()
+    gpu_indices: tuple[int, ...] = ()         # physical indices (for CUDA_VISIBLE_DEVICES)
+    vllm: VllmFeatures | None = None
+
+    @classmethod
+    def detect(cls, vllm: VllmFeatures | None = None) -> "PlatformInfo":
+        """This machine's GPUs (`detect_gpus`); `vllm` is what the caller probed, if anything
+        (`harness.serve.vllm_features.detect_platform` probes it)."""
+        return cls.from_devices(detect_gpus(), vllm=vllm)
+
+    @classmethod
+    def from_devices(cls, devices: Iterable[GpuDevice], vllm: VllmFeatures | None = None) -> "PlatformInfo":
+        devices = list(devices)
+        return cls(
+            device="cuda" if devices else "cpu",
+            gpu_count=len(devices),
+            gpu_names=tuple(d.name for d in devices),
+            gpu_memory_bytes=tuple(d.memory_bytes for d in devices),
+            gpu_indices=tuple(d.index for d in devices),
+            vllm=vllm,
+        )
+
+    @classmethod
+    def from_spec(cls, spec: str) -> "PlatformInfo":
+        """A pretend machine for listing: "cpu", "cuda:8" or "cuda:8:141" (GiB per GPU)."""
+        parts = spec.strip().lower().split(":")
+        if parts == ["cpu"]:
+            return cls()
+        if parts[0] != "cuda" or len(parts) not in (2, 3) or not parts[1].isdigit():
+            raise ValueError(f"platform spec {spec!r}: expected 'cpu', 'cuda:N' or 'cuda:N:GiB'")
+        gib = float(parts[2]) if len(parts) == 3 else 80.0
+        count = int(parts[1])
+        return cls.from_devices(GpuDevice(i, "pretend", int(gib * 1024**3)) for i in range(count))
+
+    def describe(self) -> str:
+        if self.device == "cpu":
+            return "cpu (no GPU)"
+        names = sorted(set(self.gpu_names))
+        return f"cuda: {self.gpu_count} GPU(s) {', '.join(names)}"

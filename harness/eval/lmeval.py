@@ -1,0 +1,251 @@
+"""Endpoint → EvalRun: lm-eval's `local-completions` against one OpenAI endpoint, greedy, with
+per-question records (doc id, prompt hash, generated text, extracted answer, correctness and the
+generated tokens' top-k logprobs).
+
+The baseline and the P/D proxy are evaluated with identical settings (task, few-shot seed,
+question subset), so their records pair up by doc id and prompt hash.
+"""
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+TASKS_DIR = Path(__file__).parent / "tasks"
+DATA_DIR_TOKEN = "@DATA_DIR@"
+GSM8K_ENV = "PD_ACCURACY_GSM8K_DIR"
+log = logging.getLogger(__name__)
+
+
+class DatasetNotFound(RuntimeError):
+    pass
+
+
+def prompt_hash(prompt: str) -> str:
+    return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:16]
+
+
+def default_gsm8k_dir() -> Path | None:
+    """GSM8K jsonl: $PD_ACCURACY_GSM8K_DIR, else ../shared/data/gsm8k beside the checkout."""
+    env = os.environ.get(GSM8K_ENV)
+    if env:
+        return Path(env)
+    repo = Path(__file__).resolve().parents[2]
+    for cand in (repo.parent / "shared" / "data" / "gsm8k", repo / "shared" / "data" / "gsm8k"):
+        if (cand / "test.jsonl").exists():
+            return cand
+    return None
+
+
+def split_size(task: str, data_dir: str | os.PathLike[str] | None, split: str = "test") -> int | None:
+    """Number of docs in a local task's split (None for hub datasets)."""
+    if data_dir is None or not (Path(data_dir) / f"{split}.jsonl").exists():
+        return None
+    with open(Path(data_dir) / f"{split}.jsonl", "rb") as fh:
+        return sum(1 for line in fh if line.strip())
+
+
+def materialize_task(task: str, data_dir: str | os.PathLike[str] | None, out_dir: Path) -> Path:
+    """Copy the packaged task YAML(s) into `out_dir`, filling in the data directory.
+
+    Returns the include path to hand to lm-eval's TaskManager."""
+    src = TASKS_DIR / f"{task}.yaml"
+    if not src.exists():
+        known = sorted(p.stem for p in TASKS_DIR.glob("*.yaml"))
+        raise DatasetNotFound(f"unknown task {task!r}; the harness ships: {', '.join(known)}")
+    text = src.read_text()
+    if DATA_DIR_TOKEN in text:
+        if data_dir is None:
+            raise DatasetNotFound(
+                f"task {task} needs a local data directory (--dataset-dir or ${GSM8K_ENV})")
+        data = Path(data_dir).resolve()
+        for split in ("train", "test"):
+            if not (data / f"{split}.jsonl").exists():
+                raise DatasetNotFound(f"{data}/{split}.jsonl does not exist (task {task})")
+        text = text.replace(DATA_DIR_TOKEN, str(data))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / src.name).write_text(text)
+    for extra in TASKS_DIR.glob("*.py"):  # custom filters/utils referenced by task YAMLs
+        (out_dir / extra.name).write_text(extra.read_text())
+    return out_dir
+
+
+@dataclass(frozen=True)
+class QuestionRecord:
+    doc_id: int
+    prompt_hash: str
+    target: str
+    generated: str
+    answer_strict: str
+    answer_flexible: str
+    correct: bool                    # strict-match exact match
+    correct_flexible: bool
+    finish_reason: str | None = None
+    logprobs: dict | None = None     # OpenAI completions `logprobs` object of the generation
+
+
+@dataclass(frozen=True)
+class EvalRun:
+    role: str                        # "baseline" | "pd" | "baseline-aa" ...
+    base_url: str
+    task: str
+    n: int
+    accuracy: float
+    accuracy_flexible: float
+    wall_s: float
+    questions: tuple[QuestionRecord, ...] = field(repr=False)
+
+    def by_doc(self) -> dict[int, QuestionRecord]:
+        return {q.doc_id: q for q in self.questions}
+
+    def write_jsonl(self, path: Path) -> Path:
+        from harness.run.record import atomic_write_text
+
+        lines = [json.dumps(asdict(q), sort_keys=True) for q in self.questions]
+        return atomic_write_text(path, "\n".join(lines) + ("\n" if lines else ""))
+
+
+def _capturing_lm_class():
+    """An lm-eval local-completions model that also keeps each generation's raw choice
+    (text, finish_reason, logprobs), keyed by the prompt's hash."""
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+    current_prompts: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+        "pd_accuracy_prompts", default=None)
+
+    class CapturingCompletions(LocalCompletionsAPI):
+        top_logprobs: int = 0
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.captured: dict[str, dict] = {}
+
+        def _create_payload(self, messages, generate=False, gen_kwargs=None, seed=1234,
+                            eos=None, **kwargs):
+            payload = super()._create_payload(messages, generate=generate, gen_kwargs=gen_kwargs,
+                                              seed=seed, eos=eos, **kwargs)
+            if generate:
+                if self.top_logprobs:
+                    payload["logprobs"] = self.top_logprobs
+                # the same asyncio task / thread parses the answer next: remember its prompts
+                # a batch (batch_size > 1) arrives as a list or, from lm-eval's zip, a tuple
+                current_prompts.set(list(messages) if isinstance(messages, (list, tuple))
+                                    else [messages])
+            return payload
+
+        def parse_generations(self, outputs, **kwargs):  # type: ignore[override]
+            texts = LocalCompletionsAPI.parse_generations(outputs, **kwargs)
+            prompts = current_prompts.get()
+            if prompts:
+                for out in outputs if isinstance(outputs, list) else [outputs]:
+                    for choice in out.get("choices", []):
+                        idx = choice.get("index", 0)
+                        if idx < len(prompts) and isinstance(prompts[idx], str):
+                            self.captured[prompt_hash(prompts[idx])] = {
+                                "text": choice.get("text"),
+                                "finish_reason": choice.get("finish_reason"),
+                                "logprobs": choice.get("logprobs"),
+                            }
+            return texts
+
+    return CapturingCompletions
+
+
+def evaluate_endpoint(
+    *,
+    role: str,
+    base_url: str,
+    served_model_name: str,
+    task: str,
+    data_dir: str | os.PathLike[str] | None,
+    limit: int,
+    num_fewshot: int | None = None,
+    seed: int = 1234,
+    concurrency: int = 4,
+    top_logprobs: int = 5,
+    max_gen_toks: int | None = None,
+    timeout_s: float = 300.0,
+    work_dir: Path | None = None,
+    sample_indices: list[int] | None = None,
+) -> EvalRun:
+    """Run lm-eval against `base_url` (an OpenAI server or the P/D proxy) and return the EvalRun."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="pd-accuracy-task-", dir=work_dir) as tmp:
+        include = materialize_task(task, data_dir, Path(tmp))
+        task_manager = TaskManager(include_path=str(include), include_defaults=False)
+        lm_cls = _capturing_lm_class()
+        lm = lm_cls(
+            model=served_model_name,
+            base_url=f"{base_url.rstrip('/')}/v1/completions",
+            tokenizer_backend=None,
+            tokenized_requests=False,
+            num_concurrent=concurrency,
+            max_retries=1,
+            timeout=int(timeout_s),
+            seed=seed,
+            **({"max_gen_toks": max_gen_toks} if max_gen_toks else {}),
+        )
+        lm.top_logprobs = top_logprobs
+        results = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=[task],
+            num_fewshot=num_fewshot,
+            limit=None if sample_indices else limit,
+            samples={task: list(sample_indices)} if sample_indices else None,
+            task_manager=task_manager,
+            log_samples=True,
+            random_seed=seed,
+            numpy_random_seed=seed,
+            torch_random_seed=seed,
+            fewshot_random_seed=seed,
+            bootstrap_iters=0,
+            verbosity="WARNING",
+        )
+    if results is None:
+        raise RuntimeError(f"lm-eval returned no results for {role} at {base_url}")
+    samples = results["samples"][task]
+    questions = _questions_from_samples(samples, lm.captured)
+    n = len(questions)
+    acc = sum(q.correct for q in questions) / n if n else 0.0
+    acc_flex = sum(q.correct_flexible for q in questions) / n if n else 0.0
+    return EvalRun(role=role, base_url=base_url, task=task, n=n, accuracy=acc,
+                   accuracy_flexible=acc_flex, wall_s=time.monotonic() - started,
+                   questions=tuple(questions))
+
+
+def _questions_from_samples(samples: list[dict], captured: dict[str, dict]) -> list[QuestionRecord]:
+    by_doc: dict[int, dict[str, dict]] = {}
+    for s in samples:
+        by_doc.setdefault(int(s["doc_id"]), {})[s.get("filter", "none")] = s
+    out = []
+    for doc_id in sorted(by_doc):
+        filters = by_doc[doc_id]
+        strict = filters.get("strict-match") or next(iter(filters.values()))
+        flexible = filters.get("flexible-extract", strict)
+        prompt = strict["arguments"][0][0]
+        generated = strict["resps"][0][0] if strict["resps"] and strict["resps"][0] else ""
+        ph = prompt_hash(prompt)
+        cap = captured.get(ph, {})
+        out.append(QuestionRecord(
+            doc_id=doc_id,
+            prompt_hash=ph,
+            target=str(strict["target"]),
+            generated=generated,
+            answer_strict=str(strict["filtered_resps"][0]),
+            answer_flexible=str(flexible["filtered_resps"][0]),
+            correct=bool(strict.get("exact_match", 0.0) >= 1.0),
+            correct_flexible=bool(flexible.get("exact_match", 0.0) >= 1.0),
+            finish_reason=cap.get("finish_reason"),
+            logprobs=cap.get("logprobs"),
+        ))
+    return out

@@ -1,0 +1,253 @@
+"""Static HTML report from the history store: heatmaps, trends, regressions, every cell.
+
+``render_report(history_db, out_dir)`` writes ``out_dir/index.html`` (templates/report.html.j2)
+and its PNGs under ``out_dir/img/``:
+
+* one heatmap per model: rows are runner x backend, columns are prefill/decode block sizes; each
+  square is coloured by the newest verdict of that configuration and labelled with its accuracy
+  delta (several cells on one square, e.g. different TP, show the worst);
+* one trend plot per cell with at least two entries (accuracy delta with its CI, and both
+  accuracies, per run); the cells that changed come first, at most `max_trend_plots`;
+* "changes since the previous run": for each cell, its newest entry against the one before it
+  (per cell, because one nightly build holds many harness runs): new FAIL, newly ERROR, new
+  XPASS, recovered, and (when none of those applies) significant drift of the delta — the two
+  deltas' CIs do not overlap, or, without CIs, they differ by more than the larger MDE;
+* a table of every cell's newest entry, worst first.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from harness.report.annotate import OUTCOME_ORDER, fmt_delta, jinja_env, outcome_rank
+from harness.report.history import load_cells, load_runs
+
+OUTCOME_COLOURS = {
+    "PASS": "#43a047", "XFAIL": "#a5d6a7", "INCONCLUSIVE": "#fdd835", "XPASS": "#fb8c00",
+    "FAIL": "#e53935", "ERROR": "#8e24aa",
+}
+MISSING_COLOUR = "#eeeeee"
+DEFAULT_MAX_TREND_PLOTS = 150
+
+
+def _outcome(row: Mapping[str, Any]) -> str:
+    return str(row.get("outcome") or row.get("status") or "ERROR")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "x"
+
+
+# ---- comparisons ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Change:
+    """How one cell's newest entry differs from its previous one."""
+
+    kind: str                  # "new FAIL" | "newly ERROR" | "new XPASS" | "drift" | "recovered"
+    cell_id: str
+    previous: Mapping[str, Any]
+    latest: Mapping[str, Any]
+    detail: str
+
+    @property
+    def is_regression(self) -> bool:
+        return self.kind != "recovered"
+
+
+def delta_drifted(previous: Mapping[str, Any], latest: Mapping[str, Any]) -> bool:
+    """Whether the accuracy delta moved significantly between two entries of one cell."""
+    if previous.get("delta") is None or latest.get("delta") is None:
+        return False
+    cis = (previous.get("ci_lo"), previous.get("ci_hi"), latest.get("ci_lo"), latest.get("ci_hi"))
+    if None not in cis:
+        p_lo, p_hi, l_lo, l_hi = (float(v) for v in cis)
+        return l_hi < p_lo or l_lo > p_hi
+    mdes = [float(m) for m in (previous.get("mde"), latest.get("mde")) if m is not None]
+    return bool(mdes) and abs(float(latest["delta"]) - float(previous["delta"])) > max(mdes)
+
+
+def compare(previous: Mapping[str, Any], latest: Mapping[str, Any]) -> list[Change]:
+    """The changes between two entries (oldest first) of one cell."""
+    cell_id = str(latest["cell_id"])
+    before, now = _outcome(previous), _outcome(latest)
+    changes = []
+    for kind, target in (("new FAIL", "FAIL"), ("newly ERROR", "ERROR"), ("new XPASS", "XPASS")):
+        if now == target and before != target:
+            changes.append(Change(kind, cell_id, previous, latest,
+                                  f"{before} -> {now}: {latest.get('reason') or ''}".strip()))
+    if before in ("FAIL", "ERROR") and now in ("PASS", "XFAIL"):
+        changes.append(Change("recovered", cell_id, previous, latest, f"{before} -> {now}"))
+    # A new FAIL or a recovery already says the delta moved; drift reports the silent moves.
+    if not changes and delta_drifted(previous, latest):
+        changes.append(Change(
+            "drift", cell_id, previous, latest,
+            f"delta {fmt_delta(previous['delta'], previous.get('ci_lo'), previous.get('ci_hi'))}"
+            f" -> {fmt_delta(latest['delta'], latest.get('ci_lo'), latest.get('ci_hi'))}"))
+    return changes
+
+
+def history_by_cell(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """Rows per cell id, oldest first (rows come from history.load_cells, already ordered)."""
+    out: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        out.setdefault(str(row["cell_id"]), []).append(row)
+    return out
+
+
+def changes_since_previous(rows: Sequence[Mapping[str, Any]]) -> list[Change]:
+    """Every cell's changes between its last two entries, regressions first."""
+    changes = []
+    for entries in history_by_cell(rows).values():
+        if len(entries) >= 2:
+            changes += compare(entries[-2], entries[-1])
+    order = ["new FAIL", "newly ERROR", "drift", "new XPASS", "recovered"]
+    return sorted(changes, key=lambda c: (order.index(c.kind), c.cell_id))
+
+
+# ---- plots ------------------------------------------------------------------------------------
+def _figure(width: float, height: float):
+    from matplotlib.figure import Figure   # no pyplot: no global state, no GUI backend
+
+    return Figure(figsize=(width, height), dpi=100, layout="constrained")
+
+
+def plot_heatmap(model: str, latest: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Heatmap of `latest` rows of one model (see module docstring) saved to `path`."""
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    rows = sorted({(str(r["runner"]), str(r["backend"])) for r in latest})
+    cols = sorted({(int(r["p_block"] or 0), int(r["d_block"] or 0)) for r in latest},
+                  key=lambda pd: (pd[1], pd[0]))
+    palette = [MISSING_COLOUR] + [OUTCOME_COLOURS[o] for o in OUTCOME_ORDER]
+    codes = [[0] * len(cols) for _ in rows]
+    labels = [[""] * len(cols) for _ in rows]
+    worst: dict[tuple[int, int], Mapping[str, Any]] = {}
+    for r in latest:
+        i = rows.index((str(r["runner"]), str(r["backend"])))
+        j = cols.index((int(r["p_block"] or 0), int(r["d_block"] or 0)))
+        if (i, j) not in worst or outcome_rank(_outcome(r)) < outcome_rank(_outcome(worst[i, j])):
+            worst[i, j] = r
+    for (i, j), r in worst.items():
+        outcome = _outcome(r)
+        codes[i][j] = 1 + (OUTCOME_ORDER.index(outcome) if outcome in OUTCOME_ORDER else 1)
+        labels[i][j] = (f"{float(r['delta']):+.2f}" if r.get("delta") is not None
+                        else outcome[:4])
+    fig = _figure(max(4.0, 1.0 + 0.9 * len(cols)), max(2.0, 1.2 + 0.45 * len(rows)))
+    ax = fig.add_subplot()
+    ax.imshow(codes, cmap=ListedColormap(palette), vmin=-0.5, vmax=len(palette) - 0.5,
+              aspect="auto")
+    for i in range(len(rows)):
+        for j in range(len(cols)):
+            if labels[i][j]:
+                ax.text(j, i, labels[i][j], ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(len(cols)), [f"p{p}/d{d}" for p, d in cols], rotation=45, ha="right",
+                  fontsize=8)
+    ax.set_yticks(range(len(rows)), [f"{runner} {backend}" for runner, backend in rows],
+                  fontsize=8)
+    ax.set_title(f"{model}: newest verdict, label = accuracy delta", fontsize=9)
+    present = [o for o in OUTCOME_ORDER if any(_outcome(r) == o for r in worst.values())]
+    ax.legend(handles=[Patch(color=OUTCOME_COLOURS[o], label=o) for o in present],
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    return path
+
+
+def plot_trend(cell_id: str, entries: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Delta (with CI) and both accuracies of one cell per run, saved to `path`."""
+    xs = list(range(len(entries)))
+    ticks = [str(e.get("created_at") or e.get("run_created_at") or e["run_id"])[:10]
+             for e in entries]
+    fig = _figure(5.0, 3.6)
+    ax_delta, ax_acc = fig.subplots(2, 1, sharex=True)
+    for x, e in zip(xs, entries):
+        colour = OUTCOME_COLOURS.get(_outcome(e), MISSING_COLOUR)
+        if e.get("delta") is None:
+            ax_delta.scatter([x], [0.0], marker="x", color=colour)
+            continue
+        delta = float(e["delta"])
+        err = None
+        if e.get("ci_lo") is not None and e.get("ci_hi") is not None:
+            err = [[max(0.0, delta - float(e["ci_lo"]))], [max(0.0, float(e["ci_hi"]) - delta)]]
+        ax_delta.errorbar([x], [delta], yerr=err, fmt="o", color=colour, capsize=3)
+    ax_delta.axhline(0.0, color="#888888", linewidth=0.8)
+    ax_delta.set_ylabel("P/D - baseline", fontsize=8)
+    for key, label in (("baseline_acc", "baseline"), ("pd_acc", "P/D")):
+        points = [(x, float(e[key])) for x, e in zip(xs, entries) if e.get(key) is not None]
+        if points:
+            ax_acc.plot(*zip(*points), marker=".", label=label)
+    ax_acc.set_ylabel("accuracy", fontsize=8)
+    ax_acc.legend(fontsize=7, frameon=False)
+    ax_acc.set_xticks(xs, ticks, rotation=45, ha="right", fontsize=7)
+    ax_delta.set_title(cell_id, fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    return path
+
+
+# ---- the report -------------------------------------------------------------------------------
+def render_report(history_db: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
+                  title: str = "P/D accuracy report",
+                  max_trend_plots: int = DEFAULT_MAX_TREND_PLOTS) -> Path:
+    """Write the HTML report of `history_db` into `out_dir`; returns the index.html path."""
+    out = Path(out_dir)
+    img = out / "img"
+    img.mkdir(parents=True, exist_ok=True)
+    rows = load_cells(history_db)
+    runs = load_runs(history_db)
+    by_cell = history_by_cell(rows)
+    latest = [entries[-1] for entries in by_cell.values()]
+    latest.sort(key=lambda r: (outcome_rank(_outcome(r)), str(r["cell_id"])))
+    changes = changes_since_previous(rows)
+
+    heatmaps = []
+    models = sorted({str(r.get("model_short") or r.get("model")) for r in latest})
+    for model in models:
+        members = [r for r in latest if str(r.get("model_short") or r.get("model")) == model]
+        path = plot_heatmap(model, members, img / f"heatmap-{_slug(model)}.png")
+        heatmaps.append({"model": model, "src": path.relative_to(out).as_posix(),
+                         "cells": len(members)})
+
+    changed = {c.cell_id for c in changes}
+    trend_ids = [cid for cid, entries in by_cell.items() if len(entries) >= 2]
+    trend_ids.sort(key=lambda cid: (cid not in changed, cid))
+    trends = []
+    for cell_id in trend_ids[:max_trend_plots]:
+        path = plot_trend(cell_id, by_cell[cell_id], img / f"trend-{_slug(cell_id)}.png")
+        trends.append({"cell_id": cell_id, "src": path.relative_to(out).as_posix(),
+                       "changed": cell_id in changed})
+
+    def record_link(row: Mapping[str, Any]) -> str | None:
+        path = row.get("record_path")
+        if not path:
+            return None
+        return os.path.relpath(path, out.resolve()) if os.path.isabs(path) else path
+
+    counts = [(o, sum(1 for r in latest if _outcome(r) == o)) for o in OUTCOME_ORDER]
+    html = jinja_env().get_template("report.html.j2").render(
+        title=title,
+        runs=runs,
+        latest=latest,
+        counts=[(o, n) for o, n in counts if n],
+        regressions=[c for c in changes if c.is_regression],
+        recoveries=[c for c in changes if not c.is_regression],
+        heatmaps=heatmaps,
+        trends=trends,
+        trends_left_out=max(0, len(trend_ids) - max_trend_plots),
+        colours=OUTCOME_COLOURS,
+        outcome_of=_outcome,
+        record_link=record_link,
+    )
+    index = out / "index.html"
+    from harness.run.record import atomic_write_text
+
+    atomic_write_text(index, html)
+    return index
+
+
+__all__ = ["Change", "changes_since_previous", "compare", "delta_drifted", "history_by_cell",
+           "plot_heatmap", "plot_trend", "render_report"]

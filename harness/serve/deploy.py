@@ -1,0 +1,364 @@
+"""Cell → Deployment → Endpoint.
+
+A Deployment owns the processes of one side of a comparison: either the non-disaggregated
+baseline server, or a P/D pair (prefill server(s) + decode server(s)) plus the harness's proxy.
+It reserves ports, plans every server's command (harness.serve.server_spec), starts them concurrently in
+their own process groups, waits for health with a deadline, and stops them on every exit path.
+With host-wide start slots (harness.serve.start_slots) a server starts only when it holds a slot, and
+its deadline counts from then.
+The proxy is separate (`ProxyDeployment`) so that cells differing only in a proxy-side fault
+reuse one P/D pair.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from harness.core.cell import Cell
+from harness.serve.ports import PortAllocator
+from harness.serve.process import ManagedProcess, ManagedProcessError, ServerStartTimeout
+from harness.serve.server_spec import SERVER_FAULTS, Features, ServerSpec, build_argv, build_env
+from harness.serve.start_slots import StartSlots
+
+# Size of the CPU KV cache per server: tiny models need little; never let one server take all RAM.
+# (tiny zoo models need a few MiB; a real model on a GPU farm passes --kv-cache-bytes)
+DEFAULT_KV_CACHE_BYTES = 512 * 1024 * 1024
+GPU_SHARED_UTILIZATION = 0.06
+# Ports reserved per server for vLLM's own use (VLLM_PORT and up: the distributed rendezvous)
+INTERNAL_PORT_BLOCK = 4
+# vLLM's NIXL threads sometimes ignore SIGTERM; the harness owns no state there worth waiting for
+SERVER_TERM_TIMEOUT_S = 8.0
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where an EvalRun sends its requests, and where the evidence of the run lies."""
+
+    role: str                              # "baseline" | "pd"
+    base_url: str
+    served_model_name: str
+    metrics_urls: tuple[str, ...]          # decode servers (pd) or the baseline server
+    logs: dict[str, str] = field(default_factory=dict)
+    proxy_records: str | None = None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which CPU cores / GPUs each role uses. CPU: one core per server, round-robin."""
+
+    cpu_cores: tuple[int, ...] = ()
+    gpu_base: int = 0                      # first GPU index this cell may use
+    gpu_layout: str = "shared"             # "shared": all roles from gpu_base; "split": P then D
+
+    @classmethod
+    def detect(cls, gpu_layout: str = "shared") -> "Placement":
+        cores = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else ()
+        return cls(cpu_cores=cores or tuple(range(os.cpu_count() or 1)), gpu_layout=gpu_layout)
+
+    def core_for(self, role: str, index: int, tp: int = 1) -> str | None:
+        """VLLM_CPU_OMP_THREADS_BIND: one core per TP rank, ranks separated by '|'."""
+        if not self.cpu_cores:
+            return None
+        # prefill and baseline share the first core (they are rarely busy at the same time);
+        # decode gets the last, so a P/D request uses both cores. A TP>1 server's further ranks
+        # take the following cores (wrapping: on 2 cores a TP2 prefill binds "0|1").
+        n = len(self.cpu_cores)
+        order = {"baseline": 0, "prefill": 0, "decode": n - 1}[role]
+        first = order + index * max(tp, 1)
+        return "|".join(str(self.cpu_cores[(first + r) % n]) for r in range(max(tp, 1)))
+
+    def gpus_for(self, role: str, index: int, tp: int, prefill_gpus: int) -> tuple[int, ...]:
+        start = self.gpu_base
+        if self.gpu_layout == "split" and role == "decode":
+            start += prefill_gpus
+        if self.gpu_layout == "split" and role in ("prefill", "decode"):
+            start += index * tp
+        return tuple(range(start, start + tp))
+
+
+def plan_server(cell: Cell, role: str, index: int, *, model_path: str, hybrid: bool,
+                port: int, side_channel_port: int | None, placement: Placement,
+                kv_cache_bytes: int | None = None, internal_port: int | None = None,
+                python: str = sys.executable) -> ServerSpec:
+    block = {"baseline": cell.baseline_block_size, "prefill": cell.prefill_block_size,
+             "decode": cell.decode_block_size}[role]
+    tp = {"baseline": cell.baseline_tp, "prefill": cell.prefill_tp, "decode": cell.decode_tp}[role]
+    on_gpu = cell.device == "cuda"
+    return ServerSpec(
+        role=role, index=index, model_path=model_path, served_model_name=cell.model_short,
+        port=port, backend=cell.backend, block_size=block, runner=cell.runner, device=cell.device,
+        dtype=cell.dtype, tp=tp, max_model_len=cell.max_model_len,
+        kv_buffer_device=cell.kv_buffer_device, side_channel_port=side_channel_port,
+        internal_port=internal_port, kv_cache_bytes=kv_cache_bytes or DEFAULT_KV_CACHE_BYTES,
+        cpu_cores=None if on_gpu else placement.core_for(role, index, tp),
+        gpu_ids=placement.gpus_for(role, index, tp, cell.prefill_tp * cell.num_prefill) if on_gpu else (),
+        gpu_memory_utilization=GPU_SHARED_UTILIZATION if on_gpu else None,
+        hybrid=hybrid,
+        extra_args=cell.extra_args, extra_env=cell.extra_env,
+        fault=cell.fault if (role == "decode" and cell.fault in SERVER_FAULTS) else None,
+        python=python,
+    )
+
+
+def pair_key(cell: Cell) -> tuple:
+    """Cells with equal pair_key can share one running P/D pair (they differ in proxy only)."""
+    server_fault = cell.fault if cell.fault in SERVER_FAULTS else None
+    return (cell.baseline_key, cell.runner, cell.prefill_block_size, cell.decode_block_size,
+            cell.prefill_tp, cell.decode_tp, cell.num_prefill, cell.num_decode,
+            cell.kv_buffer_device, server_fault, cell.fault_env if server_fault else ())
+
+
+class Deployment:
+    """A set of vLLM servers started together and stopped together (context manager)."""
+
+    def __init__(self, name: str, specs: Sequence[ServerSpec], *, log_dir: Path,
+                 features: Features = Features(), startup_timeout_s: float = 300.0,
+                 allocator: PortAllocator | None = None, reserved_ports: Sequence[int] = (),
+                 start_slots: StartSlots | None = None) -> None:
+        self.name = name
+        self.specs = list(specs)
+        self.log_dir = Path(log_dir)
+        self.features = features
+        self.startup_timeout_s = startup_timeout_s
+        self.allocator = allocator
+        self.reserved_ports = list(reserved_ports)
+        self.processes: dict[str, ManagedProcess] = {}
+        self.startup_s: float | None = None
+        self._launched_at = time.monotonic()
+        self.start_slots = start_slots
+        self._starters: list[_SlotStarter] = []
+        self._cancel = threading.Event()
+        self._processes_lock = threading.Lock()
+
+    def commands(self) -> list[str]:
+        from harness.serve.server_spec import render_command
+
+        return [render_command(s, self.features) for s in self.specs]
+
+    def _process(self, spec: ServerSpec) -> ManagedProcess:
+        return ManagedProcess(spec.name, build_argv(spec, self.features),
+                              self.log_dir / f"{self.name}-{spec.name}.log",
+                              env=build_env(spec, self.features), inherit_env=False)
+
+    def launch(self) -> "Deployment":
+        """Start every server (concurrently, each in its own process group); don't wait.
+        With start slots, each server starts from a thread of its own once it holds a slot."""
+        self._launched_at = time.monotonic()
+        if self.start_slots is not None:
+            self._cancel.clear()
+            self._starters = [_SlotStarter(self, spec) for spec in self.specs]
+            for starter in self._starters:
+                starter.thread.start()
+            return self
+        try:
+            for spec in self.specs:
+                self.processes[spec.name] = self._process(spec).start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait(self) -> "Deployment":
+        """Wait until every server answers /health; the first to die (or the deadline) raises
+        ManagedProcessError naming it and its decisive log line. Servers stay up on error."""
+        if self.start_slots is not None:
+            return self._wait_for_starters()
+        pending = list(self.specs)
+        while pending:
+            # poll every server in turn, so the first one to die fails the wait at once
+            for spec in list(pending):
+                remaining = self.startup_timeout_s - (time.monotonic() - self._launched_at)
+                try:
+                    self.processes[spec.name].wait_healthy(
+                        f"{spec.base_url}/health", deadline_s=max(0.5, min(1.0, remaining)),
+                        poll_s=0.25)
+                    pending.remove(spec)
+                except ServerStartTimeout:
+                    if remaining <= 1.0:
+                        raise ServerStartTimeout(spec.name, self.startup_timeout_s,
+                                                 self.processes[spec.name].log_path,
+                                                 self.processes[spec.name].decisive_lines())
+        self.startup_s = time.monotonic() - self._launched_at
+        return self
+
+    def _wait_for_starters(self) -> "Deployment":
+        while True:
+            if self._cancel.is_set():
+                raise RuntimeError(f"{self.name}: stopped while starting")
+            failed = sorted((s for s in self._starters if s.error is not None),
+                            key=lambda s: s.finished_at or 0.0)
+            if failed:
+                raise failed[0].error  # the first server to fail, as without slots
+            if all(s.healthy for s in self._starters):
+                break
+            time.sleep(0.1)
+        self.startup_s = time.monotonic() - self._launched_at
+        return self
+
+    def start(self) -> "Deployment":
+        self.launch()
+        try:
+            return self.wait()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        with self._processes_lock:  # no starter thread starts a server after this point
+            self._cancel.set()
+            procs = list(self.processes.values())
+        for proc in reversed(procs):
+            proc.stop(term_timeout_s=SERVER_TERM_TIMEOUT_S)
+        for starter in self._starters:  # each ends once its server is gone (and frees its slot)
+            starter.thread.join(timeout=SERVER_TERM_TIMEOUT_S + 5)
+        if self.allocator and self.reserved_ports:
+            self.allocator.release(self.reserved_ports)
+            self.reserved_ports = []
+
+    def __enter__(self) -> "Deployment":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def urls(self, role: str) -> list[str]:
+        return [s.base_url for s in self.specs if s.role == role]
+
+    def logs(self) -> dict[str, str]:
+        return {name: str(p.log_path) for name, p in self.processes.items()}
+
+    def rss_bytes(self) -> int:
+        return sum(p.rss_bytes() for p in self.processes.values() if p.is_running())
+
+    def baseline_endpoint(self) -> Endpoint:
+        spec = self.specs[0]
+        return Endpoint("baseline", spec.base_url, spec.served_model_name, (spec.base_url,),
+                        self.logs())
+
+
+class _SlotStarter:
+    """Starts one server of a Deployment once it holds a host-wide start slot, waits for its
+    health (deadline from its own start) and frees the slot: the slot never outlives start-up,
+    whoever calls Deployment.wait() and when, so runs holding slots cannot wait on each other."""
+
+    def __init__(self, deployment: Deployment, spec: ServerSpec) -> None:
+        self.deployment, self.spec = deployment, spec
+        self.healthy = False
+        self.error: BaseException | None = None
+        self.finished_at: float | None = None
+        self.thread = threading.Thread(target=self._run, name=f"start-{deployment.name}-{spec.name}",
+                                       daemon=True)
+
+    def _run(self) -> None:
+        d = self.deployment
+        slot = None
+        try:
+            slot = d.start_slots.acquire(cancelled=d._cancel)
+            if slot is None:
+                return  # the deployment was stopped while waiting
+            with d._processes_lock:
+                if d._cancel.is_set():
+                    return
+                proc = d._process(self.spec)
+                d.processes[self.spec.name] = proc
+                proc.start()
+            proc.wait_healthy(f"{self.spec.base_url}/health", deadline_s=d.startup_timeout_s,
+                              poll_s=0.25)
+            self.healthy = True
+        except Exception as exc:  # noqa: BLE001 - becomes the deployment's start-up error
+            self.error = exc
+        finally:
+            if slot is not None:
+                slot.release()
+            self.finished_at = time.monotonic()
+
+
+class ProxyDeployment:
+    """The harness's P/D router in front of a running pair, for one cell (its own records)."""
+
+    def __init__(self, pair: Deployment, *, port: int, log_dir: Path, fault: str | None,
+                 records_path: Path, startup_timeout_s: float = 60.0,
+                 allocator: PortAllocator | None = None, python: str = sys.executable) -> None:
+        self.pair = pair
+        self.port = port
+        self.records_path = Path(records_path)
+        self.fault = fault
+        self.allocator = allocator
+        argv = [python, "-m", "harness.serve.proxy", "--host", "127.0.0.1", "--port", str(port)]
+        for url in pair.urls("prefill"):
+            argv += ["--prefill", url]
+        for url in pair.urls("decode"):
+            argv += ["--decode", url]
+        if fault:
+            argv += ["--fault", fault]
+        argv += ["--records", str(self.records_path)]
+        self.process = ManagedProcess(f"proxy-{port}", argv, Path(log_dir) / f"proxy-{port}.log")
+        self.startup_timeout_s = startup_timeout_s
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> "ProxyDeployment":
+        try:
+            self.process.start()
+            self.process.wait_healthy(f"{self.base_url}/healthcheck", self.startup_timeout_s)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.stop()
+        if self.allocator:
+            self.allocator.release([self.port])
+
+    def endpoint(self) -> Endpoint:
+        spec = self.pair.specs[0]
+        logs = dict(self.pair.logs())
+        logs["proxy"] = str(self.process.log_path)
+        return Endpoint("pd", self.base_url, spec.served_model_name,
+                        tuple(self.pair.urls("decode")), logs, str(self.records_path))
+
+
+def plan_baseline(cell: Cell, *, model_path: str, hybrid: bool, allocator: PortAllocator,
+                  placement: Placement, log_dir: Path, features: Features,
+                  startup_timeout_s: float, kv_cache_bytes: int | None = None,
+                  start_slots: StartSlots | None = None) -> Deployment:
+    port = allocator.reserve(1, owner=f"baseline:{cell.cell_id}")[0]
+    internal = allocator.reserve_block(INTERNAL_PORT_BLOCK, owner=f"baseline-vllm:{cell.cell_id}")
+    spec = plan_server(cell, "baseline", 0, model_path=model_path, hybrid=hybrid, port=port,
+                       side_channel_port=None, placement=placement, kv_cache_bytes=kv_cache_bytes,
+                       internal_port=internal[0])
+    return Deployment(f"baseline-{cell.baseline_key}", [spec], log_dir=log_dir, features=features,
+                      startup_timeout_s=startup_timeout_s, allocator=allocator,
+                      reserved_ports=[port, *internal], start_slots=start_slots)
+
+
+def plan_pair(cell: Cell, *, model_path: str, hybrid: bool, allocator: PortAllocator,
+              placement: Placement, log_dir: Path, features: Features,
+              startup_timeout_s: float, kv_cache_bytes: int | None = None,
+              start_slots: StartSlots | None = None) -> Deployment:
+    specs, reserved = [], []
+    for role, count, tp in (("prefill", cell.num_prefill, cell.prefill_tp),
+                            ("decode", cell.num_decode, cell.decode_tp)):
+        for index in range(count):
+            port = allocator.reserve(1, owner=f"{role}:{cell.cell_id}")[0]
+            # vLLM offsets the side-channel port by rank for TP > 1: reserve a contiguous block
+            side = allocator.reserve_block(max(tp, 1), owner=f"{role}-nixl:{cell.cell_id}")
+            internal = allocator.reserve_block(INTERNAL_PORT_BLOCK, owner=f"{role}-vllm:{cell.cell_id}")
+            reserved += [port, *side, *internal]
+            specs.append(plan_server(cell, role, index, model_path=model_path, hybrid=hybrid,
+                                     port=port, side_channel_port=side[0], placement=placement,
+                                     kv_cache_bytes=kv_cache_bytes, internal_port=internal[0]))
+    name = "pair-" + "-".join(str(x) for x in (cell.baseline_key, cell.prefill_block_size,
+                                               cell.decode_block_size, cell.prefill_tp,
+                                               cell.decode_tp, cell.fault or "ok"))
+    return Deployment(name, specs, log_dir=log_dir, features=features,
+                      startup_timeout_s=startup_timeout_s, allocator=allocator, reserved_ports=reserved,
+                      start_slots=start_slots)

@@ -1,0 +1,189 @@
+"""ServerSpec → the exact argv and environment of one vLLM OpenAI server.
+
+Pure functions only: nothing here starts a process, so `--dry-run` and the unit tests can show
+every command before anything runs. The vLLM flags that differ between versions are chosen from
+`VllmFeatures` (what the installed package accepts), never from a hard-coded version list.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+ROLES = ("baseline", "prefill", "decode")
+KV_ROLE_FOR = {"prefill": "kv_producer", "decode": "kv_consumer"}
+# Faults that live inside the decode server (harness/serve/plugins/faults.py); the others are proxy faults.
+SERVER_FAULTS = ("corrupt-block", "swap-blocks")
+DEFAULT_CPU_KV_CACHE_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Features:
+    """The subset of what the installed vLLM accepts that command construction needs.
+
+    `harness.vllm_features.detect()` fills this from the installed package; tests build it by
+    hand. Defaults describe vLLM 0.26–0.32."""
+
+    attention_backend_flag: bool = True    # `--attention-backend` (else VLLM_ATTENTION_BACKEND)
+    v2_runner_env: bool = True             # VLLM_USE_V2_MODEL_RUNNER exists
+    kv_roles: tuple[str, ...] = ("kv_producer", "kv_consumer", "kv_both")
+    kv_cache_memory_bytes_flag: bool = True
+
+    @classmethod
+    def detect(cls) -> "Features":
+        """From the installed vLLM (harness.vllm_features.detect, cached per version)."""
+        from harness.serve.vllm_features import detect
+
+        vf = detect()
+        return cls(attention_backend_flag=vf.attention_backend_flag,
+                   v2_runner_env=vf.v2_runner_env,
+                   kv_roles=tuple(vf.kv_roles) or cls().kv_roles)
+
+    def kv_role(self, role: str) -> str:
+        wanted = KV_ROLE_FOR[role]
+        return wanted if wanted in self.kv_roles else "kv_both"
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    role: str                      # baseline | prefill | decode
+    index: int                     # instance number within its role
+    model_path: str
+    served_model_name: str
+    port: int
+    backend: str
+    block_size: int
+    runner: str = "v1"
+    device: str = "cpu"
+    dtype: str = "bfloat16"
+    tp: int = 1
+    max_model_len: int = 4096
+    kv_buffer_device: str = "cpu"
+    side_channel_port: int | None = None      # NIXL handshake port (prefill/decode only)
+    internal_port: int | None = None          # VLLM_PORT: first of the ports vLLM binds inside
+    kv_cache_bytes: int | None = DEFAULT_CPU_KV_CACHE_BYTES
+    cpu_cores: str | None = None               # VLLM_CPU_OMP_THREADS_BIND, e.g. "0" or "0-1"
+    gpu_ids: tuple[int, ...] = ()
+    gpu_memory_utilization: float | None = None
+    hybrid: bool = False
+    seed: int = 0
+    extra_args: tuple[str, ...] = ()
+    extra_env: tuple[tuple[str, str], ...] = ()
+    fault: str | None = None                   # server-side fault (decode only)
+    fault_block: str = "first"
+    python: str = field(default_factory=lambda: sys.executable)
+
+    @property
+    def name(self) -> str:
+        return self.role if self.role == "baseline" else f"{self.role}-{self.index}"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def kv_transfer_config(spec: ServerSpec, features: Features) -> dict | None:
+    if spec.role == "baseline":
+        return None
+    return {
+        "kv_connector": "NixlConnector",
+        "kv_role": features.kv_role(spec.role),
+        "kv_buffer_device": spec.kv_buffer_device,
+    }
+
+
+def build_argv(spec: ServerSpec, features: Features = Features()) -> list[str]:
+    if spec.role not in ROLES:
+        raise ValueError(f"unknown server role {spec.role!r}")
+    argv = [
+        spec.python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", spec.model_path,
+        "--served-model-name", spec.served_model_name,
+        "--host", "127.0.0.1",
+        "--port", str(spec.port),
+        "--dtype", spec.dtype,
+        "--max-model-len", str(spec.max_model_len),
+        "--block-size", str(spec.block_size),
+        "--tensor-parallel-size", str(spec.tp),
+        "--seed", str(spec.seed),
+    ]
+    if features.attention_backend_flag:
+        argv += ["--attention-backend", spec.backend]
+    if spec.kv_cache_bytes and features.kv_cache_memory_bytes_flag:
+        argv += ["--kv-cache-memory-bytes", str(spec.kv_cache_bytes)]
+    if spec.gpu_memory_utilization is not None:
+        argv += ["--gpu-memory-utilization", f"{spec.gpu_memory_utilization:.4f}"]
+    ktc = kv_transfer_config(spec, features)
+    if ktc is not None:
+        argv += ["--kv-transfer-config", json.dumps(ktc, separators=(",", ":"))]
+    argv += list(spec.extra_args)
+    return argv
+
+
+def build_env(spec: ServerSpec, features: Features = Features(),
+              base_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base_env is None else base_env)
+    env.update({
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "PYTHONUNBUFFERED": "1",
+    })
+    if features.v2_runner_env:
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if spec.runner == "v2" else "0"
+    if not features.attention_backend_flag:
+        env["VLLM_ATTENTION_BACKEND"] = spec.backend
+    if spec.role != "baseline":
+        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = "127.0.0.1"
+        if spec.side_channel_port is not None:
+            env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(spec.side_channel_port)
+    if spec.internal_port is not None:
+        # vLLM's torch.distributed rendezvous otherwise probes a free ephemeral port, closes it
+        # and binds it later: servers starting together can pick the same one (on the H200 a
+        # baseline died with "DistNetworkError ... port: 36225 ... EADDRINUSE"). From VLLM_PORT
+        # it counts up from a port the harness reserved for this server alone.
+        env["VLLM_PORT"] = str(spec.internal_port)
+    if spec.device == "cpu":
+        if spec.cpu_cores is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpu_cores
+        if spec.kv_cache_bytes:
+            # also size it the CPU-specific way (GiB, at least 1) in case the flag is ignored
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, spec.kv_cache_bytes // 2**30)))
+    else:
+        if spec.gpu_ids:
+            # gpu_ids index the GPUs this harness may use: a lease or farm job that already set
+            # CUDA_VISIBLE_DEVICES=2,3 makes gpu 0 the physical GPU 2
+            inherited = [g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(
+                inherited[i] if i < len(inherited) else str(i) for i in spec.gpu_ids)
+        # shared H200 hosts: never use NVLink multicast, even if the parent env enables it
+        # (a cell that really wants it says so in extra_env, applied last). Besides NCCL, torch
+        # and NVSHMEM, vLLM >= 0.26 fuses all-reduce + RMSNorm for TP>1 on Hopper through
+        # FlashInfer, whose "auto" backend picks "mnnvl" on one node and calls cuMulticastCreate:
+        # on the 2xH200 (2026-11-29/30) every TP2 Llama server that did so died in start-up
+        # (CUBLAS_STATUS_INTERNAL_ERROR, illegal memory access). "trtllm" is the same fusion
+        # over CUDA IPC buffers, without multicast.
+        env.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                    "NVSHMEM_DISABLE_NVLS": "1", "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm"})
+    if spec.hybrid:
+        env["VLLM_SSM_CONV_STATE_LAYOUT"] = "DS"
+    if spec.fault in SERVER_FAULTS and spec.role == "decode":
+        env["PD_ACCURACY_FAULT"] = spec.fault
+        env["PD_ACCURACY_FAULT_BLOCK"] = spec.fault_block
+    else:
+        env.pop("PD_ACCURACY_FAULT", None)
+    env.update(dict(spec.extra_env))
+    return env
+
+
+def render_command(spec: ServerSpec, features: Features = Features(),
+                   env_keys: Sequence[str] = ("VLLM_", "CUDA_VISIBLE_DEVICES", "PD_ACCURACY_")) -> str:
+    """A copy-pasteable shell line for --dry-run and error messages."""
+    env = build_env(spec, features, base_env={})
+    shown = {k: v for k, v in sorted(env.items()) if k.startswith(tuple(env_keys))}
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items())
+    return (prefix + " " if prefix else "") + shlex.join(build_argv(spec, features))

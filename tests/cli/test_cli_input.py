@@ -1,0 +1,44 @@
+"""Bad input gets ONE clear line and exit code 2 before any server starts."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--model", "tiny-llama-random", "--backend", "FOO"], "unknown attention backend 'FOO'"),
+    (["--model", "/nonexistent/model"], "neither a zoo model, an existing path"),
+    (["--model", "tiny-llama-random", "--block-size", "48"], "multiples of 32"),
+    (["--model", "tiny-llama-random", "--runner", "v2"], "V2"),
+    (["--profile", "no-such-profile"], "unknown profile"),
+    (["--model", "tiny-llama-random", "--block-size", "64:x"], "PREFILL:DECODE"),
+    (["--model", "tiny-llama-random", "--max-starting", "-1"], "--max-starting must be 0"),
+])
+def test_bad_input_is_one_line_before_any_server(args: list[str], expected: str, tmp_path) -> None:
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "harness.cli.main", "run", *args,
+                           "--results-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("pd-accuracy: error: ")
+    assert expected.lower() in lines[0].lower(), lines[0]
+    assert not any(tmp_path.iterdir()), "nothing may be written (no server started)"
+    assert time.monotonic() - started < 120
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["no-such-model"], "is not a zoo model"),
+    (["tiny-llama-gsm", "--limit", "0"], "--limit must be at least 1"),
+])
+def test_zoo_eval_bad_input_is_one_line_before_any_server(args: list[str], expected: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "harness.cli.main", "zoo", "eval", *args],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and expected in lines[0], proc.stderr
+    assert "starting" not in proc.stdout

@@ -1,0 +1,288 @@
+"""Decision rules: each one both ways, on Comparisons built from synthetic runs."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from harness.judge.compare import Comparison, TransferProof, compare
+from harness.eval.lmeval import EvalRun, QuestionRecord, prompt_hash
+from harness.eval.metrics import TransferCounters
+from harness.core.outcomes import ERROR, EXIT_CODES, FAIL, INCONCLUSIVE, PASS, SEVERITY, worst_outcome
+from harness.judge.verdict import Policy, Verdict, decide, error, fail
+
+N = 60   # powered at the default policy (MDE ≈ 0.15 ≤ 0.25)
+
+
+def logprobs(tokens: list[str], values: list[float]) -> dict:
+    return {"tokens": tokens, "token_logprobs": values,
+            "top_logprobs": [{t: v} for t, v in zip(tokens, values)]}
+
+
+def question(doc_id: int, correct: bool = True, generated: str | None = None,
+             lp: dict | None = None) -> QuestionRecord:
+    answer = "42" if correct else "7"
+    return QuestionRecord(doc_id=doc_id, prompt_hash=prompt_hash(f"Q{doc_id}"), target="#### 42",
+                          generated=generated or f"#### {answer}", answer_strict=answer,
+                          answer_flexible=answer, correct=correct, correct_flexible=correct,
+                          logprobs=lp)
+
+
+def run(questions: list[QuestionRecord], role: str) -> EvalRun:
+    n = len(questions)
+    return EvalRun(role=role, base_url="u", task="t", n=n,
+                   accuracy=sum(q.correct for q in questions) / n, accuracy_flexible=0.0,
+                   wall_s=0.0, questions=tuple(questions))
+
+
+def proof(n: int = N, **changes) -> TransferProof:
+    counters = TransferCounters(prompt_tokens_external=120.0 * n, nixl_bytes=1e5 * n,
+                                nixl_transfers=float(n))
+    base = TransferProof(requests=n, requests_with_params=n, requests_own_params=n,
+                         counters=counters, recompute_allowance=0, requests_sent_params=n)
+    counter_changes = changes.pop("counters", {})
+    return dataclasses.replace(base, counters=dataclasses.replace(counters, **counter_changes),
+                               **changes)
+
+
+def comparison(n: int = N, *, pd_wrong: int = 0, transfer: TransferProof | None = None,
+               pd_generated_differ: int = 0, aa: bool = False,
+               base_lp: list[float] | None = None, pd_lp: list[float] | None = None,
+               aa_lp: list[float] | None = None) -> Comparison:
+    toks = ["#", "###", " 42"]
+
+    def lp(values):
+        return None if values is None else logprobs(toks, values)
+
+    base = [question(i, lp=lp(base_lp)) for i in range(n)]
+    pd = [question(i, correct=i >= pd_wrong,
+                   generated=f"other {i} #### 42" if i < pd_generated_differ else None,
+                   lp=lp(pd_lp)) for i in range(n)]
+    base_aa = run([question(i, lp=lp(aa_lp or base_lp)) for i in range(n)], "baseline-aa") if aa else None
+    return compare(run(base, "baseline"), run(pd, "pd"), transfer or proof(n), baseline_aa=base_aa)
+
+
+def check(verdict: Verdict, name: str):
+    return next(c for c in verdict.checks if c.name == name)
+
+
+# ---- PASS -----------------------------------------------------------------------------------
+def test_clean_powered_cell_passes():
+    v = decide(comparison(aa=True, base_lp=[-0.1, -0.2, -0.3], pd_lp=[-0.1, -0.2, -0.3]))
+    assert v.status == PASS and v.outcome == PASS and v.exit_code == 0
+    assert all(c.passed for c in v.checks)
+    assert {c.name for c in v.checks} >= {"kv-arrived-externally", "accuracy", "noise-floor",
+                                          "logprob-divergence", "power"}
+    assert "prompt tokens arrived over NIXL" in v.reason
+
+
+# ---- transfer proof -------------------------------------------------------------------------
+def test_no_external_tokens_means_decode_recomputed():
+    v = decide(comparison(transfer=proof(counters={"prompt_tokens_external": 0.0, "nixl_bytes": 0.0,
+                                                   "prompt_tokens_local": 120.0 * N})))
+    assert v.status == FAIL
+    assert v.reason.startswith("decode recomputed the prompt: no KV crossed")
+    assert not check(v, "kv-arrived-externally").passed
+    assert not check(v, "decode-did-not-recompute").passed
+
+
+def test_local_tokens_within_the_hybrid_allowance_pass_beyond_it_fail():
+    ok = decide(comparison(transfer=proof(recompute_allowance=1,
+                                          counters={"prompt_tokens_local": float(N)})))
+    assert ok.status == PASS
+    bad = decide(comparison(transfer=proof(recompute_allowance=1,
+                                           counters={"prompt_tokens_local": float(N + 1)})))
+    assert bad.status == FAIL
+    assert bad.reason.startswith("decode recomputed the prompt: no KV crossed")
+
+
+def test_dropped_params_fail_as_recompute():
+    # the drop-transfer canary: prefill returned params, the proxy sent decode none
+    p = proof(requests_own_params=0, requests_sent_params=0,
+              counters={"prompt_tokens_external": 0.0, "nixl_bytes": 0.0,
+                        "prompt_tokens_local": 120.0 * N})
+    v = decide(comparison(transfer=p))
+    assert v.status == FAIL
+    assert v.reason.startswith("decode recomputed the prompt: no KV crossed")
+    assert "another request" not in v.reason
+    assert not check(v, "decode-got-params").passed
+    assert check(v, "decode-got-own-params").passed        # nothing foreign was sent
+
+
+def test_foreign_params_fail_as_decode_got_own_params():
+    p = proof(requests_own_params=1)      # KV still arrived, but for the wrong requests
+    v = decide(comparison(transfer=p))
+    assert v.status == FAIL
+    assert "decode-got-own-params" in v.reason
+    assert f"another request's transfer parameters on {N - 1} of {N}" in v.reason
+
+
+def test_unknown_sent_count_treats_missing_own_params_as_foreign():
+    p = proof(requests_own_params=N - 2, requests_sent_params=None)
+    v = decide(comparison(transfer=p))
+    assert v.status == FAIL and "another request's transfer parameters on 2 of" in v.reason
+    assert check(v, "decode-got-params").passed
+
+
+@pytest.mark.parametrize("counter", ["nixl_failed_transfers", "nixl_failed_notifications"])
+def test_failed_transfers_fail(counter):
+    v = decide(comparison(transfer=proof(counters={counter: 1.0})))
+    assert v.status == FAIL and "no-failed-transfers" in v.reason
+
+
+def test_proxy_missing_requests_and_prefill_without_params_fail():
+    v = decide(comparison(transfer=proof(requests=N - 1, requests_with_params=N - 1,
+                                         requests_own_params=N - 1, requests_sent_params=N - 1)))
+    assert v.status == FAIL and "proxy-saw-every-question" in v.reason
+    v = decide(comparison(transfer=proof(requests_with_params=N - 3)))
+    assert v.status == FAIL and "prefill-returned-params" in v.reason
+
+
+def test_transfer_failure_wins_over_accuracy_failure():
+    v = decide(comparison(pd_wrong=20, transfer=proof(counters={"prompt_tokens_external": 0.0})))
+    assert v.reason.startswith("decode recomputed the prompt")
+    assert not check(v, "accuracy").passed      # every check is still computed and recorded
+
+
+# ---- accuracy -------------------------------------------------------------------------------
+def test_significant_accuracy_drop_fails():
+    v = decide(comparison(pd_wrong=8))               # 8 discordant pairs, all against P/D
+    assert v.status == FAIL
+    assert v.reason.startswith("P/D accuracy is lower")
+    assert "doc 0: baseline '42' vs P/D '7'" in v.reason
+    assert not check(v, "accuracy").passed
+
+
+def test_small_accuracy_difference_is_not_significant():
+    v = decide(comparison(pd_wrong=2))               # p = 0.25
+    assert check(v, "accuracy").passed
+    assert v.status == PASS
+
+
+# ---- noise floor ----------------------------------------------------------------------------
+def test_generations_beyond_the_aa_floor_fail():
+    v = decide(comparison(aa=True, pd_generated_differ=15))
+    assert v.status == FAIL
+    assert v.reason.startswith("P/D generations diverge beyond the A/A floor")
+    assert check(v, "accuracy").passed
+
+
+def test_few_differing_generations_stay_within_the_floor():
+    v = decide(comparison(aa=True, pd_generated_differ=1))
+    assert check(v, "noise-floor").passed and v.status == PASS
+
+
+def test_no_aa_run_means_no_floor_check():
+    v = decide(comparison(pd_generated_differ=15))
+    assert all(c.name != "noise-floor" for c in v.checks)
+
+
+# ---- logprobs -------------------------------------------------------------------------------
+def test_logprob_divergence_above_threshold_fails():
+    v = decide(comparison(base_lp=[-0.1, -0.2, -0.3], pd_lp=[-0.6, -0.7, -0.8]))
+    assert v.status == FAIL
+    assert v.reason.startswith("P/D logprobs diverge from the baseline")
+    assert "p95 0.5000" in v.reason
+
+
+def test_logprob_divergence_within_threshold_passes():
+    v = decide(comparison(base_lp=[-0.1, -0.2, -0.3], pd_lp=[-0.15, -0.25, -0.35]))
+    assert check(v, "logprob-divergence").passed and v.status == PASS
+
+
+def test_logprob_threshold_scales_with_the_aa_floor():
+    # A/A itself moves 0.1 nats: 5 × 0.1 = 0.5 allowed, so a 0.3-nat P/D shift is noise
+    kw = dict(aa=True, base_lp=[-0.1, -0.2, -0.3], aa_lp=[-0.2, -0.3, -0.4])
+    assert decide(comparison(pd_lp=[-0.4, -0.5, -0.6], **kw)).status == PASS
+    assert decide(comparison(pd_lp=[-0.7, -0.8, -0.9], **kw)).status == FAIL
+    strict = Policy(logprob_floor_factor=1.0)
+    assert decide(comparison(pd_lp=[-0.4, -0.5, -0.6], **kw), strict).status == FAIL
+
+
+# ---- power ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", [5, 9, 20])
+def test_underpowered_runs_are_inconclusive_never_pass(n):
+    v = decide(comparison(n))
+    assert v.status == INCONCLUSIVE and v.exit_code == 4
+    assert v.reason.startswith(f"underpowered: n={n}")
+    assert not check(v, "power").passed
+
+
+def test_min_questions_alone_makes_a_run_underpowered():
+    v = decide(comparison(N), Policy(min_questions=N + 1))
+    assert v.status == INCONCLUSIVE
+
+
+def test_loose_policy_lets_a_small_run_pass():
+    assert decide(comparison(20), Policy(max_mde=0.5)).status == PASS
+
+
+# ---- expected failures, outcomes, exit codes --------------------------------------------------
+def test_expected_failure_that_fails_is_xfail():
+    v = decide(comparison(pd_wrong=8), expected_failure="upstream bug #1")
+    assert (v.status, v.outcome, v.exit_code) == (FAIL, "XFAIL", 0)
+    assert v.to_dict()["expected_failure"] == "upstream bug #1"
+
+
+def test_expected_failure_that_passes_is_xpass():
+    v = decide(comparison(), expected_failure="upstream bug #1")
+    assert (v.status, v.outcome, v.exit_code) == (PASS, "XPASS", 1)
+
+
+def test_expected_failure_keeps_inconclusive_and_error_maps_to_xfail():
+    assert decide(comparison(5), expected_failure="x").outcome == INCONCLUSIVE
+    assert error("baseline died", expected_failure="x").outcome == "XFAIL"
+    assert error("baseline died").outcome == ERROR and error("b").exit_code == 3
+
+
+def test_fail_helper_and_to_dict():
+    v = fail("P/D pair failed to start", check="pd-startup")
+    d = v.to_dict()
+    assert (d["status"], d["outcome"], d["exit_code"]) == (FAIL, FAIL, 1)
+    assert d["checks"] == [{"name": "pd-startup", "passed": False,
+                            "detail": "P/D pair failed to start"}]
+    assert d["decision_path"] == ["pd-startup"]
+
+
+def test_exit_codes():
+    assert EXIT_CODES == {PASS: 0, FAIL: 1, ERROR: 3, INCONCLUSIVE: 4, "XFAIL": 0, "XPASS": 1}
+
+
+@pytest.mark.parametrize("outcomes,worst", [
+    ([], PASS),
+    ([PASS, "XFAIL"], "XFAIL"),
+    ([PASS, INCONCLUSIVE, "XFAIL"], INCONCLUSIVE),
+    ([INCONCLUSIVE, ERROR], ERROR),
+    ([ERROR, "XPASS"], "XPASS"),
+    (["XPASS", FAIL, PASS], FAIL),
+])
+def test_worst_outcome(outcomes, worst):
+    assert worst_outcome(outcomes) == worst
+    assert set(SEVERITY) == set(EXIT_CODES)
+
+
+# ---- baseline health against the model card -----------------------------------------------------
+def test_baseline_far_below_its_model_card_is_error_before_any_pd_check():
+    from harness.judge.verdict import ReferenceAccuracy
+
+    broken = comparison(transfer=proof(counters={"prompt_tokens_external": 0.0}))
+    # every baseline answer wrong: 0/60 where the card says 100%
+    cmp = dataclasses.replace(broken, baseline_accuracy=0.02)
+    v = decide(cmp, reference=ReferenceAccuracy(1.0, 200, "its model card"))
+    assert v.status == ERROR and v.exit_code == EXIT_CODES[ERROR]
+    assert v.decision_path == ("baseline-health",)
+    assert "the baseline itself is broken" in v.reason and "100.0%" in v.reason
+
+
+def test_baseline_near_its_model_card_passes_the_health_check():
+    from harness.judge.verdict import ReferenceAccuracy
+
+    cmp = dataclasses.replace(comparison(), baseline_accuracy=0.95)   # 57/60 vs card 97.5%
+    v = decide(cmp, reference=ReferenceAccuracy(0.975, 200, "its model card"))
+    assert v.status == PASS
+    assert check(v, "baseline-health").passed
+
+
+def test_no_reference_no_health_check():
+    v = decide(comparison())
+    assert all(c.name != "baseline-health" for c in v.checks)

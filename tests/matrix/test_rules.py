@@ -1,0 +1,198 @@
+"""Every validity rule, from both sides: a cell that passes it and one that trips it."""
+from __future__ import annotations
+
+import pytest
+
+from harness.core.cell import Cell
+from harness.matrix.rules import (
+    RULES,
+    InvalidCellError,
+    ModelCatalog,
+    ModelInfo,
+    check_cell,
+    gpus_needed,
+    normalize_cell,
+    validate_or_die,
+)
+from harness.core.platform import PlatformInfo, VllmFeatures
+
+CATALOG = ModelCatalog({
+    "dense": ModelInfo("dense", kind="dense", num_kv_heads=4, head_dim=32, max_position_embeddings=1024),
+    "granite": ModelInfo("granite", kind="hybrid", ssm="mamba2", family="granite", min_block_size={"cpu": 64}),
+    "gdn": ModelInfo("gdn", kind="hybrid", ssm="gdn", family="qwen3next"),
+})
+CPU = PlatformInfo()
+GPU2 = PlatformInfo.from_spec("cuda:2")
+DS = (("VLLM_SSM_CONV_STATE_LAYOUT", "DS"),)
+NO_PC = ("--no-enable-prefix-caching",)
+
+
+def features(**changes) -> VllmFeatures:
+    base = dict(version="9.9", platform="cuda", attention_backend_flag=True, attention_backend_env=False,
+                v2_runner_env=True, kv_roles=("kv_producer", "kv_consumer", "kv_both"), nixl_available=True,
+                attention_backends=("FLASH_ATTN", "TRITON_ATTN", "FLASHINFER", "CPU_ATTN"))
+    return VllmFeatures(**{**base, **changes})
+
+
+def cpu_cell(**kw) -> Cell:
+    return Cell(**{"model": "dense", "max_model_len": 1024, **kw})
+
+
+def gpu_cell(**kw) -> Cell:
+    return Cell(**{"model": "dense", "device": "cuda", "kv_buffer_device": "cuda", "backend": "FLASH_ATTN",
+                   "max_model_len": 1024, **kw})
+
+
+def blocks(p: int, d: int | None = None) -> dict:
+    return {"prefill_block_size": p, "decode_block_size": p if d is None else d}
+
+
+def hybrid(model: str = "granite", **kw) -> Cell:
+    return cpu_cell(model=model, extra_env=DS, extra_args=NO_PC, **kw)
+
+
+# (rule, passing cell, violating cell, platform) — platform applies to both cells
+CASES = [
+    ("known-runner", cpu_cell(), cpu_cell(runner="v3"), CPU),
+    ("known-backend", cpu_cell(), cpu_cell(backend="XFORMERS"), CPU),
+    ("known-device", cpu_cell(), cpu_cell(device="tpu"), CPU),
+    ("known-kv-buffer-device", cpu_cell(), cpu_cell(kv_buffer_device="disk"), CPU),
+    ("known-fault", cpu_cell(fault="drop-transfer"), cpu_cell(fault="melt-gpu"), CPU),
+    ("known-dtype", cpu_cell(dtype="float16"), cpu_cell(dtype="int3"), CPU),
+    ("positive-sizes", cpu_cell(num_prefill=2), cpu_cell(num_prefill=0), CPU),
+    ("backend-device", cpu_cell(backend="CPU_ATTN"), cpu_cell(backend="FLASH_ATTN"), CPU),
+    ("backend-device", gpu_cell(backend="TRITON_ATTN"), gpu_cell(backend="CPU_ATTN"), GPU2),
+    ("kv-buffer-on-cpu", cpu_cell(kv_buffer_device="cpu"), cpu_cell(kv_buffer_device="cuda"), CPU),
+    ("v2-runner-not-on-cpu", gpu_cell(runner="v2"), cpu_cell(runner="v2"), GPU2),
+    ("cpu-attn-block-multiple-32", cpu_cell(**blocks(96)), cpu_cell(**blocks(48)), CPU),
+    ("flash-attn-block-multiple-16", gpu_cell(**blocks(48)), gpu_cell(**blocks(40)), GPU2),
+    ("triton-attn-block-multiple-16", gpu_cell(backend="TRITON_ATTN", **blocks(16)),
+     gpu_cell(backend="TRITON_ATTN", **blocks(24)), GPU2),
+    ("flashinfer-kernel-block", gpu_cell(backend="FLASHINFER", model="x", **blocks(128)),
+     gpu_cell(backend="FLASHINFER", model="x", **blocks(24)), GPU2),
+    ("flashinfer-logical-block", gpu_cell(backend="FLASHINFER", model="x", **blocks(64)),
+     gpu_cell(backend="FLASHINFER", model="x", **blocks(128)), GPU2),
+    ("heterogeneous-block-divisible", cpu_cell(**blocks(64, 128)), cpu_cell(**blocks(128, 64)), CPU),
+    ("heterogeneous-block-divisible", cpu_cell(**blocks(32, 96)), cpu_cell(**blocks(64, 96)), CPU),
+    ("heterogeneous-block-host-buffer", gpu_cell(**blocks(16, 64)),
+     gpu_cell(kv_buffer_device="cpu", **blocks(16, 64)), GPU2),
+    ("hybrid-conv-state-layout", hybrid(), cpu_cell(model="granite", extra_args=NO_PC,
+                                                    extra_env=(("VLLM_SSM_CONV_STATE_LAYOUT", "SD"),)), CPU),
+    ("hybrid-homogeneous-block", hybrid(**blocks(128)), hybrid(**blocks(64, 128)), CPU),
+    ("hybrid-min-block-size", hybrid(**blocks(64)), hybrid(**blocks(32)), CPU),
+    ("hybrid-tp-multiple", gpu_cell(model="gdn", extra_env=DS, prefill_tp=1, decode_tp=2),
+     gpu_cell(model="gdn", extra_env=DS, prefill_tp=2, decode_tp=3), PlatformInfo.from_spec("cuda:8")),
+    ("granite-hybrid-cpu-prefix-caching", hybrid(), cpu_cell(model="granite", extra_env=DS), CPU),
+    ("tp-divides-kv-heads", gpu_cell(prefill_tp=2, decode_tp=4), gpu_cell(prefill_tp=3), PlatformInfo.from_spec("cuda:8")),
+    ("backend-head-size", cpu_cell(backend="CPU_ATTN"), gpu_cell(backend="FLASHINFER"), GPU2),
+    ("max-model-len", cpu_cell(max_model_len=1024), cpu_cell(max_model_len=2048), CPU),
+    # servers may share GPUs: TP2 pairs fit on 2 GPUs, a TP4 server does not
+    ("gpu-count", gpu_cell(prefill_tp=2, decode_tp=2), gpu_cell(prefill_tp=4, decode_tp=4), GPU2),
+    ("vllm-device", cpu_cell(), gpu_cell(), None),
+    ("vllm-v2-runner", gpu_cell(runner="v1"), gpu_cell(runner="v2"), None),
+    ("vllm-backend", gpu_cell(backend="FLASH_ATTN"), gpu_cell(backend="TRITON_ATTN"), None),
+    ("vllm-nixl", cpu_cell(), cpu_cell(), None),
+]
+
+
+def _platform_for(rule: str, violating: bool, platform: PlatformInfo | None) -> PlatformInfo:
+    """Rules about the installed vLLM need a platform whose features differ per side."""
+    if rule == "vllm-device":
+        return PlatformInfo(device="cuda", gpu_count=2, gpu_memory_bytes=(1, 1), vllm=features(platform="cpu"))
+    if rule == "vllm-v2-runner":
+        return PlatformInfo(device="cuda", gpu_count=2, vllm=features(v2_runner_env=not violating))
+    if rule == "vllm-backend":
+        return PlatformInfo(device="cuda", gpu_count=2, vllm=features(attention_backends=("FLASH_ATTN",)))
+    if rule == "vllm-nixl":
+        return PlatformInfo(vllm=features(platform="cpu", nixl_available=not violating))
+    return platform or GPU2
+
+
+@pytest.mark.parametrize("rule_name,passing,violating,platform", CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_rule_both_sides(rule_name, passing, violating, platform):
+    ok = check_cell(passing, _platform_for(rule_name, False, platform), CATALOG)
+    bad = check_cell(violating, _platform_for(rule_name, True, platform), CATALOG)
+    assert rule_name not in [p.rule for p in ok], ok
+    hits = [p for p in bad if p.rule == rule_name]
+    assert hits, bad
+    expected_kind = next(r.kind for r in RULES if r.name == rule_name)
+    assert hits[0].kind == expected_kind
+    assert hits[0].message and "\n" not in hits[0].message
+
+
+def test_every_rule_has_a_case():
+    assert {r.name for r in RULES} == {c[0] for c in CASES}
+
+
+def test_clean_cells_have_no_problems():
+    assert check_cell(cpu_cell(), CPU, CATALOG) == []
+    assert check_cell(hybrid(), CPU, CATALOG) == []
+    assert check_cell(gpu_cell(model="x", runner="v2"), GPU2, CATALOG) == []
+
+
+def test_messages_carry_the_fix():
+    msg = {p.rule: p.message for p in check_cell(hybrid(**blocks(32)), CPU, CATALOG)}
+    assert "use block_size 64" in msg["hybrid-min-block-size"]
+    msg = {p.rule: p.message for p in check_cell(cpu_cell(model="granite", extra_env=DS, **blocks(64)), CPU, CATALOG)}
+    assert "--no-enable-prefix-caching" in msg["granite-hybrid-cpu-prefix-caching"]
+    assert "IndexError" in msg["granite-hybrid-cpu-prefix-caching"]
+    msg = {p.rule: p.message for p in check_cell(hybrid(**blocks(64, 128)), CPU, CATALOG)}
+    assert "heterogeneous block size unsupported upstream for hybrid models" in msg["hybrid-homogeneous-block"]
+
+
+def test_normalize_adds_ssm_layout_to_hybrids_only():
+    raw = cpu_cell(model="gdn", extra_env=(("A", "1"),))
+    fixed = normalize_cell(raw, CATALOG)
+    assert dict(fixed.extra_env) == {"A": "1", "VLLM_SSM_CONV_STATE_LAYOUT": "DS"}
+    assert normalize_cell(fixed, CATALOG) == fixed
+    assert normalize_cell(cpu_cell(), CATALOG) == cpu_cell()
+    explicit = cpu_cell(model="gdn", extra_env=(("VLLM_SSM_CONV_STATE_LAYOUT", "SD"),))
+    assert normalize_cell(explicit, CATALOG) == explicit  # an explicit choice is left for the rule to reject
+
+
+def test_validate_or_die_one_line_with_id_rule_and_fix():
+    good = cpu_cell()
+    bad = cpu_cell(runner="v2")
+    validate_or_die([good], CPU, CATALOG)
+    with pytest.raises(InvalidCellError) as info:
+        validate_or_die([good, bad], CPU, CATALOG)
+    text = str(info.value)
+    assert "\n" not in text
+    assert bad.cell_id in text and "v2-runner-not-on-cpu" in text and "use runner v1" in text
+    assert info.value.cell_id == bad.cell_id
+
+
+def test_validate_or_die_ignores_xfail_and_notes_but_not_unavailable():
+    validate_or_die([cpu_cell(model="granite", extra_env=DS, **blocks(64))], CPU, CATALOG)  # xfail only
+    with pytest.raises(InvalidCellError, match="gpu-count"):
+        validate_or_die([gpu_cell()], CPU, CATALOG)
+
+
+def test_unknown_model_skips_fact_rules():
+    cell = gpu_cell(model="someone/else", prefill_tp=3, decode_tp=3, backend="FLASHINFER")
+    rules = {p.rule for p in check_cell(cell, PlatformInfo.from_spec("cuda:8"), CATALOG)}
+    assert not rules & {"tp-divides-kv-heads", "backend-head-size", "hybrid-tp-multiple"}
+
+
+def test_block_size_provider_overrides_catalog():
+    catalog = ModelCatalog(dict(CATALOG.models), block_size_provider=lambda m, d: 128 if m == "granite" else None)
+    rules = {p.rule for p in check_cell(hybrid(**blocks(64)), CPU, catalog)}
+    assert "hybrid-min-block-size" in rules
+    assert catalog.min_block_size("gdn", "cpu") is None
+
+
+def test_gpus_needed():
+    assert gpus_needed(cpu_cell(prefill_tp=2))["total"] == 0
+    need = gpus_needed(gpu_cell(prefill_tp=2, decode_tp=1, num_decode=2))
+    assert need == {"prefill": 2, "decode": 2, "baseline": 1, "total": 4, "all_at_once": 5,
+                    "min_shared": 2}
+    assert gpus_needed(gpu_cell(prefill_tp=1, decode_tp=4))["total"] == 5
+
+
+def test_no_platform_means_machine_agnostic():
+    big = gpu_cell(prefill_tp=4, decode_tp=4)
+    assert check_cell(big, None, CATALOG) == []
+    validate_or_die([big], None, CATALOG)
+    with pytest.raises(InvalidCellError, match="v2-runner-not-on-cpu"):
+        validate_or_die([cpu_cell(runner="v2")], None, CATALOG)

@@ -1,0 +1,99 @@
+"""The runner's pure helpers: transfer proof from proxy records, fault lines, versions, hardware."""
+from __future__ import annotations
+
+import json
+
+from harness.eval.metrics import TransferCounters
+from harness.run.runner import (
+    FAULT_LINE, count_fault_lines, hardware, read_proxy_records, transfer_proof, versions,
+)
+
+COUNTERS = TransferCounters(prompt_tokens_external=300.0, nixl_bytes=1e6, nixl_transfers=3.0)
+
+
+def params(i: int) -> dict:
+    """kv_transfer_params as vLLM's NixlConnector returns them from the prefill hop."""
+    return {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [i, i + 1],
+            "remote_engine_id": "engine-prefill-0", "remote_host": "127.0.0.1",
+            "remote_port": 5600, "tp_size": 1}
+
+
+def proxy_record(received: dict | None, sent: dict | None) -> dict:
+    return {"request_id": "x", "prefill_status": 200, "decode_status": 200,
+            "received_kv_transfer_params": received, "sent_kv_transfer_params": sent}
+
+
+def test_clean_pair_every_request_carries_its_own_params():
+    records = [proxy_record(params(i), params(i)) for i in range(3)]
+    proof = transfer_proof(records, COUNTERS, hybrid=False, decode_logs=[])
+    assert (proof.requests, proof.requests_with_params, proof.requests_own_params,
+            proof.requests_sent_params) == (3, 3, 3, 3)
+    assert proof.counters == COUNTERS
+    assert proof.recompute_allowance == 0
+    assert proof.fault_lines == 0
+
+
+def test_foreign_params_are_not_own_params():
+    # foreign-params fault: every request after the first gets its predecessor's params
+    records = [proxy_record(params(0), params(0))] + [
+        proxy_record(params(i), params(i - 1)) for i in range(1, 4)]
+    proof = transfer_proof(records, COUNTERS, hybrid=False, decode_logs=[])
+    assert proof.requests_with_params == 4
+    assert proof.requests_sent_params == 4
+    assert proof.requests_own_params == 1
+
+
+def test_dropped_params_are_neither_sent_nor_own():
+    records = [proxy_record(params(i), None) for i in range(3)]
+    proof = transfer_proof(records, TransferCounters(prompt_tokens_local=300.0),
+                           hybrid=False, decode_logs=[])
+    assert proof.requests_with_params == 3
+    assert proof.requests_sent_params == 0
+    assert proof.requests_own_params == 0
+
+
+def test_missing_or_unusable_params_do_not_count():
+    records = [
+        proxy_record(None, None),                       # prefill returned none
+        proxy_record({}, {}),                           # empty dict
+        proxy_record({"do_remote_prefill": True}, {"do_remote_prefill": True}),  # nothing to read
+        proxy_record({"remote_block_ids": []}, {"remote_block_ids": []}),  # short prompt, no blocks: usable
+    ]
+    proof = transfer_proof(records, COUNTERS, hybrid=True, decode_logs=[])
+    assert proof.requests == 4
+    assert proof.requests_with_params == 1
+    assert proof.requests_own_params == 1
+    assert proof.recompute_allowance == 1          # hybrid models recompute one token by design
+
+
+def test_fault_lines_counted_across_decode_logs(tmp_path):
+    a = tmp_path / "decode-0.log"
+    b = tmp_path / "decode-1.log"
+    a.write_text(f"INFO start\n{FAULT_LINE} corrupt-block req=1\n{FAULT_LINE} corrupt-block req=2\n")
+    b.write_bytes(f"\xff\xfe garbage\n{FAULT_LINE} swap-blocks req=3\n".encode("latin-1"))
+    assert count_fault_lines([str(a), str(b), str(tmp_path / "missing.log")]) == 3
+    proof = transfer_proof([], COUNTERS, hybrid=False, decode_logs=[str(a)])
+    assert proof.fault_lines == 2
+
+
+def test_read_proxy_records_skips_bad_lines(tmp_path):
+    path = tmp_path / "proxy-records.jsonl"
+    good = [proxy_record(params(0), params(0)), proxy_record(None, None)]
+    path.write_text(json.dumps(good[0]) + "\n\n   \n{not json\n" + json.dumps(good[1]) + "\n"
+                    + '{"truncated": ')
+    assert read_proxy_records(str(path)) == good
+
+
+def test_read_proxy_records_of_nothing_is_empty(tmp_path):
+    assert read_proxy_records(None) == []
+    assert read_proxy_records(str(tmp_path / "never-written.jsonl")) == []
+
+
+def test_versions_and_hardware_shapes():
+    v = versions()
+    assert set(v) == {"vllm", "nixl", "lm_eval", "torch", "harness", "python"}
+    assert v["python"].count(".") == 2 and v["harness"]
+    assert v["lm_eval"]          # installed in the venv the tests run in
+    hw = hardware("cpu")
+    assert hw["platform"] == "cpu" and hw["gpus"] == []
+    assert isinstance(hw["cpu_count"], int) and hw["hostname"]

@@ -1,0 +1,51 @@
+"""Planning of deployments (no server starts): which ports each server gets."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.core.cell import Cell
+from harness.serve.deploy import INTERNAL_PORT_BLOCK, Placement, plan_baseline, plan_pair
+from harness.serve.ports import PortAllocator
+from harness.serve.server_spec import Features
+
+
+def _plan(tmp_path: Path, cell: Cell):
+    allocator = PortAllocator(lock_dir=tmp_path / "locks", port_range=(21000, 21400))
+    common = dict(model_path="/models/tiny", hybrid=False, allocator=allocator,
+                  placement=Placement(cpu_cores=(0, 1)), log_dir=tmp_path, features=Features(),
+                  startup_timeout_s=10.0)
+    return allocator, plan_baseline(cell, **common), plan_pair(cell, **common)
+
+
+def test_every_server_gets_its_own_reserved_ports_for_vllm_internals(tmp_path):
+    # the H200 lost a TP1 baseline to another server's torch.distributed port (EADDRINUSE):
+    # each server's VLLM_PORT block is reserved, disjoint from every other port of the run
+    cell = Cell(model="tiny-llama-gsm", backend="FLASH_ATTN", prefill_block_size=128,
+                decode_block_size=128, device="cuda", kv_buffer_device="cuda",
+                prefill_tp=2, decode_tp=1)
+    allocator, baseline, pair = _plan(tmp_path, cell)
+    specs = baseline.specs + pair.specs
+    assert [s.role for s in specs] == ["baseline", "prefill", "decode"]
+    used: list[int] = []
+    for s in specs:
+        assert s.internal_port is not None
+        block = list(range(s.internal_port, s.internal_port + INTERNAL_PORT_BLOCK))
+        assert set(block) <= set(baseline.reserved_ports + pair.reserved_ports)
+        used += block + [s.port]
+        if s.side_channel_port is not None:
+            used += list(range(s.side_channel_port, s.side_channel_port + s.tp))
+    assert len(used) == len(set(used))                      # nothing shared between servers
+    assert set(used) == set(allocator.reservations())      # and all of it held in the registry
+    baseline.stop()
+    pair.stop()                                             # never launched: stop only releases
+    assert allocator.reservations() == {}
+
+
+def test_cpu_binding_gives_each_tp_rank_a_core():
+    two = Placement(cpu_cores=(0, 1))
+    assert two.core_for("baseline", 0) == "0" and two.core_for("decode", 0) == "1"
+    assert two.core_for("prefill", 0, tp=2) == "0|1"       # vLLM CPU: one core list per rank
+    assert two.core_for("decode", 0, tp=2) == "1|0"
+    four = Placement(cpu_cores=(4, 5, 6, 7))
+    assert four.core_for("prefill", 1, tp=2) == "6|7"      # the second TP2 prefill: next cores
+    assert Placement(cpu_cores=()).core_for("prefill", 0, tp=2) is None
