@@ -1,12 +1,12 @@
 """Local farm: run a generated Buildkite pipeline on this machine, step by step.
 
 ``pd-accuracy farm --local --profile smoke`` generates the same pipeline documents that CI
-uploads (harness.pipeline.generate_pipeline) and executes their command steps here, with the
-semantics Buildkite gives them:
+uploads (harness.ci.pipeline.generate_pipeline), reads them into steps (harness.ci.steps) and
+executes those here, with the semantics Buildkite gives them:
 
-* commands are interpolated the way ``buildkite-agent pipeline upload`` does (``$$`` becomes a
-  literal ``$``; ``$VAR``/``${VAR}``/``${VAR:-default}`` are filled from the environment), and
-  then run as one ``bash -e -c`` script, like the agent's default shell;
+* commands are interpolated the way ``buildkite-agent pipeline upload`` does
+  (harness.ci.steps.interpolate), then run as one ``bash -e -c`` script, like the agent's
+  default shell, in a process group of its own (harness.serve.process.ManagedProcess);
 * ``depends_on`` (steps or whole groups) orders the jobs; a step whose dependency failed is not
   run unless it sets ``allow_dependency_failure``;
 * ``parallelism: N`` gives N jobs with ``BUILDKITE_PARALLEL_JOB``/``..._COUNT`` set;
@@ -14,11 +14,14 @@ semantics Buildkite gives them:
 * ``soft_fail`` turns the listed exit statuses into a soft failure (does not fail the farm);
 * ``timeout_in_minutes`` kills the job's process group.
 
+When a job's script exits, whatever it left running in its process group is stopped too, so the
+GPUs it held are free for the next job.
+
 Resources: a job needing G GPUs (``PD_ACCURACY_GPUS`` in its env, else its queue) waits until G
 GPUs are free and gets them as ``CUDA_VISIBLE_DEVICES`` (physical indices from
-harness.serve.gpu_lease's inventory; the run command's own GPU leases then stay inside that set); jobs needing none take one of
-`cpu_slots` (1 by default: a 2-core box runs one CPU cell at a time). A job needing more GPUs
-than the machine has fails at once instead of waiting forever.
+harness.core.platform.detect_gpus; the run command's own GPU leases then stay inside that set);
+jobs needing none take one of `cpu_slots` (1 by default: a 2-core box runs one CPU cell at a
+time). A job needing more GPUs than the machine has fails at once instead of waiting forever.
 
 ``buildkite-agent`` is replaced, on the jobs' PATH, by a small stand-in: ``artifact download``
 and ``artifact upload`` succeed without copying (every job ran in this working tree), and
@@ -28,23 +31,22 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from harness.ci.pipeline import DEFAULT_QUEUES, normalize_queues
+from harness.ci.steps import FarmStep, farm_steps, interpolate
 from harness.core.outcomes import EXIT_ERROR, EXIT_FAIL, EXIT_OK
+from harness.core.platform import detect_gpus
+from harness.serve.process import ManagedProcess
 
-DEFAULT_AUTOMATIC_RETRY_LIMIT = 2   # Buildkite's limit for `automatic: true`
 KILL_GRACE_S = 10.0
+EXIT_POLL_S = 0.05    # how often a running job is checked for having exited
 
 PASSED = "passed"
 SOFT_FAILED = "soft_failed"
@@ -53,164 +55,7 @@ TIMED_OUT = "timed_out"
 NOT_RUN = "not_run"           # a dependency failed
 HARD_FAILURES = (FAILED, TIMED_OUT)
 
-_INTERPOLATION = re.compile(r"\$\$|\$\{(\w+)(?::?-([^}]*))?\}|\$(\w+)")
 
-
-def interpolate(text: str, env: Mapping[str, str] | None = None) -> str:
-    """`text` as ``buildkite-agent pipeline upload`` leaves it: ``$$`` -> ``$``, variables
-    filled from `env` (default: this process's environment)."""
-    env = os.environ if env is None else env
-
-    def sub(match: re.Match[str]) -> str:
-        if match.group(0) == "$$":
-            return "$"
-        name = match.group(1) or match.group(3)
-        value = env.get(name, "")
-        if not value and match.group(2) is not None:
-            return match.group(2)
-        return value
-
-    return _INTERPOLATION.sub(sub, text)
-
-
-# ---- steps ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class RetryRule:
-    exit_statuses: frozenset[int] | None   # None: any exit status ("*")
-    limit: int
-
-    def matches(self, status: int) -> bool:
-        return self.exit_statuses is None or status in self.exit_statuses
-
-
-@dataclass(frozen=True)
-class FarmStep:
-    """One command step of a pipeline, as the farm runs it."""
-
-    key: str
-    label: str
-    commands: tuple[str, ...]
-    env: Mapping[str, str] = field(default_factory=dict)
-    gpus: int = 0
-    parallelism: int = 1
-    depends_on: tuple[str, ...] = ()
-    allow_dependency_failure: bool = False
-    retry: tuple[RetryRule, ...] = ()
-    soft_fail: frozenset[int] | bool = False  # True: any nonzero status
-    timeout_s: float | None = None
-    group_key: str | None = None
-
-    def retry_limit(self, status: int) -> int:
-        for rule in self.retry:
-            if rule.matches(status):
-                return rule.limit
-        return 0
-
-    def is_soft(self, status: int) -> bool:
-        if self.soft_fail is True:
-            return status != 0
-        if not self.soft_fail:
-            return False
-        return "*" in self.soft_fail or status in self.soft_fail  # type: ignore[operator]
-
-
-def _as_list(value: Any) -> list[Any]:
-    if value is None:
-        return []
-    return value if isinstance(value, list) else [value]
-
-
-def _retry_rules(retry: Any) -> tuple[RetryRule, ...]:
-    automatic = (retry or {}).get("automatic") if isinstance(retry, Mapping) else None
-    if automatic in (None, False, "false"):
-        return ()
-    if automatic in (True, "true"):
-        return (RetryRule(None, DEFAULT_AUTOMATIC_RETRY_LIMIT),)
-    rules = []
-    for rule in _as_list(automatic):
-        status = rule.get("exit_status", "*")
-        statuses = None if status == "*" else frozenset(int(s) for s in _as_list(status))
-        rules.append(RetryRule(statuses, int(rule.get("limit", DEFAULT_AUTOMATIC_RETRY_LIMIT))))
-    return tuple(rules)
-
-
-def _soft_fail(value: Any) -> frozenset | bool:
-    if value in (None, False, "false"):
-        return False
-    if value in (True, "true"):
-        return True
-    statuses = set()
-    for entry in _as_list(value):
-        status = entry.get("exit_status", "*") if isinstance(entry, Mapping) else entry
-        statuses.add("*" if status == "*" else int(status))
-    return frozenset(statuses)
-
-
-def _deps(value: Any) -> tuple[str, ...]:
-    return tuple(d if isinstance(d, str) else d["step"] for d in _as_list(value)
-                 if isinstance(d, str) or (isinstance(d, Mapping) and d.get("step")))
-
-
-def _gpus_of(step: Mapping[str, Any], queues: Mapping[int, str]) -> int:
-    env = step.get("env") or {}
-    if "PD_ACCURACY_GPUS" in env:
-        return int(env["PD_ACCURACY_GPUS"])
-    queue = (step.get("agents") or {}).get("queue") if isinstance(step.get("agents"), Mapping) else None
-    by_name = {name: gpus for gpus, name in normalize_queues(queues).items()}
-    return by_name.get(queue, 0)
-
-
-def farm_steps(docs: Iterable[Mapping[str, Any]],
-               queues: Mapping[int, str] | None = None) -> list[FarmStep]:
-    """The command steps of pipeline `docs`, in upload order, with Buildkite semantics resolved.
-
-    Wait, block, input and trigger steps are not supported (the generator never emits them).
-    """
-    queues = queues or DEFAULT_QUEUES
-    out: list[FarmStep] = []
-
-    def add(step: Mapping[str, Any], group: Mapping[str, Any] | None) -> None:
-        if not isinstance(step, Mapping) or not ("command" in step or "commands" in step):
-            raise ValueError(f"farm runs command steps only, got {step!r}")
-        commands = tuple(str(c) for c in _as_list(step.get("commands", step.get("command"))))
-        key = step.get("key") or f"step-{len(out) + 1}"
-        depends = _deps(step.get("depends_on"))
-        allow = step.get("allow_dependency_failure") in (True, "true")
-        if group is not None:
-            depends = _deps(group.get("depends_on")) + depends
-            allow = allow or group.get("allow_dependency_failure") in (True, "true")
-        timeout = step.get("timeout_in_minutes")
-        out.append(FarmStep(
-            key=key,
-            label=str(step.get("label") or key),
-            commands=commands,
-            env={str(k): str(v) for k, v in (step.get("env") or {}).items()},
-            gpus=_gpus_of(step, queues),
-            parallelism=int(step.get("parallelism") or 1),
-            depends_on=depends,
-            allow_dependency_failure=allow,
-            retry=_retry_rules(step.get("retry")),
-            soft_fail=_soft_fail(step.get("soft_fail")),
-            timeout_s=float(timeout) * 60 if timeout else None,
-            group_key=group.get("key") if group is not None else None,
-        ))
-
-    for doc in docs:
-        for step in doc.get("steps", []):
-            if isinstance(step, Mapping) and "group" in step:
-                for child in step.get("steps", []):
-                    add(child, step)
-            else:
-                add(step, None)
-    known = {s.key for s in out} | {s.group_key for s in out if s.group_key}
-    for step in out:
-        unknown = [d for d in step.depends_on if d not in known]
-        if unknown:
-            raise ValueError(f"step {step.key!r} depends on unknown steps: {unknown}")
-    return out
-
-
-# ---- execution --------------------------------------------------------------------------------
 @dataclass
 class JobResult:
     """What one job (a step, or one parallel job of it) ended as."""
@@ -256,33 +101,8 @@ class _Job:
     index: int | None
 
 
-def detect_gpus() -> list[str]:
-    """Indices of the GPUs this machine offers, as CUDA_VISIBLE_DEVICES names them.
-
-    harness.serve.gpu_lease's inventory when it is importable (physical indices, honouring
-    CUDA_VISIBLE_DEVICES), else CUDA_VISIBLE_DEVICES itself, else ``nvidia-smi -L``.
-    """
-    try:
-        from harness.serve.gpu_lease import GpuInventory
-    except ImportError:
-        GpuInventory = None
-    if GpuInventory is not None:
-        return [str(gpu.index) for gpu in GpuInventory.detect().devices]
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return [d.strip() for d in visible.split(",") if d.strip() and d.strip() != "-1"]
-    if shutil.which("nvidia-smi") is None:
-        return []
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [str(i) for i, line in enumerate(l for l in out.stdout.splitlines()
-                                            if l.startswith("GPU "))]
-
-
 _AGENT_SHIM = """#!/bin/sh
-# pd-accuracy farm: local stand-in for buildkite-agent (see harness/farm.py).
+# pd-accuracy farm: local stand-in for buildkite-agent (see harness/ci/farm.py).
 case "$1 $2" in
   "artifact download"|"artifact upload")
     echo "farm: artifacts stay in the working tree ($1 $2 skipped)"; exit 0 ;;
@@ -310,7 +130,7 @@ class Farm:
                  log_dir: str | os.PathLike[str] = "results/farm",
                  env: Mapping[str, str] | None = None, console: Any = None):
         if gpus == "auto":
-            self.gpu_ids = detect_gpus()
+            self.gpu_ids = [str(gpu.index) for gpu in detect_gpus()]
         elif isinstance(gpus, (list, tuple)):
             self.gpu_ids = [str(g) for g in gpus]
         else:
@@ -329,7 +149,7 @@ class Farm:
 
             console = Console(stderr=True)
         self.console = console
-        self._procs: dict[int, subprocess.Popen] = {}
+        self._procs: dict[int, ManagedProcess] = {}
         self._lock = threading.Lock()
 
     # -- public ---------------------------------------------------------------------------------
@@ -416,7 +236,7 @@ class Farm:
         with self._lock:
             procs = list(self._procs.values())
         for proc in procs:
-            _kill_group(proc)
+            proc.stop(term_timeout_s=KILL_GRACE_S)
 
     # -- internals ------------------------------------------------------------------------------
     def _not_run(self, job: _Job, reason: str, state: str = NOT_RUN) -> JobResult:
@@ -464,7 +284,7 @@ class Farm:
             attempt += 1
             self.console.log(f"[cyan]start[/] {name} (attempt {attempt})"
                              + (f" on GPUs {','.join(gpu_ids)}" if gpu_ids else ""))
-            status = self._spawn(script, self._job_env(job, gpu_ids, shim_dir, attempt),
+            status = self._spawn(name, script, self._job_env(job, gpu_ids, shim_dir, attempt),
                                  log_path, step.timeout_s, attempt)
             if status is None:
                 state, status_shown = TIMED_OUT, -1
@@ -488,26 +308,29 @@ class Farm:
         return JobResult(step.key, step.label, job.index, state, status_shown, attempt, duration,
                          log_path)
 
-    def _spawn(self, script: str, env: dict, log_path: Path, timeout_s: float | None,
-               attempt: int) -> int | None:
+    def _spawn(self, name: str, script: str, env: dict, log_path: Path,
+               timeout_s: float | None, attempt: int) -> int | None:
         """Run `script` once; its exit status, or None when it timed out."""
         with open(log_path, "a", encoding="utf-8") as log:
             log.write(f"--- farm: attempt {attempt}\n{script}\n---\n")
-            log.flush()
-            proc = subprocess.Popen(["bash", "-e", "-c", script], cwd=self.workdir, env=env,
-                                    stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        # `env` is the job's whole environment; ManagedProcess would add PYTHONUNBUFFERED to it
+        exact_env: dict[str, str | None] = {"PYTHONUNBUFFERED": None, **env}
+        proc = ManagedProcess(f"farm job {name}", ["bash", "-e", "-c", script], log_path,
+                              env=exact_env, cwd=self.workdir, inherit_env=False)
+        proc.start()
+        with self._lock:
+            self._procs[id(proc)] = proc
+        try:
+            status = _wait_for_exit(proc, timeout_s)
+            if status is None:
+                with open(log_path, "a", encoding="utf-8") as log:
+                    log.write(f"--- farm: timed out after {timeout_s:.0f}s, killing\n")
+            # after a normal exit too: what the script left in its group must not keep the GPUs
+            proc.stop(term_timeout_s=KILL_GRACE_S)
+            return status
+        finally:
             with self._lock:
-                self._procs[proc.pid] = proc
-            try:
-                return proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                log.write(f"--- farm: timed out after {timeout_s:.0f}s, killing\n")
-                _kill_group(proc)
-                return None
-            finally:
-                with self._lock:
-                    self._procs.pop(proc.pid, None)
+                self._procs.pop(id(proc), None)
 
     def _show_tail(self, log_path: Path, lines: int = 20) -> None:
         try:
@@ -530,22 +353,14 @@ class Farm:
         self.console.print(table)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the job's process group, SIGKILL it if it is still there after a grace period."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=KILL_GRACE_S)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+def _wait_for_exit(proc: ManagedProcess, timeout_s: float | None) -> int | None:
+    """`proc`'s exit status once it has exited, or None when `timeout_s` passed first."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while (status := proc.returncode) is None:
+        if deadline is not None and time.monotonic() >= deadline:
+            return None
+        time.sleep(EXIT_POLL_S)
+    return status
 
 
 def run_farm(profile: str, *, matrix_path: str | None = None, parallelism: int = 1,
@@ -558,7 +373,7 @@ def run_farm(profile: str, *, matrix_path: str | None = None, parallelism: int =
     """Expand `profile` for this machine, generate its pipeline and run it here. Returns the
     farm's exit code (FarmResult.exit_code); raises ValueError (harness.matrix.MatrixError)
     when the profile cannot be expanded or holds no cell runnable here."""
-    from harness.matrix import spec as matrix
+    from harness import matrix
     from harness.ci.pipeline import DEFAULT_RESULTS_DIR, generate_pipeline, pipeline_yaml
     from harness.core.platform import PlatformInfo
 
@@ -582,5 +397,4 @@ def run_farm(profile: str, *, matrix_path: str | None = None, parallelism: int =
     return farm.run(steps).exit_code
 
 
-__all__ = ["Farm", "FarmResult", "FarmStep", "JobResult", "RetryRule", "detect_gpus",
-           "farm_steps", "interpolate", "run_farm"]
+__all__ = ["Farm", "FarmResult", "JobResult", "run_farm"]

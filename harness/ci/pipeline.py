@@ -1,4 +1,4 @@
-"""Buildkite pipeline generation, validation and export (vLLM ci-infra ``test_areas`` format).
+"""Buildkite pipeline generation: a matrix expansion as pipeline documents to upload.
 
 One matrix expansion becomes one or more Buildkite pipeline documents:
 
@@ -24,26 +24,23 @@ $$BUILDKITE_PARALLEL_JOB/$$BUILDKITE_PARALLEL_JOB_COUNT`` and the run command pi
 with ``harness.matrix.shard``. ``$$`` is Buildkite's escape for a literal ``$``: the variable is
 then expanded by the job's shell at run time, not by ``buildkite-agent pipeline upload``.
 
-Steps are built with ``buildkite-sdk`` typed models and every document is validated against
-the vendored Buildkite pipeline JSON schema (``harness/ci/schemas/buildkite-pipeline-schema.json``).
+Steps are built with ``buildkite-sdk`` typed models and every document is validated
+(harness.ci.validate) against the vendored Buildkite pipeline JSON schema. The same command steps
+in vLLM ci-infra's ``test_areas`` format come from harness.ci.test_areas.
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 import shlex
 from collections import OrderedDict
 from dataclasses import dataclass
-from functools import lru_cache
-from importlib import resources
 from typing import Any, Iterable, Mapping, Sequence
 
+from harness.ci.validate import MAX_STEPS_PER_UPLOAD, validate_uploads
 from harness.core.cell import Cell
 from harness.core.outcomes import EXIT_ERROR, EXIT_FAIL
 
-
-MAX_STEPS_PER_UPLOAD = 500
 DEFAULT_QUEUES: dict[int, str] = {0: "cpu", 1: "gpu-1", 2: "gpu-2", 4: "gpu-4", 8: "gpu-8"}
 DEFAULT_RESULTS_DIR = "results/runs"
 DEFAULT_JUNIT_DIR = "results/junit"
@@ -55,58 +52,11 @@ ANNOTATE_KEY = "pd-accuracy-annotate"
 RUN_COMMAND = "pd-accuracy"
 PARALLEL_JOB = "$$BUILDKITE_PARALLEL_JOB"
 PARALLEL_JOB_COUNT = "$$BUILDKITE_PARALLEL_JOB_COUNT"
-SCHEMA_RESOURCE = "buildkite-pipeline-schema.json"
-
-# Fields of one step in vLLM's `.buildkite/test_areas/*.yaml`, as read by vllm-project/ci-infra
-# `buildkite/pipeline_generator/step.py` (class Step). Only this subset is ever emitted.
-TEST_AREA_FIELDS = frozenset({
-    "label", "group", "working_dir", "key", "depends_on", "commands", "device", "num_devices",
-    "num_nodes", "source_file_dependencies", "soft_fail", "parallelism",
-    "mount_buildkite_agent", "env", "retry", "optional", "no_plugin", "mirror",
-    "timeout_in_minutes",
-})
-DEFAULT_SOURCE_FILE_DEPENDENCIES = (
-    "vllm/distributed/kv_transfer/",
-    "vllm/v1/attention/",
-    "vllm/v1/worker/",
-    "vllm/v1/core/",
-)
 
 _KEY_CHARS = re.compile(r"[^a-zA-Z0-9_\-]+")
-_KEY_PATTERN = re.compile(r"^[a-zA-Z0-9_\-:${}.,]+$")
-_UUID_PATTERN = re.compile(
-    r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
-
-
-class PipelineValidationError(ValueError):
-    """A generated pipeline document breaks the Buildkite schema or one of our own rules."""
-
-    def __init__(self, problems: Sequence[str]):
-        self.problems = list(problems)
-        shown = "\n  ".join(self.problems[:20])
-        more = f"\n  ... and {len(self.problems) - 20} more" if len(self.problems) > 20 else ""
-        super().__init__(f"invalid Buildkite pipeline:\n  {shown}{more}")
 
 
 # ---- cells -> batches -------------------------------------------------------------------------
-def gpus_needed(cell: Cell) -> int:
-    """GPUs one run of `cell` holds at once (``harness.matrix.gpus_needed(cell)["total"]``).
-
-    Falls back to a local estimate while harness.matrix.spec is not importable: 0 on CPU, otherwise
-    all prefill + decode workers (the baseline runs before or after them, on the same GPUs).
-    """
-    try:
-        from harness.matrix.spec import gpus_needed as matrix_gpus_needed
-    except ImportError:
-        matrix_gpus_needed = None
-    if matrix_gpus_needed is not None:
-        return int(matrix_gpus_needed(cell)["total"])
-    if cell.device != "cuda":
-        return 0
-    pd_gpus = cell.prefill_tp * cell.num_prefill + cell.decode_tp * cell.num_decode
-    return max(pd_gpus, cell.baseline_tp)
-
-
 def queue_for(gpus: int, queues: Mapping[int, str]) -> tuple[int, str]:
     """The smallest configured queue with at least `gpus` GPUs, as (its GPU count, its name)."""
     by_gpus = normalize_queues(queues)
@@ -172,7 +122,7 @@ def plan_batches(cells: Iterable[Cell], queues: Mapping[int, str] = DEFAULT_QUEU
     for cell in cells:
         xfail = cell.expected_failure is not None
         if parallelism > 1:
-            bucket = (queue_for(gpus_needed(cell), queues)[0], xfail)
+            bucket = (queue_for(cell.gpus_needed["total"], queues)[0], xfail)
         else:
             bucket = (cell.baseline_key, xfail)
         buckets.setdefault(bucket, []).append(cell)
@@ -180,7 +130,7 @@ def plan_batches(cells: Iterable[Cell], queues: Mapping[int, str] = DEFAULT_QUEU
     batches = []
     for bucket, members in buckets.items():
         xfail = bucket[1]
-        gpus, queue = queue_for(max(gpus_needed(c) for c in members), queues)
+        gpus, queue = queue_for(max(c.gpus_needed["total"] for c in members), queues)
         suffix = "-xfail" if xfail else ""
         if parallelism > 1:
             groups = len({c.baseline_key for c in members})
@@ -246,7 +196,8 @@ def annotate_commands(results_dir: str, *, annotation_path: str = DEFAULT_ANNOTA
     return commands
 
 
-def _step_timeout(batch: Batch, timeout_minutes: int) -> int:
+def step_timeout(batch: Batch, timeout_minutes: int) -> int:
+    """``timeout_in_minutes`` of `batch`'s step: `timeout_minutes` per cell one of its jobs runs."""
     cells_per_job = len(batch.cells)
     if batch.parallelism > 1:
         largest_group = max(sum(1 for c in batch.cells if c.baseline_key == k)
@@ -296,7 +247,7 @@ def generate_pipeline(cells: Iterable[Cell], *, profile: str,
             agents={"queue": batch.queue},
             env={"PD_ACCURACY_RESULTS_DIR": results_dir, "PD_ACCURACY_PROFILE": profile,
                  "PD_ACCURACY_GPUS": str(batch.gpus), "PYTHONUNBUFFERED": "1"},
-            timeout_in_minutes=_step_timeout(batch, timeout_minutes),
+            timeout_in_minutes=step_timeout(batch, timeout_minutes),
             artifact_paths=[
                 f"{results_dir}/**/*.json",     # result records
                 f"{results_dir}/**/*.jsonl",    # per-question samples, proxy records
@@ -381,170 +332,8 @@ def pipeline_yaml(doc: Mapping[str, Any]) -> str:
     return yaml.safe_dump(dict(doc), sort_keys=False, width=100_000, default_flow_style=False)
 
 
-# ---- validation -------------------------------------------------------------------------------
-@lru_cache(maxsize=1)
-def _schema() -> dict[str, Any]:
-    text = resources.files("harness.ci").joinpath("schemas", SCHEMA_RESOURCE).read_text("utf-8")
-    return json.loads(text)
-
-
-@lru_cache(maxsize=1)
-def _validator():
-    from jsonschema import Draft7Validator
-
-    return Draft7Validator(_schema())
-
-
-def iter_steps(doc_or_steps: Mapping[str, Any] | Sequence[Any]) -> Iterable[Any]:
-    """Every step of a document, groups first then the steps inside them."""
-    steps = doc_or_steps.get("steps", []) if isinstance(doc_or_steps, Mapping) else doc_or_steps
-    for step in steps or []:
-        yield step
-        if isinstance(step, Mapping) and "group" in step:
-            yield from iter_steps(step.get("steps") or [])
-
-
-def count_steps(doc: Mapping[str, Any]) -> int:
-    """Steps Buildkite counts against the per-upload limit (groups and their children)."""
-    return sum(1 for _ in iter_steps(doc))
-
-
-def _commands_of(step: Mapping[str, Any]) -> list[str]:
-    for field in ("commands", "command"):
-        value = step.get(field)
-        if isinstance(value, str):
-            return [value]
-        if isinstance(value, list):
-            return [v for v in value if isinstance(v, str)]
-    return []
-
-
-def _dependencies(step: Mapping[str, Any]) -> list[str]:
-    deps = step.get("depends_on")
-    if deps is None:
-        return []
-    if isinstance(deps, str):
-        return [deps]
-    return [d if isinstance(d, str) else d.get("step") for d in deps
-            if isinstance(d, (str, Mapping))]
-
-
-def validate_pipeline(doc: Mapping[str, Any], *, max_steps: int = MAX_STEPS_PER_UPLOAD) -> None:
-    """Raise PipelineValidationError unless `doc` is one valid Buildkite upload.
-
-    Checks the Buildkite JSON schema, the per-upload step limit, unique keys, and that every
-    command escapes ``$`` as ``$$`` (an unescaped ``$`` would be interpolated by
-    ``buildkite-agent pipeline upload`` instead of by the job's shell).
-    """
-    problems = []
-    for error in sorted(_validator().iter_errors(doc), key=lambda e: list(e.absolute_path)):
-        where = "/".join(str(p) for p in error.absolute_path) or "<root>"
-        problems.append(f"schema: {where}: {error.message[:300]}")
-    if not problems:
-        steps = [s for s in iter_steps(doc) if isinstance(s, Mapping)]
-        if count_steps(doc) > max_steps:
-            problems.append(f"{count_steps(doc)} steps in one upload (limit {max_steps})")
-        keys = [s["key"] for s in steps if "key" in s]
-        for dup in sorted({k for k in keys if keys.count(k) > 1}):
-            problems.append(f"duplicate step key {dup!r}")
-        for step in steps:
-            for command in _commands_of(step):
-                if "$" in command.replace("$$", ""):
-                    problems.append(f"step {step.get('key')!r}: unescaped '$' in {command!r}")
-    if problems:
-        raise PipelineValidationError(problems)
-
-
-def validate_uploads(docs: Sequence[Mapping[str, Any]], *,
-                     max_steps: int = MAX_STEPS_PER_UPLOAD) -> None:
-    """Validate each upload, plus keys unique across uploads and depends_on resolvable
-    (a step may depend on steps of its own or an earlier upload)."""
-    problems = []
-    seen: set[str] = set()
-    for index, doc in enumerate(docs, start=1):
-        try:
-            validate_pipeline(doc, max_steps=max_steps)
-        except PipelineValidationError as exc:
-            problems += [f"upload {index}: {p}" for p in exc.problems]
-            continue
-        steps = [s for s in iter_steps(doc) if isinstance(s, Mapping)]
-        keys = {s["key"] for s in steps if "key" in s}
-        for key in sorted(keys & seen):
-            problems.append(f"upload {index}: key {key!r} already used by an earlier upload")
-        seen |= keys
-        for step in steps:
-            for dep in _dependencies(step):
-                if dep not in seen:
-                    problems.append(f"upload {index}: step {step.get('key')!r} depends on "
-                                    f"unknown step {dep!r}")
-    if problems:
-        raise PipelineValidationError(problems)
-
-
-def is_valid_key(key: str) -> bool:
-    """Whether `key` is accepted by Buildkite as a step key."""
-    return bool(len(key) <= 100 and _KEY_PATTERN.match(key) and not _UUID_PATTERN.match(key))
-
-
-# ---- vLLM ci-infra test_areas export ----------------------------------------------------------
-def export_test_areas(cells: Iterable[Cell], *, profile: str,
-                      queues: Mapping[int, str] | None = None,
-                      results_dir: str = DEFAULT_RESULTS_DIR,
-                      timeout_minutes: int = DEFAULT_TIMEOUT_MINUTES,
-                      parallelism: int = 1,
-                      device: str | None = None,
-                      source_file_dependencies: Sequence[str] = DEFAULT_SOURCE_FILE_DEPENDENCIES,
-                      setup_commands: Sequence[str] = (),
-                      junit_dir: str = DEFAULT_JUNIT_DIR,
-                      matrix_path: str | None = None,
-                      run_args: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """The same command steps as `generate_pipeline`, as vLLM ``.buildkite/test_areas`` steps.
-
-    ci-infra picks the agent from ``device`` and ``num_devices``: CPU steps get
-    ``device: cpu``; GPU steps get ``num_devices`` and, when given, `device` (e.g. ``h200``).
-    `setup_commands` run first in every step (e.g. installing pd-accuracy in the CI image).
-    """
-    queues = normalize_queues(queues or DEFAULT_QUEUES)
-    steps = []
-    for batch in plan_batches(cells, queues, parallelism):
-        step: dict[str, Any] = {
-            "label": f"PD accuracy: {batch.label}",
-            "key": batch.key,
-            "timeout_in_minutes": _step_timeout(batch, timeout_minutes),
-        }
-        if batch.gpus == 0:
-            step["device"] = "cpu"
-        else:
-            step["num_devices"] = batch.gpus
-            if device:
-                step["device"] = device
-        if batch.parallelism > 1:
-            step["parallelism"] = batch.parallelism
-        if batch.expected_failure:
-            step["soft_fail"] = True   # ci-infra's test_areas soft_fail is a plain boolean
-        step["source_file_dependencies"] = list(source_file_dependencies)
-        step["commands"] = list(setup_commands) + [
-            run_command(batch, profile=profile, results_dir=results_dir, junit_dir=junit_dir,
-                        matrix_path=matrix_path, extra_args=run_args)]
-        steps.append(step)
-    return steps
-
-
-def vllm_test_areas_document(steps: Sequence[Mapping[str, Any]], *, group: str = "PD Accuracy",
-                        depends_on: Sequence[str] = ("image-build",)) -> dict[str, Any]:
-    """A whole ``.buildkite/test_areas/<name>.yaml`` document holding `steps`."""
-    doc: dict[str, Any] = {"group": group}
-    if depends_on:
-        doc["depends_on"] = list(depends_on)
-    doc["steps"] = [dict(s) for s in steps]
-    return doc
-
-
 __all__ = [
-    "ANNOTATE_KEY", "Batch", "DEFAULT_QUEUES", "MAX_STEPS_PER_UPLOAD", "PipelineValidationError",
-    "TEST_AREA_FIELDS", "annotate_commands", "count_steps", "export_test_areas",
-    "generate_pipeline", "gpus_needed", "is_valid_key", "iter_steps", "normalize_queues",
-    "pipeline_yaml",
-    "plan_batches", "queue_for", "run_command", "vllm_test_areas_document", "validate_pipeline",
-    "validate_uploads",
+    "ANNOTATE_KEY", "Batch", "DEFAULT_QUEUES", "annotate_commands", "generate_pipeline",
+    "normalize_queues", "pipeline_yaml", "plan_batches", "queue_for",
+    "run_command", "slug", "step_timeout",
 ]

@@ -36,7 +36,7 @@ def _queues(text: str | None) -> dict[int, str] | None:
 def _cells(profile: str, matrix_path: str | None, platform_spec: str) -> list:
     """The cells of `profile` for the target machines (not this one): 'any' applies only the
     matrix's validity rules; a spec like 'cuda:8' also drops what such a machine cannot run."""
-    from harness.matrix import spec as matrix
+    from harness import matrix
     from harness.core.platform import PlatformInfo
 
     platform = None if platform_spec == "any" else PlatformInfo.from_spec(platform_spec)
@@ -54,7 +54,7 @@ def _run_args(args: argparse.Namespace) -> list[str]:
 def cmd_pipeline(args: argparse.Namespace) -> int:
     import yaml
 
-    from harness.ci import pipeline
+    from harness.ci import pipeline, test_areas
 
     try:
         queues = _queues(args.queues)
@@ -65,9 +65,9 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
                                       parallelism=args.parallelism, matrix_path=args.matrix,
                                       run_args=_run_args(args))
         if args.format == "test-areas":
-            steps = pipeline.export_test_areas(cells, device=args.device,
-                                               setup_commands=args.setup or (), **common)
-            texts = [yaml.safe_dump(pipeline.vllm_test_areas_document(steps), sort_keys=False,
+            steps = test_areas.export_test_areas(cells, device=args.device,
+                                                 setup_commands=args.setup or (), **common)
+            texts = [yaml.safe_dump(test_areas.vllm_test_areas_document(steps), sort_keys=False,
                                     width=100_000)]
         else:
             docs = pipeline.generate_pipeline(cells, max_steps=args.max_steps,
@@ -170,8 +170,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the CI sub-commands to the ``pd-accuracy`` parser."""
     from harness.report.history import DEFAULT_HISTORY_PATH
     from harness.ci.pipeline import (DEFAULT_ANNOTATION_PATH, DEFAULT_REPORT_DIR,
-                                  DEFAULT_RESULTS_DIR, DEFAULT_TIMEOUT_MINUTES,
-                                  MAX_STEPS_PER_UPLOAD)
+                                     DEFAULT_RESULTS_DIR, DEFAULT_TIMEOUT_MINUTES)
+    from harness.ci.validate import MAX_STEPS_PER_UPLOAD
 
     p = subparsers.add_parser(
         "pipeline", help="generate the Buildkite pipeline (or vLLM test_areas) for a profile",

@@ -9,22 +9,17 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from harness.matrix.spec import MatrixError, expand, gpus_needed, load_matrix, select, shard
-from harness.matrix.rules import describe_rules
+from harness.matrix import MatrixError, describe_rules, expand, load_matrix, parse_shard, select, shard
 from harness.core.platform import PlatformInfo
 from harness.core.outcomes import EXIT_OK, EXIT_USAGE
 
 
-
-def parse_shard(text: str) -> tuple[int, int]:
-    """"I/N" (0-based index) -> (I, N)."""
+def shard_argument(text: str) -> tuple[int, int]:
+    """argparse type of --shard: matrix.parse_shard, its error as argparse's (usage, exit 2)."""
     try:
-        index, count = (int(part) for part in text.split("/"))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"--shard {text!r}: expected I/N, e.g. 0/4") from exc
-    if count < 1 or not 0 <= index < count:
-        raise argparse.ArgumentTypeError(f"--shard {text!r}: need 0 <= I < N")
-    return index, count
+        return parse_shard(text)
+    except MatrixError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def register(subparsers: Any) -> None:
@@ -39,7 +34,7 @@ def register(subparsers: Any) -> None:
                         "(default: detect this one)")
     p.add_argument("-k", dest="keyword", default=None, help="pytest-style keyword expression on cell ids")
     p.add_argument("--cell", dest="only", action="append", default=None, help="cell id or glob (repeatable)")
-    p.add_argument("--shard", type=parse_shard, default=None, metavar="I/N", help="only shard I of N (0-based)")
+    p.add_argument("--shard", type=shard_argument, default=None, metavar="I/N", help="only shard I of N (0-based)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--rules", action="store_true", help="list the validity rules and exit")
     p.set_defaults(func=run_list)
@@ -79,7 +74,7 @@ def run_list(args: argparse.Namespace) -> int:
         payload = {
             "profile": args.profile,
             "platform": where,
-            "cells": [{**c.to_dict(), "gpus": gpus_needed(c), "baseline_key": c.baseline_key,
+            "cells": [{**c.to_dict(), "gpus": c.gpus_needed, "baseline_key": c.baseline_key,
                        "notes": list(expansion.notes.get(c.cell_id, ()))} for c in cells],
             "excluded": [{"id": x.cell.cell_id, "rule": x.rule, "reason": x.reason}
                          for x in expansion.excluded] if args.show_excluded else [],
@@ -93,7 +88,7 @@ def run_list(args: argparse.Namespace) -> int:
     table.add_column("baseline")
     table.add_column("expected failure / note")
     for cell in cells:
-        need = gpus_needed(cell)
+        need = cell.gpus_needed
         gpus = f"{need['prefill']}+{need['decode']}/{need['baseline']}" if cell.device == "cuda" else "cpu"
         remarks = []
         if cell.expected_failure:

@@ -14,7 +14,7 @@ import logging
 import os
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -105,8 +105,25 @@ class EvalRun:
     def by_doc(self) -> dict[int, QuestionRecord]:
         return {q.doc_id: q for q in self.questions}
 
+    def extended(self, more: "EvalRun") -> "EvalRun":
+        """This run followed by `more` (the next stage's questions on the same endpoint)."""
+        questions = self.questions + tuple(q for q in more.questions
+                                           if q.doc_id not in self.by_doc())
+        n = len(questions)
+        return replace(self, n=n, questions=questions, wall_s=self.wall_s + more.wall_s,
+                       accuracy=sum(q.correct for q in questions) / n if n else 0.0,
+                       accuracy_flexible=sum(q.correct_flexible for q in questions) / n if n else 0.0)
+
+    def first(self, doc_ids: "set[int] | None" = None, n: int | None = None) -> "EvalRun":
+        """The same run restricted to `doc_ids` (or its first `n` questions)."""
+        kept = tuple(q for q in self.questions if doc_ids is None or q.doc_id in doc_ids)[:n]
+        k = len(kept)
+        return replace(self, n=k, questions=kept,
+                       accuracy=sum(q.correct for q in kept) / k if k else 0.0,
+                       accuracy_flexible=sum(q.correct_flexible for q in kept) / k if k else 0.0)
+
     def write_jsonl(self, path: Path) -> Path:
-        from harness.run.record import atomic_write_text
+        from harness.core.atomic import atomic_write_text
 
         lines = [json.dumps(asdict(q), sort_keys=True) for q in self.questions]
         return atomic_write_text(path, "\n".join(lines) + ("\n" if lines else ""))

@@ -11,7 +11,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-from harness.judge import stats
+from harness.judge import logprobs, stats
 from harness.eval.lmeval import EvalRun, QuestionRecord
 from harness.eval.metrics import TransferCounters
 
@@ -87,11 +87,11 @@ def _finite(d: dict[str, Any] | None) -> dict[str, Any] | None:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
 
 
-def _token_logprobs(q: QuestionRecord) -> list[stats.TokenLogprob] | None:
+def _token_logprobs(q: QuestionRecord) -> list[logprobs.TokenLogprob] | None:
     if not q.logprobs:
         return None
     try:
-        return stats.parse_completion_logprobs({"logprobs": q.logprobs})
+        return logprobs.parse_completion_logprobs({"logprobs": q.logprobs})
     except ValueError:
         return None
 
@@ -105,13 +105,13 @@ def pair_runs(a: EvalRun, b: EvalRun) -> tuple[list[tuple[QuestionRecord, Questi
     return pairs, unpaired
 
 
-def divergences(pairs: Sequence[tuple[QuestionRecord, QuestionRecord]]) -> dict[int, stats.Divergence]:
+def divergences(pairs: Sequence[tuple[QuestionRecord, QuestionRecord]]) -> dict[int, logprobs.Divergence]:
     """Logprob divergence per doc id, for the pairs where both sides carry logprobs."""
     out = {}
     for qa, qb in pairs:
         la, lb = _token_logprobs(qa), _token_logprobs(qb)
         if la is not None and lb is not None:
-            out[qa.doc_id] = stats.logprob_divergence(la, lb)
+            out[qa.doc_id] = logprobs.logprob_divergence(la, lb)
     return out
 
 
@@ -123,7 +123,7 @@ def noise_floor(baseline: EvalRun, baseline_aa: EvalRun | None) -> tuple[int, in
     differing = sum(qa.generated != qb.generated for qa, qb in pairs)
     discordant = sum(qa.correct != qb.correct for qa, qb in pairs)
     divs = divergences(pairs)
-    summary = stats.summarize_divergences(list(divs.values())) if divs else None
+    summary = logprobs.summarize_divergences(list(divs.values())) if divs else None
     return differing, len(pairs), (discordant / len(pairs) if pairs else 0.0), summary
 
 
@@ -156,7 +156,7 @@ def compare(
     floor = (stats.disagreement_exceeds_floor(len(differing), n, aa_diff, aa_n, alpha)
              if aa_n else None)
     div_by_doc = divergences(pairs)
-    logprob = stats.summarize_divergences(list(div_by_doc.values())) if div_by_doc else None
+    logprob = logprobs.summarize_divergences(list(div_by_doc.values())) if div_by_doc else None
 
     examples = []
     for qa, qb in differing[:max_examples]:

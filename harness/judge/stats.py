@@ -31,8 +31,8 @@ import dataclasses
 import functools
 import math
 import warnings
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import numpy as np
 from scipy import stats as sps
@@ -40,19 +40,19 @@ from statsmodels.stats.contingency_tables import mcnemar as sm_mcnemar
 from statsmodels.stats.proportion import proportion_confint
 
 __all__ = [
-    "McNemarResult", "DeltaCI", "FloorTest", "TokenLogprob", "Divergence",
+    "McNemarResult", "DeltaCI", "FloorTest",
     "mcnemar_worse", "paired_bootstrap_delta_ci", "mcnemar_power", "minimum_detectable_effect",
-    "required_sample_size", "disagreement_exceeds_floor", "parse_completion_logprobs",
-    "logprob_divergence", "summarize_divergences", "accuracy", "wilson_ci",
+    "required_sample_size", "disagreement_exceeds_floor", "below_reference", "accuracy",
+    "wilson_ci", "plain",
 ]
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """Make dataclass fields JSON-friendly (tuples -> lists, numpy scalars -> Python)."""
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if isinstance(value, np.generic):
         return value.item()
     return value
@@ -81,7 +81,7 @@ class McNemarResult:
         return self.baseline_only + self.pd_only
 
     def to_dict(self) -> dict[str, Any]:
-        out = _plain(dataclasses.asdict(self))
+        out = plain(dataclasses.asdict(self))
         out["n_discordant"] = self.n_discordant
         return out
 
@@ -123,7 +123,7 @@ class DeltaCI:
     seed: int
 
     def to_dict(self) -> dict[str, Any]:
-        return _plain(dataclasses.asdict(self))
+        return plain(dataclasses.asdict(self))
 
 
 def _as_bool_array(values: Sequence[bool], name: str) -> np.ndarray:
@@ -322,7 +322,7 @@ class FloorTest:
         return self.p_value <= self.alpha
 
     def to_dict(self) -> dict[str, Any]:
-        out = _plain(dataclasses.asdict(self))
+        out = plain(dataclasses.asdict(self))
         out["exceeds"] = self.exceeds
         return out
 
@@ -361,174 +361,7 @@ def below_reference(correct: int, n: int, reference: float, tolerance: float) ->
 
 
 # ---------------------------------------------------------------------------------------------
-# 5. Logprob divergence between baseline and P/D generations
-# ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class TokenLogprob:
-    """One generated token: its text, its logprob, and the top alternatives' logprobs."""
-
-    token: str
-    logprob: float                       # NaN when the server returned null
-    top: dict[str, float] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"token": self.token, "logprob": self.logprob, "top": dict(self.top)}
-
-
-def parse_completion_logprobs(choice: Mapping[str, Any]) -> list[TokenLogprob]:
-    """Per-token logprobs of one OpenAI ``/v1/completions`` choice.
-
-    ``choice["logprobs"]`` holds parallel lists ``tokens``, ``token_logprobs`` and
-    ``top_logprobs`` (a list of dicts, or None when top logprobs were not requested; single
-    entries may also be None). A null logprob (e.g. the first prompt token with ``echo``) becomes
-    NaN. Raises ValueError when the choice carries no logprobs, so that a request sent without
-    ``logprobs=`` cannot pass as "two identical empty sequences".
-    """
-    logprobs = choice.get("logprobs")
-    if not logprobs:
-        raise ValueError("completion choice has no 'logprobs' (request with logprobs=K)")
-    tokens = list(logprobs.get("tokens") or [])
-    token_logprobs = list(logprobs.get("token_logprobs") or [])
-    top_logprobs = logprobs.get("top_logprobs")
-    if top_logprobs is None:
-        top_logprobs = [None] * len(tokens)
-    if not len(tokens) == len(token_logprobs) == len(top_logprobs):
-        raise ValueError(
-            f"logprobs lists differ in length: tokens={len(tokens)}, "
-            f"token_logprobs={len(token_logprobs)}, top_logprobs={len(top_logprobs)}")
-    return [
-        TokenLogprob(
-            token=str(token),
-            logprob=math.nan if logprob is None else float(logprob),
-            top={str(k): float(v) for k, v in (top or {}).items()},
-        )
-        for token, logprob, top in zip(tokens, token_logprobs, top_logprobs)
-    ]
-
-
-@dataclass(frozen=True)
-class Divergence:
-    """Where and how much one P/D generation departs from its baseline generation."""
-
-    n_base_tokens: int
-    n_pd_tokens: int
-    first_divergent_index: int | None    # None: same tokens and same length
-    n_aligned: int                       # positions before the divergence (same prefix, same token)
-    abs_delta_median: float              # |logprob_pd - logprob_base| of the chosen token,
-    abs_delta_p95: float                 #   over aligned positions with finite logprobs;
-    abs_delta_max: float                 #   zeros when there are none
-    mean_top_overlap: float | None       # mean |top_b ∩ top_pd| / max(|top_b|, |top_pd|)
-    base_token_at_divergence: str | None  # None when no divergence or the sequence ended there
-    pd_token_at_divergence: str | None
-    base_logprob_at_divergence: float | None
-    pd_logprob_at_divergence: float | None
-    abs_deltas: tuple[float, ...] = ()   # the per-position values, kept for pooling
-
-    @property
-    def diverged(self) -> bool:
-        return self.first_divergent_index is not None
-
-    def to_dict(self, include_abs_deltas: bool = False) -> dict[str, Any]:
-        out = _plain(dataclasses.asdict(self))
-        if not include_abs_deltas:
-            out.pop("abs_deltas")
-        out["diverged"] = self.diverged
-        return out
-
-
-def _top_k(top: Mapping[str, float], top_k: int | None) -> set[str]:
-    if top_k is None or len(top) <= top_k:
-        return set(top)
-    return set(sorted(top, key=lambda tok: top[tok], reverse=True)[:top_k])
-
-
-def _overlap(top_base: Mapping[str, float], top_pd: Mapping[str, float],
-             top_k: int | None) -> float:
-    set_base, set_pd = _top_k(top_base, top_k), _top_k(top_pd, top_k)
-    if not set_base and not set_pd:
-        return 1.0
-    return len(set_base & set_pd) / max(len(set_base), len(set_pd))
-
-
-def logprob_divergence(base: Sequence[TokenLogprob], pd: Sequence[TokenLogprob],
-                       top_k: int | None = None) -> Divergence:
-    """Compare one baseline generation with the P/D generation of the same prompt.
-
-    The first divergent index is the first position whose tokens differ, or the length of the
-    shorter sequence when one is a strict prefix of the other. Chosen-token |Δ logprob| is taken
-    over the aligned positions (before the divergence), skipping positions where either logprob
-    is not finite. Top-k overlap is averaged over every position that shares its prefix, i.e.
-    the aligned positions plus the divergence position itself when both sequences have a token
-    there: the two distributions there are still conditioned on the same context, and a
-    collapsed overlap at that point is evidence of what caused the split. It is None when there
-    is no such position (an empty sequence).
-    """
-    common = min(len(base), len(pd))
-    first = next((i for i in range(common) if base[i].token != pd[i].token), None)
-    if first is None and len(base) != len(pd):
-        first = common
-    n_aligned = common if first is None else first
-
-    deltas = np.array([abs(pd[i].logprob - base[i].logprob) for i in range(n_aligned)],
-                      dtype=float)
-    deltas = deltas[np.isfinite(deltas)]
-    if deltas.size:
-        median, p95 = (float(v) for v in np.percentile(deltas, [50, 95]))
-        maximum = float(deltas.max())
-    else:
-        median = p95 = maximum = 0.0
-
-    same_context = n_aligned + (1 if first is not None and first < common else 0)
-    overlaps = [_overlap(base[i].top, pd[i].top, top_k) for i in range(same_context)]
-    mean_overlap = float(np.mean(overlaps)) if overlaps else None
-
-    def at(seq: Sequence[TokenLogprob], attr: str) -> Any:
-        if first is None or first >= len(seq):
-            return None
-        return getattr(seq[first], attr)
-
-    return Divergence(
-        n_base_tokens=len(base), n_pd_tokens=len(pd),
-        first_divergent_index=first, n_aligned=n_aligned,
-        abs_delta_median=median, abs_delta_p95=p95, abs_delta_max=maximum,
-        mean_top_overlap=mean_overlap,
-        base_token_at_divergence=at(base, "token"), pd_token_at_divergence=at(pd, "token"),
-        base_logprob_at_divergence=at(base, "logprob"), pd_logprob_at_divergence=at(pd, "logprob"),
-        abs_deltas=tuple(float(v) for v in deltas),
-    )
-
-
-def summarize_divergences(divergences: Sequence[Divergence]) -> dict[str, Any]:
-    """Pool per-question divergences into the record's ``metrics.logprob`` summary.
-
-    |Δ logprob| values are pooled over all aligned tokens of all questions (median, p95, p99,
-    max; zeros when there are none); ``mean_top_overlap`` averages the per-question means that
-    exist (None when none does).
-    """
-    pooled = np.array([v for d in divergences for v in d.abs_deltas], dtype=float)
-    if pooled.size:
-        median, p95, p99 = (float(v) for v in np.percentile(pooled, [50, 95, 99]))
-        maximum = float(pooled.max())
-    else:
-        median = p95 = p99 = maximum = 0.0
-    n_questions = len(divergences)
-    n_diverging = sum(1 for d in divergences if d.diverged)
-    overlaps = [d.mean_top_overlap for d in divergences if d.mean_top_overlap is not None]
-    return {
-        "n_questions": n_questions,
-        "n_diverging": n_diverging,
-        "fraction_diverging": n_diverging / n_questions if n_questions else 0.0,
-        "n_aligned_tokens": int(pooled.size),
-        "abs_delta_median": median,
-        "abs_delta_p95": p95,
-        "abs_delta_p99": p99,
-        "abs_delta_max": maximum,
-        "mean_top_overlap": float(np.mean(overlaps)) if overlaps else None,
-    }
-
-
-# ---------------------------------------------------------------------------------------------
-# 6. Accuracy and its Wilson interval
+# 5. Accuracy and its Wilson interval
 # ---------------------------------------------------------------------------------------------
 def accuracy(correct: Sequence[bool]) -> float:
     """Fraction of questions answered correctly; ValueError on an empty sequence."""

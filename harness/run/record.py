@@ -48,40 +48,16 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
+
+from harness.core.atomic import atomic_write_json
 
 SCHEMA_VERSION = 1
 RECORD_KEYS = (
     "schema_version", "run_id", "created_at", "cell", "versions", "hardware", "options",
     "metrics", "verdict", "timings", "artifacts",
 )
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Write `text` to `path` so readers see either the old file or the whole new one."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp makes 0600; records are meant to be read by CI and people
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return target
-
-
-def atomic_write_json(path: str | os.PathLike[str], data: Any) -> Path:
-    return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def validate_record(record: Mapping[str, Any]) -> None:

@@ -39,7 +39,8 @@ def measure(name: str, *, limit: int = 200, startup_timeout_s: float = 600.0,
     from harness.eval.lmeval import evaluate_endpoint
     from harness.serve.models import resolve
     from harness.serve.ports import PortAllocator
-    from harness.run.runner import default_data_dir, versions
+    from harness.run.provenance import versions
+    from harness.eval.task_choice import default_data_dir
     from harness.serve.server_spec import Features
     from harness.zoo import card
 

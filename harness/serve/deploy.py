@@ -22,7 +22,7 @@ from typing import Sequence
 from harness.core.cell import Cell
 from harness.serve.ports import PortAllocator
 from harness.serve.process import ManagedProcess, ManagedProcessError, ServerStartTimeout
-from harness.serve.server_spec import SERVER_FAULTS, Features, ServerSpec, build_argv, build_env
+from harness.serve.server_spec import FAULTS_BY_REQUEST, Features, ServerSpec, build_argv, build_env
 from harness.serve.start_slots import StartSlots
 
 # Size of the CPU KV cache per server: tiny models need little; never let one server take all RAM.
@@ -84,7 +84,9 @@ class Placement:
 def plan_server(cell: Cell, role: str, index: int, *, model_path: str, hybrid: bool,
                 port: int, side_channel_port: int | None, placement: Placement,
                 kv_cache_bytes: int | None = None, internal_port: int | None = None,
-                python: str = sys.executable) -> ServerSpec:
+                python: str = sys.executable, arm_faults: bool = False) -> ServerSpec:
+    """The server of `role` for `cell`. `arm_faults`: a decode server that breaks the KV of the
+    requests whose id names a fault (canaries sharing this pair), and of no other request."""
     block = {"baseline": cell.baseline_block_size, "prefill": cell.prefill_block_size,
              "decode": cell.decode_block_size}[role]
     tp = {"baseline": cell.baseline_tp, "prefill": cell.prefill_tp, "decode": cell.decode_tp}[role]
@@ -92,7 +94,7 @@ def plan_server(cell: Cell, role: str, index: int, *, model_path: str, hybrid: b
     return ServerSpec(
         role=role, index=index, model_path=model_path, served_model_name=cell.model_short,
         port=port, backend=cell.backend, block_size=block, runner=cell.runner, device=cell.device,
-        dtype=cell.dtype, tp=tp, max_model_len=cell.max_model_len,
+        dtype=cell.dtype, tp=tp, max_model_len=cell.max_model_len, compile=cell.compile,
         kv_buffer_device=cell.kv_buffer_device, side_channel_port=side_channel_port,
         internal_port=internal_port, kv_cache_bytes=kv_cache_bytes or DEFAULT_KV_CACHE_BYTES,
         cpu_cores=None if on_gpu else placement.core_for(role, index, tp),
@@ -100,17 +102,17 @@ def plan_server(cell: Cell, role: str, index: int, *, model_path: str, hybrid: b
         gpu_memory_utilization=GPU_SHARED_UTILIZATION if on_gpu else None,
         hybrid=hybrid,
         extra_args=cell.extra_args, extra_env=cell.extra_env,
-        fault=cell.fault if (role == "decode" and cell.fault in SERVER_FAULTS) else None,
+        fault=FAULTS_BY_REQUEST if (role == "decode" and arm_faults) else None,
         python=python,
     )
 
 
 def pair_key(cell: Cell) -> tuple:
-    """Cells with equal pair_key can share one running P/D pair (they differ in proxy only)."""
-    server_fault = cell.fault if cell.fault in SERVER_FAULTS else None
+    """Cells with equal pair_key can share one running P/D pair: canaries share their clean
+    cell's pair (proxy faults act in the proxy, server faults arrive with each request)."""
     return (cell.baseline_key, cell.runner, cell.prefill_block_size, cell.decode_block_size,
             cell.prefill_tp, cell.decode_tp, cell.num_prefill, cell.num_decode,
-            cell.kv_buffer_device, server_fault, cell.fault_env if server_fault else ())
+            cell.kv_buffer_device)
 
 
 class Deployment:
@@ -283,7 +285,8 @@ class ProxyDeployment:
 
     def __init__(self, pair: Deployment, *, port: int, log_dir: Path, fault: str | None,
                  records_path: Path, startup_timeout_s: float = 60.0,
-                 allocator: PortAllocator | None = None, python: str = sys.executable) -> None:
+                 allocator: PortAllocator | None = None, python: str = sys.executable,
+                 request_tag: str = "", cache_salt: str | None = None) -> None:
         self.pair = pair
         self.port = port
         self.records_path = Path(records_path)
@@ -296,6 +299,10 @@ class ProxyDeployment:
             argv += ["--decode", url]
         if fault:
             argv += ["--fault", fault]
+        if request_tag:
+            argv += ["--request-tag", request_tag]
+        if cache_salt:
+            argv += ["--cache-salt", cache_salt]
         argv += ["--records", str(self.records_path)]
         self.process = ManagedProcess(f"proxy-{port}", argv, Path(log_dir) / f"proxy-{port}.log")
         self.startup_timeout_s = startup_timeout_s
@@ -343,7 +350,7 @@ def plan_baseline(cell: Cell, *, model_path: str, hybrid: bool, allocator: PortA
 def plan_pair(cell: Cell, *, model_path: str, hybrid: bool, allocator: PortAllocator,
               placement: Placement, log_dir: Path, features: Features,
               startup_timeout_s: float, kv_cache_bytes: int | None = None,
-              start_slots: StartSlots | None = None) -> Deployment:
+              start_slots: StartSlots | None = None, arm_faults: bool = False) -> Deployment:
     specs, reserved = [], []
     for role, count, tp in (("prefill", cell.num_prefill, cell.prefill_tp),
                             ("decode", cell.num_decode, cell.decode_tp)):
@@ -355,10 +362,11 @@ def plan_pair(cell: Cell, *, model_path: str, hybrid: bool, allocator: PortAlloc
             reserved += [port, *side, *internal]
             specs.append(plan_server(cell, role, index, model_path=model_path, hybrid=hybrid,
                                      port=port, side_channel_port=side[0], placement=placement,
-                                     kv_cache_bytes=kv_cache_bytes, internal_port=internal[0]))
+                                     kv_cache_bytes=kv_cache_bytes, internal_port=internal[0],
+                                     arm_faults=arm_faults))
     name = "pair-" + "-".join(str(x) for x in (cell.baseline_key, cell.prefill_block_size,
                                                cell.decode_block_size, cell.prefill_tp,
-                                               cell.decode_tp, cell.fault or "ok"))
+                                               cell.decode_tp, "armed" if arm_faults else "ok"))
     return Deployment(name, specs, log_dir=log_dir, features=features,
                       startup_timeout_s=startup_timeout_s, allocator=allocator, reserved_ports=reserved,
                       start_slots=start_slots)

@@ -8,9 +8,9 @@ each other still never double-book a GPU:
   within the GPU's memory × `safety_fraction`; a shared lease never lands on an exclusively held
   GPU and vice versa.
 
-A lease whose process died (pid gone, or reused by a newer process) is reclaimed by the next
-caller, so a crashed worker cannot wedge the farm. Waiting is blocking with a timeout; a request
-no inventory could ever satisfy fails at once.
+A lease whose process died (pid gone, or reused by a newer process; ``liveness.owner_alive``)
+is reclaimed by the next caller, so a crashed worker cannot wedge the farm. Waiting is blocking
+with a timeout; a request no inventory could ever satisfy fails at once.
 
 `server_gpu_settings` turns a lease into the server's env/args: CUDA_VISIBLE_DEVICES, and for
 budgeted leases both `--gpu-memory-utilization` (vLLM's start-up check compares free memory
@@ -24,17 +24,17 @@ import json
 import math
 import os
 import random
-import socket
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-import psutil
 from filelock import FileLock
 
+from harness.core.atomic import atomic_write_text
 from harness.core.platform import detect_gpus
+from harness.serve.liveness import owner_alive, process_create_time, this_host
 
 DEFAULT_LOCK_DIR = Path(os.environ.get("PD_ACCURACY_LOCK_DIR", "/tmp/pd-accuracy-locks"))
 DEFAULT_SAFETY_FRACTION = 0.9
@@ -106,28 +106,6 @@ class Lease:
         return ",".join(str(i) for i in self.devices)
 
 
-def _process_started(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).create_time()
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return None
-
-
-def _lease_alive(lease: Lease, host: str) -> bool:
-    if lease.host and lease.host != host:
-        return True  # another host's process on a shared lock dir: cannot tell, keep it
-    try:
-        proc = psutil.Process(lease.pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        # same pid but a different start time: the owner died and the pid was reused
-        return abs(proc.create_time() - lease.pid_started) < 1e-3
-    except psutil.NoSuchProcess:   # includes ZombieProcess
-        return False
-    except psutil.AccessDenied:
-        return True
-
-
 @dataclass
 class GpuLeaser:
     """Cross-process GPU lease manager backed by `lock_dir/gpu-leases.{lock,json}`."""
@@ -137,7 +115,7 @@ class GpuLeaser:
     safety_fraction: float = DEFAULT_SAFETY_FRACTION
     poll_interval_s: float = 0.05
     default_timeout_s: float = 3600.0
-    _host: str = field(default_factory=socket.gethostname, repr=False)
+    _host: str = field(default_factory=this_host, repr=False)
 
     def __post_init__(self) -> None:
         self.lock_dir = Path(self.lock_dir)
@@ -156,13 +134,12 @@ class GpuLeaser:
         return [Lease(**{**row, "devices": tuple(row["devices"])}) for row in rows]
 
     def _write(self, leases: list[Lease]) -> None:
-        tmp = self._state_path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"leases": [asdict(l) for l in leases]}, indent=1))
-        os.replace(tmp, self._state_path)
+        payload = {"leases": [asdict(lease) for lease in leases]}
+        atomic_write_text(self._state_path, json.dumps(payload, indent=1))
 
     def _live(self) -> list[Lease]:
         leases = self._read()
-        alive = [l for l in leases if _lease_alive(l, self._host)]
+        alive = [l for l in leases if owner_alive(l.pid, l.pid_started, l.host)]
         if len(alive) != len(leases):
             self._write(alive)
         return alive
@@ -218,7 +195,7 @@ class GpuLeaser:
             lease = Lease(
                 lease_id=uuid.uuid4().hex[:12], devices=devices, exclusive=exclusive,
                 memory_bytes=memory_bytes, owner=owner, pid=pid,
-                pid_started=_process_started(pid) or 0.0, host=self._host, since=time.time(),
+                pid_started=process_create_time(pid) or 0.0, host=self._host, since=time.time(),
             )
             self._write(leases + [lease])
             return lease

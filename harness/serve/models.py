@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.core.reference import ReferenceAccuracy
+
 HYBRID_ARCHITECTURES = {
     "GraniteMoeHybridForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM",
     "Qwen3_5ForConditionalGeneration", "NemotronHForCausalLM", "FalconH1ForCausalLM",
@@ -28,14 +30,10 @@ class ResolvedModel:
 
 
 def _zoo_path(name: str) -> str | None:
-    from harness.zoo import random_llama
+    from harness.zoo import random_llama, registry
 
     if name == random_llama.NAME:
         return str(random_llama.build())
-    try:
-        from harness.zoo import registry  # the trained zoo (may not be importable in old trees)
-    except ImportError:
-        return None
     if name in registry.zoo_names():
         return str(registry.resolve_model(name))
     return None
@@ -65,7 +63,6 @@ def resolve(name: str) -> ResolvedModel:
 
 def reference_accuracy(model: ResolvedModel, task: str):
     """The model's accuracy on `task` as its zoo card measured it (eval_vllm.json), or None."""
-    from harness.judge.verdict import ReferenceAccuracy
     from harness.zoo.card import VLLM_EVAL_JSON
 
     if not model.local:

@@ -4,11 +4,11 @@ not between concurrent harness runs on one machine.
 A port is handed out only if (a) no live process holds it in the shared registry and (b) it can
 be bound right now (``port_for.port_is_used``: connect + bind on 127.0.0.1 and 0.0.0.0). The
 registry is a JSON file in ``lock_dir`` guarded by a ``filelock.FileLock``; it maps
-port -> {pid, create_time, owner, time}. A reservation whose process is gone (or whose PID now
-belongs to another process: the create_time differs) is reclaimed by the next caller, so a
-SIGKILLed harness leaks nothing for long. Ports in the kernel's ephemeral range are never
-handed out: the kernel may give them to any outgoing connection between our check and the
-server's bind.
+port -> {pid, create_time, host, owner, time}. A reservation whose process is gone (or whose PID
+now belongs to another process: the create_time differs; ``liveness.owner_alive``) is reclaimed
+by the next caller, so a SIGKILLed harness leaks nothing for long. Ports in the kernel's
+ephemeral range are never handed out: the kernel may give them to any outgoing connection
+between our check and the server's bind.
 """
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ from typing import Any
 import filelock
 import port_for
 import port_for.ephemeral
-import psutil
+
+from harness.core.atomic import atomic_write_text
+from harness.serve.liveness import owner_alive, process_create_time, this_host
 
 LOG = logging.getLogger(__name__)
 
@@ -52,23 +54,8 @@ def default_lock_dir() -> Path:
     return Path(tempfile.gettempdir()) / "pd-accuracy-ports"
 
 
-def _process_create_time(pid: int) -> float | None:
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return proc.create_time()
-    except psutil.Error:
-        return None
-
-
 def _holder_alive(entry: dict[str, Any]) -> bool:
-    create_time = _process_create_time(int(entry.get("pid", -1)))
-    if create_time is None:
-        return False
-    recorded = entry.get("create_time")
-    # A different create_time means the PID was reused by an unrelated process.
-    return recorded is None or abs(create_time - float(recorded)) < 0.5
+    return owner_alive(int(entry.get("pid", -1)), entry.get("create_time"), entry.get("host"))
 
 
 class PortAllocator:
@@ -92,7 +79,8 @@ class PortAllocator:
         self._thread_lock = threading.Lock()
         self._mine: set[int] = set()
         self._pid = os.getpid()
-        self._create_time = _process_create_time(self._pid)
+        self._create_time = process_create_time(self._pid)
+        self._host = this_host()
         self._atexit_registered = False
         self.candidates = self._candidate_ports()
 
@@ -123,16 +111,14 @@ class PortAllocator:
 
     def _save(self, registry: dict[int, dict[str, Any]]) -> None:
         payload = {"ports": {str(port): registry[port] for port in sorted(registry)}}
-        tmp_path = self.registry_path.with_name(f"{_REGISTRY_NAME}.{os.getpid()}.tmp")
-        tmp_path.write_text(json.dumps(payload, indent=1), encoding="utf-8")
-        os.replace(tmp_path, self.registry_path)
+        atomic_write_text(self.registry_path, json.dumps(payload, indent=1))
 
     def _load_live(self) -> dict[int, dict[str, Any]]:
         registry = self._load()
-        alive_by_holder: dict[tuple[Any, Any], bool] = {}  # one psutil look-up per holder
+        alive_by_holder: dict[tuple[Any, Any, Any], bool] = {}  # one psutil look-up per holder
         dead = []
         for port, entry in registry.items():
-            holder = (entry.get("pid"), entry.get("create_time"))
+            holder = (entry.get("pid"), entry.get("create_time"), entry.get("host"))
             if holder not in alive_by_holder:
                 alive_by_holder[holder] = _holder_alive(entry)
             if not alive_by_holder[holder]:
@@ -144,8 +130,8 @@ class PortAllocator:
         return registry
 
     def _entry(self, owner: str) -> dict[str, Any]:
-        return {"pid": self._pid, "create_time": self._create_time, "owner": owner,
-                "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        return {"pid": self._pid, "create_time": self._create_time, "host": self._host,
+                "owner": owner, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
     def _commit(self, registry: dict[int, dict[str, Any]], ports: list[int], owner: str) -> None:
         for port in ports:
@@ -225,7 +211,7 @@ class PortAllocator:
                 LOG.warning("could not release ports %s: %s", sorted(self._mine), exc)
 
     def reservations(self) -> dict[int, dict[str, Any]]:
-        """Snapshot of the live registry: port -> {pid, create_time, owner, time}."""
+        """Snapshot of the live registry: port -> {pid, create_time, host, owner, time}."""
         with self._thread_lock, self._lock:
             return self._load_live()
 

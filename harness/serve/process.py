@@ -12,30 +12,45 @@ without saying why. So this module wraps ``subprocess.Popen`` itself, in much th
 
 Kills happen only by PGID (the group we created) or by PID of a descendant we saw ourselves,
 verified through ``psutil.Process`` (which refuses a PID that has been reused). Never by name.
+
+The parts around it have their own modules: ``spawn`` (PR_SET_PDEATHSIG and the forking thread),
+``logscan`` (the decisive log lines), ``process_errors``, ``liveness`` (process-group checks) and
+``process_registry`` (every live process of this interpreter, ``stop_all``, the signal handlers);
+their public names are importable from here too.
 """
 from __future__ import annotations
 
-import atexit
-import concurrent.futures
-import ctypes
-import ctypes.util
 import logging
 import os
-import queue
-import re
 import shlex
 import signal
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from types import FrameType, TracebackType
-from typing import Any, TypeVar
+from types import TracebackType
 
 import psutil
 import requests
+
+from harness.serve import process_registry
+from harness.serve.liveness import is_zombie, process_group_alive
+from harness.serve.logscan import decisive_error_lines, most_decisive_line
+from harness.serve.process_errors import (
+    ManagedProcessError,
+    ProcessStartError,
+    ServerDiedError,
+    ServerStartTimeout,
+)
+from harness.serve.process_registry import (
+    install_signal_handlers,
+    live_processes,
+    peak_rss_bytes,
+    stop_all,
+    total_rss_bytes,
+)
+from harness.serve.spawn import PDEATHSIG_SUPPORTED, call_from_long_lived_thread, pdeathsig_preexec
 
 LOG = logging.getLogger(__name__)
 
@@ -55,274 +70,15 @@ __all__ = [
     "peak_rss_bytes",
 ]
 
-_T = TypeVar("_T")
 
 # ---------------------------------------------------------------------------------------------
-# Errors
+# Memory of one process
 # ---------------------------------------------------------------------------------------------
-
-
-class ManagedProcessError(RuntimeError):
-    """Base of the errors a managed server raises; each carries its name, log and decisive lines."""
-
-    name: str
-    log_path: str
-    decisive_lines: list[str]
-
-    @property
-    def decisive_line(self) -> str:
-        """The one log line that best explains the failure ('' when the log is empty)."""
-        return most_decisive_line(self.decisive_lines)
-
-
-class ServerDiedError(ManagedProcessError):
-    """The process exited before its health URL answered 200."""
-
-    def __init__(self, name: str, returncode: int, log_path: str | os.PathLike[str],
-                 decisive_lines: Sequence[str]) -> None:
-        # args are exactly the constructor's parameters, so the exception pickles (xdist, mp)
-        super().__init__(name, returncode, str(log_path), list(decisive_lines))
-        self.name, self.returncode = name, returncode
-        self.log_path, self.decisive_lines = str(log_path), list(decisive_lines)
-
-    def __str__(self) -> str:
-        code = str(self.returncode)
-        if self.returncode < 0:
-            try:
-                code += f" ({signal.Signals(-self.returncode).name})"
-            except ValueError:
-                pass
-        return (f"{self.name} exited with code {code} before becoming healthy: "
-                f"{self.decisive_line or '(empty log)'} (log: {self.log_path})")
-
-
-class ServerStartTimeout(ManagedProcessError):
-    """The process was still running but not healthy when the deadline passed."""
-
-    def __init__(self, name: str, deadline_s: float, log_path: str | os.PathLike[str],
-                 decisive_lines: Sequence[str]) -> None:
-        super().__init__(name, deadline_s, str(log_path), list(decisive_lines))
-        self.name, self.deadline_s = name, deadline_s
-        self.log_path, self.decisive_lines = str(log_path), list(decisive_lines)
-
-    def __str__(self) -> str:
-        return (f"{self.name} was not healthy after {self.deadline_s:g}s: "
-                f"{self.decisive_line or '(empty log)'} (log: {self.log_path})")
-
-
-class ProcessStartError(ManagedProcessError):
-    """The executable could not be started at all (missing binary, bad cwd, ...)."""
-
-    def __init__(self, name: str, reason: str, log_path: str | os.PathLike[str]) -> None:
-        super().__init__(name, reason, str(log_path))
-        self.name, self.reason = name, reason
-        self.log_path, self.decisive_lines = str(log_path), [reason]
-
-    def __str__(self) -> str:
-        return f"{self.name} could not be started: {self.reason} (log: {self.log_path})"
-
-
-# ---------------------------------------------------------------------------------------------
-# Decisive log lines
-# ---------------------------------------------------------------------------------------------
-
-# vLLM prefixes lines of its child processes, e.g. "(EngineCore_DP0 pid=1234) ERROR ...".
-_PROCESS_PREFIX_RE = re.compile(r"^\([^()]*\bpid=\d+\)\s?")
-# Routine log records: an INFO line that mentions NIXL or "error_rate" is not a failure. Covers
-# vLLM ("INFO 11-29 19:22:01 [x.py:1] ..."), NIXL's Python logger ("2026-11-29 19:22:01 NIXL INFO
-# ...") and glog-style C++ lines ("I1129 19:22:01.123 ...").
-_ROUTINE_LEVEL_RE = re.compile(r"^.{0,64}?\b(?:INFO|DEBUG|TRACE)\b|^[ID]\d{4} \d\d:\d\d:\d\d")
-# Lines that look like errors but are known to be harmless, logged by every healthy start of vLLM
-# 0.26 on the offline H200: NIXL's optional expert-parallel extension, FlashInfer's cubin download,
-# the fd-limit notice. Never decisive: a server that times out in start-up is then described by
-# its last log lines (where it was), not by one of these.
-_HARMLESS_RE = re.compile(
-    r"No module named 'nixl_ep|Module nixl_ep was found but failed to import"
-    r"|Failed to connect to NVIDIA artifactory|Found ulimit of \d+ and failed to automatically")
-_ERROR_LOOKING_RE = re.compile(
-    r"Error|Exception|CUDA out of memory|NIXL|\bERROR\b|\bCRITICAL\b|\bFATAL\b|\berror:"
-    r"|Segmentation fault|core dumped|Killed\b|Aborted\b|^[EF]\d{4} \d\d:\d\d:\d\d"
-)
-# Wrapper messages that only point elsewhere; the line that *caused* them is more decisive.
-_GENERIC_WRAPPER_RE = re.compile(
-    r"See root cause above|See stack trace \(above\)|Engine core initialization failed"
-    r"|initialization failed\.?$|^=== |output_handler failed|EngineDeadError"
-    r"|^SystemExit\b|^KeyboardInterrupt\b"
-)
-
-
-# What a C++ abort prints after the real error (std::terminate boilerplate, c10's "Exception
-# raised from <destructor>" trailer, CUDA's advice lines): on the H200 a TP2 worker's CUBLAS
-# failure ended in six such lines that pushed the cause out of the last five.
-_ABORT_TRAILER_RE = re.compile(
-    r"^terminate called after throwing|^\s*what\(\):|^Search for `cuda"
-    r"|^Exception raised from \S+ at |^CUDA kernel errors might be asynchronously reported"
-    r"|^For debugging consider passing CUDA_LAUNCH_BLOCKING|^Compile with `TORCH_USE_CUDA_DSA`"
-)
-# vLLM's own statement of a worker's root cause; when present it is the line to show.
-_ROOT_CAUSE_RE = re.compile(r"Worker failed with error ")
-
-
-def _strip_process_prefix(line: str) -> str:
-    return _PROCESS_PREFIX_RE.sub("", line, count=1)
-
-
-# vLLM logs a traceback one record per line ("ERROR 11-29 21:11:59 [core.py:1332]   File ...");
-# strip that record prefix so the traceback logic below sees the plain lines.
-_VLLM_RECORD_PREFIX_RE = re.compile(
-    r"^(?:ERROR|WARNING|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]+\] ?")
-_STACK_NOISE_RE = re.compile(r"^\s*(?:frame #\d+:|File \"|\^+\s*$)")
-
-
-def decisive_error_lines(log_text: str, limit: int = 5) -> list[str]:
-    """Return the last ``limit`` error-looking lines of a server log, in log order.
-
-    Error-looking: the final line of each Python traceback (``KeyError: 'x'``), and any line that
-    is not a routine INFO/DEBUG record and mentions Error, Exception, ERROR, ``error:`` (argparse),
-    "CUDA out of memory", NIXL, FATAL/CRITICAL, or a fatal signal. Repeated identical lines (the
-    same error printed by every worker) count once. When nothing looks like an error, the last 10
-    non-empty lines are returned instead, so a caller always has something to show.
-    """
-    raw_lines = [line.rstrip() for line in log_text.splitlines()]
-    picked: list[str] = []
-    in_traceback = False
-    for raw in raw_lines:
-        plain = _strip_process_prefix(raw)
-        body = _VLLM_RECORD_PREFIX_RE.sub("", plain, count=1)
-        if not body.strip() or _STACK_NOISE_RE.match(body):
-            continue  # C++ frames ("frame #3: ...") and traceback frames logged line by line
-        if body.startswith("Traceback (most recent call last):"):
-            in_traceback = True
-            continue
-        if in_traceback:
-            if body[:1].isspace():
-                continue  # a frame ("  File ...") or its source line
-            in_traceback = False
-            if not _HARMLESS_RE.search(body):
-                picked.append(raw)  # the exception line that ends the traceback
-            continue
-        if (_ROUTINE_LEVEL_RE.match(plain) or _HARMLESS_RE.search(plain)
-                or _ABORT_TRAILER_RE.match(body)):
-            continue
-        if _ERROR_LOOKING_RE.search(plain):
-            picked.append(raw)
-    if not picked:
-        return [line for line in raw_lines if line.strip()][-10:]
-    # Dedupe by content (ignoring the per-process prefix), keeping each line's last occurrence.
-    last_index = {_strip_process_prefix(line): i for i, line in enumerate(picked)}
-    unique = [line for i, line in enumerate(picked) if last_index[_strip_process_prefix(line)] == i]
-    return unique[-limit:] if limit > 0 else []
-
-
-def most_decisive_line(lines: Sequence[str]) -> str:
-    """Pick the single line to show in a one-line error: vLLM's "Worker failed with error ..."
-    when present (what came after it is the workers' teardown), else the last line that is not a
-    generic wrapper such as vLLM's "Engine core initialization failed. See root cause above."."""
-    for line in reversed(lines):
-        if _ROOT_CAUSE_RE.search(line):
-            return line.strip()
-    for line in reversed(lines):
-        if not _GENERIC_WRAPPER_RE.search(_strip_process_prefix(line).strip()):
-            return line.strip()
-    return lines[-1].strip() if lines else ""
-
-
-# ---------------------------------------------------------------------------------------------
-# Parent-death signal
-# ---------------------------------------------------------------------------------------------
-
-_PR_SET_PDEATHSIG = 1
-_libc_prctl: Any = None
-if sys.platform.startswith("linux"):
-    try:
-        # Resolved here, not in the child: preexec_fn should do as little as possible after fork.
-        _libc_prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):  # pragma: no cover - non-glibc oddities
-        _libc_prctl = None
-
-
-def _pdeathsig_preexec(parent_pid: int) -> Callable[[], None]:
-    def set_parent_death_signal() -> None:
-        _libc_prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-        # The parent may have died between fork() and prctl(); then no signal would ever come.
-        if os.getppid() != parent_pid:
-            os.kill(os.getpid(), signal.SIGTERM)
-    return set_parent_death_signal
-
-
-class _SpawnerThread:
-    """A long-lived thread that forks children started from short-lived threads.
-
-    PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not the process. A
-    server started from a worker of a ``with ThreadPoolExecutor()`` block would get SIGTERM as
-    soon as that block ended. Forking from the main thread, or from this daemon thread (which
-    lives as long as the process), ties the signal to the harness process as intended.
-    """
-
-    def __init__(self) -> None:
-        self._requests: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]]
-        self._requests = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def call(self, fn: Callable[[], _T]) -> _T:
-        if threading.current_thread() is threading.main_thread():
-            return fn()
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._serve, name="pd-accuracy-spawner",
-                                                daemon=True)
-                self._thread.start()
-        future: concurrent.futures.Future[_T] = concurrent.futures.Future()
-        self._requests.put((fn, future))
-        return future.result()
-
-    def _serve(self) -> None:
-        while True:
-            fn, future = self._requests.get()
-            try:
-                future.set_result(fn())
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-                future.set_exception(exc)
-
-
-_SPAWNER = _SpawnerThread()
-
-# ---------------------------------------------------------------------------------------------
-# Process-group helpers
-# ---------------------------------------------------------------------------------------------
-
-
-def _is_zombie(proc: psutil.Process) -> bool:
-    try:
-        return proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def process_group_alive(pgid: int) -> bool:
-    """True while any non-zombie process is in process group ``pgid``.
-
-    ``killpg(pgid, 0)`` alone is not enough: it succeeds while a dead member waits to be reaped.
-    """
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's group with that id: it exists
-    for proc in psutil.process_iter():
-        try:
-            if os.getpgid(proc.pid) == pgid and not _is_zombie(proc):
-                return True
-        except (ProcessLookupError, psutil.Error):
-            continue
-    return False
 
 
 def _rss_of(proc: psutil.Process) -> int:
     try:
-        return 0 if _is_zombie(proc) else proc.memory_info().rss
+        return 0 if is_zombie(proc) else proc.memory_info().rss
     except psutil.Error:
         return 0
 
@@ -342,10 +98,6 @@ def _peak_rss_of(proc: psutil.Process) -> int:
 # ---------------------------------------------------------------------------------------------
 # ManagedProcess
 # ---------------------------------------------------------------------------------------------
-
-_REGISTRY: dict[int, "ManagedProcess"] = {}
-# RLock: a signal handler runs on the main thread and may need it while the main thread holds it.
-_REGISTRY_LOCK = threading.RLock()
 
 
 class ManagedProcess:
@@ -377,7 +129,7 @@ class ManagedProcess:
         self.env_overrides = dict(env or {})
         self.cwd = None if cwd is None else Path(cwd)
         self.inherit_env = inherit_env
-        self.pdeathsig = pdeathsig and _libc_prctl is not None
+        self.pdeathsig = pdeathsig and PDEATHSIG_SUPPORTED
         self._popen: subprocess.Popen[bytes] | None = None
         self._log_offset = 0  # where this run's output starts in the (appended) log
         self._stopping = False
@@ -453,7 +205,7 @@ class ManagedProcess:
                            f"{self.command_line()} (cwd: {self.cwd or os.getcwd()})\n")
             log_file.flush()
             self._log_offset = log_file.tell()
-            preexec = _pdeathsig_preexec(os.getpid()) if self.pdeathsig else None
+            preexec = pdeathsig_preexec(os.getpid()) if self.pdeathsig else None
 
             def spawn() -> subprocess.Popen[bytes]:
                 return subprocess.Popen(
@@ -463,12 +215,11 @@ class ManagedProcess:
                 )
 
             try:
-                self._popen = _SPAWNER.call(spawn)
+                self._popen = call_from_long_lived_thread(spawn)
             except (OSError, subprocess.SubprocessError) as exc:
                 log_file.write(f"=== could not start {self.name}: {exc}\n")
                 raise ProcessStartError(self.name, str(exc), self.log_path) from exc
-        with _REGISTRY_LOCK:
-            _REGISTRY[id(self)] = self
+        process_registry.register(self)
         LOG.info("started %s pid=%s: %s (log: %s)", self.name, self.pid, self.command_line(),
                  self.log_path)
         return self
@@ -538,7 +289,13 @@ class ManagedProcess:
             return True
         if process_group_alive(self._popen.pid):
             return True
-        return any(proc.is_running() and not _is_zombie(proc) for proc in strays)
+        return any(proc.is_running() and not is_zombie(proc) for proc in strays)
+
+    def signal_term(self) -> None:
+        """SIGTERM the whole tree now without waiting (no-op once stopped): ``stop_all`` does this
+        to every process first, so they all use the grace period at the same time."""
+        if self._popen is not None and not self._stopped:
+            self._signal_group(signal.SIGTERM, self._descendants())
 
     def stop(self, term_timeout_s: float = 15.0) -> int | None:
         """SIGTERM the whole process group, wait up to ``term_timeout_s`` for every member to
@@ -589,8 +346,7 @@ class ManagedProcess:
         finally:
             self._stopping, self._stopping_thread = False, None
             if self._stopped:
-                with _REGISTRY_LOCK:
-                    _REGISTRY.pop(id(self), None)
+                process_registry.unregister(self)
 
     def kill(self) -> int | None:
         """SIGKILL the whole group now and reap (stop() with no grace period)."""
@@ -626,89 +382,3 @@ class ManagedProcess:
         not counted."""
         return sum(_peak_rss_of(proc) for proc in self._tree())
 
-
-# ---------------------------------------------------------------------------------------------
-# Registry, atexit and signals
-# ---------------------------------------------------------------------------------------------
-
-
-def live_processes() -> list[ManagedProcess]:
-    """Every ManagedProcess started in this interpreter and not yet stopped."""
-    with _REGISTRY_LOCK:
-        return list(_REGISTRY.values())
-
-
-def total_rss_bytes(processes: Iterable[ManagedProcess] | None = None) -> int:
-    """Current RSS of the given processes' trees (default: all live ones), summed."""
-    return sum(p.rss_bytes() for p in (live_processes() if processes is None else processes))
-
-
-def peak_rss_bytes(processes: Iterable[ManagedProcess] | None = None) -> int:
-    """Sum of per-process RSS high-water marks over the given trees (default: all live ones).
-    Read it before stopping the servers: an exited process no longer reports its peak."""
-    return sum(p.peak_rss_bytes() for p in (live_processes() if processes is None else processes))
-
-
-_stop_all_in_progress = False
-
-
-def stop_all(term_timeout_s: float = 15.0) -> None:
-    """Stop every live ManagedProcess, in parallel: all groups get SIGTERM first, then each is
-    waited for within one shared deadline and SIGKILLed if still alive. Called at exit.
-    Re-entered (a second Ctrl-C during the wait) it SIGKILLs everything at once."""
-    global _stop_all_in_progress
-    processes = live_processes()
-    if _stop_all_in_progress:
-        for process in processes:
-            process.kill()
-        return
-    _stop_all_in_progress = True
-    try:
-        for process in processes:
-            if process._popen is not None and not process._stopped:
-                process._signal_group(signal.SIGTERM, process._descendants())
-        deadline = time.monotonic() + term_timeout_s
-        for process in processes:
-            try:
-                process.stop(term_timeout_s=max(0.0, deadline - time.monotonic()))
-            except Exception:  # noqa: BLE001 - one failure must not leave the others running
-                LOG.exception("stopping %s failed", process.name)
-    finally:
-        _stop_all_in_progress = False
-
-
-atexit.register(stop_all)
-
-_previous_handlers: dict[int, Any] = {}
-_signal_term_timeout_s = 15.0
-
-
-def _on_signal(signum: int, frame: FrameType | None) -> None:
-    if _stop_all_in_progress:
-        stop_all()  # re-entered: escalates to SIGKILL, then the first invocation finishes up
-        return
-    LOG.warning("received %s: stopping %d managed process(es)", signal.Signals(signum).name,
-                len(live_processes()))
-    stop_all(_signal_term_timeout_s)
-    previous = _previous_handlers.get(signum)
-    if signum == signal.SIGINT:
-        if callable(previous) and previous is not signal.default_int_handler:
-            previous(signum, frame)
-        raise KeyboardInterrupt
-    if callable(previous):
-        previous(signum, frame)  # may exit on its own terms
-    raise SystemExit(128 + signum)
-
-
-def install_signal_handlers(term_timeout_s: float = 15.0) -> None:
-    """On SIGTERM/SIGHUP: stop all managed processes and exit (status 128+signal); on SIGINT:
-    stop them and raise KeyboardInterrupt. A previously installed Python handler is called
-    after the stop. Idempotent; must be called from the main thread."""
-    global _signal_term_timeout_s
-    _signal_term_timeout_s = term_timeout_s
-    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        previous = signal.getsignal(signum)
-        if previous is _on_signal:
-            continue
-        _previous_handlers[signum] = previous
-        signal.signal(signum, _on_signal)

@@ -1,63 +1,44 @@
-"""The harness's own prefill/decode (P/D) router for vLLM's NixlConnector.
+"""The harness's own prefill/decode (P/D) router for vLLM's NixlConnector, an aiohttp app.
 
 Every completion request makes two hops under one request id, as vLLM's
-``tests/v1/kv_connector/nixl_integration/toy_proxy_server.py`` does:
-
-1. prefill hop: the body with ``max_tokens=1``, ``stream=False`` and
-   ``kv_transfer_params={"do_remote_decode": True, ...}``; the prefill server computes the prompt's
-   KV cache, keeps it, and answers with the ``kv_transfer_params`` that locate those blocks;
-2. decode hop: the original body plus those ``kv_transfer_params``; the decode server pulls the
-   blocks over NIXL instead of recomputing the prompt, and its answer goes back to the client
-   (streamed through unchanged when the client asked for ``stream=true``).
-
-Unlike the toy proxy, this one keeps a record of every request (which servers, statuses, the kv
-params received and sent, timings) so the harness can prove afterwards that transfers happened,
-and it has two canary faults that must make the harness's verdict FAIL:
-
-* ``drop-transfer``: decode gets no ``kv_transfer_params`` and silently recomputes the prompt;
-* ``foreign-params``: decode gets the ``kv_transfer_params`` of the previous request.
-
-Run it with ``python -m harness.serve.proxy --port N --prefill URL --decode URL``.
+``tests/v1/kv_connector/nixl_integration/toy_proxy_server.py`` does: prefill (``max_tokens=1``,
+``kv_transfer_params={"do_remote_decode": True, ...}``), then decode (the original body plus the
+``kv_transfer_params`` prefill answered, so decode pulls the blocks over NIXL; streamed through
+unchanged on ``stream=true``). Unlike the toy proxy it records every request (servers, statuses,
+kv params received and sent, timings) as the transfer evidence, and it injects the proxy-side
+canaries ``drop-transfer`` (decode gets no params) and ``foreign-params`` (the previous
+request's). Bodies, faults and records: ``proxy_hops``.
+Run: ``python -m harness.serve.proxy --port N --prefill URL --decode URL``.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import copy
-import datetime as dt
 import itertools
 import json
 import logging
 import os
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import aiohttp
 from aiohttp import web
 
+from harness.serve.proxy_hops import (
+    PROXY_FAULTS,
+    build_decode_body,
+    build_prefill_body,
+    new_record,
+    new_request_id,
+    with_cache_salt,
+    params_for_decode,
+)
+
 log = logging.getLogger("harness.serve.proxy")
 
-FAULT_DROP_TRANSFER = "drop-transfer"
-FAULT_FOREIGN_PARAMS = "foreign-params"
-# Faults this module implements itself; any other fault name is passed through and only recorded
-# (those are implemented inside vLLM by the harness's fault plugin).
-PROXY_FAULTS = (FAULT_DROP_TRANSFER, FAULT_FOREIGN_PARAMS)
-
 REQUEST_ID_HEADER = "X-Request-Id"
-REQUEST_ID_PREFIX = "pdacc-"
 COMPLETION_ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
-
-# What the prefill hop asks for: compute the prompt, keep its KV blocks for a remote decoder.
-PREFILL_KV_TRANSFER_PARAMS: dict[str, Any] = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
 
 # lm-eval prompts with many few-shot examples exceed aiohttp's 1 MiB default body limit.
 MAX_REQUEST_BODY_BYTES = 64 * 1024 * 1024
@@ -95,6 +76,8 @@ class ProxyState:
     fault: str | None = None
     records_path: str | None = None
     timeout_s: float = 600
+    request_tag: str = ""              # put in every request id (the decode's per-request fault)
+    cache_salt: str | None = None
     records: list[dict[str, Any]] = field(default_factory=list)
     session: aiohttp.ClientSession | None = None
     # kv_transfer_params of the most recent prefill answer; the foreign-params fault hands them
@@ -130,34 +113,6 @@ class ProxyState:
 
 
 PROXY_STATE_KEY = web.AppKey("pd_proxy_state", ProxyState)
-
-
-def build_prefill_body(original_body: dict[str, Any]) -> dict[str, Any]:
-    """The prefill hop's body: compute the prompt and one token, keep the KV for remote decode."""
-    prefill_body = copy.deepcopy(original_body)
-    prefill_body["max_tokens"] = 1
-    if "max_completion_tokens" in prefill_body:
-        prefill_body["max_completion_tokens"] = 1
-    # vLLM rejects min_tokens > max_tokens, and the prefill hop only ever makes one token.
-    prefill_body.pop("min_tokens", None)
-    prefill_body["stream"] = False
-    prefill_body.pop("stream_options", None)
-    prefill_body["kv_transfer_params"] = dict(PREFILL_KV_TRANSFER_PARAMS)
-    return prefill_body
-
-
-def build_decode_body(
-    original_body: dict[str, Any], kv_transfer_params: dict[str, Any] | None
-) -> dict[str, Any]:
-    """The decode hop's body: the client's original body plus the kv params to pull from.
-
-    With no params the key is left out, so decode recomputes the prompt (what a broken transfer
-    looks like, and exactly what the drop-transfer fault simulates)."""
-    decode_body = copy.deepcopy(original_body)
-    decode_body.pop("kv_transfer_params", None)
-    if kv_transfer_params is not None:
-        decode_body["kv_transfer_params"] = kv_transfer_params
-    return decode_body
 
 
 def _upstream_headers(request: web.Request, request_id: str) -> dict[str, str]:
@@ -198,26 +153,11 @@ async def _handle_completion(request: web.Request) -> web.StreamResponse:
     if not isinstance(original_body, dict):
         return web.json_response({"error": {"message": "request body must be a JSON object"}}, status=400)
 
-    request_id = f"{REQUEST_ID_PREFIX}{uuid.uuid4().hex}"
+    original_body = with_cache_salt(original_body, state.cache_salt)
+    request_id = new_request_id(state.request_tag)
     headers = _upstream_headers(request, request_id)
-    prefill_url = state.next_prefill_url()
-    decode_url = state.next_decode_url()
-    record: dict[str, Any] = {
-        "request_id": request_id,
-        "endpoint": endpoint,
-        "prefill_url": prefill_url,
-        "decode_url": decode_url,
-        "prefill_status": None,
-        "decode_status": None,
-        "received_kv_transfer_params": None,
-        "sent_kv_transfer_params": None,
-        "fault": state.fault,
-        "fault_applied": False,
-        "prefill_ms": None,
-        "decode_ms": None,
-        "started_at": dt.datetime.now(dt.timezone.utc).isoformat(),
-        "error": None,
-    }
+    record = new_record(request_id, endpoint, state.next_prefill_url(), state.next_decode_url(),
+                        state.fault)
     try:
         return await _two_hops(request, state, original_body, headers, record)
     except UpstreamUnreachable as exc:
@@ -296,13 +236,7 @@ async def _two_hops(
     # requests each see a distinct predecessor.
     predecessor_params = state.last_received_kv_transfer_params
     state.last_received_kv_transfer_params = received
-    sent = received
-    if state.fault == FAULT_DROP_TRANSFER:
-        sent = None
-        record["fault_applied"] = True
-    elif state.fault == FAULT_FOREIGN_PARAMS and predecessor_params is not None:
-        sent = predecessor_params
-        record["fault_applied"] = True
+    sent, record["fault_applied"] = params_for_decode(state.fault, received, predecessor_params)
     record["sent_kv_transfer_params"] = sent
 
     # --- decode hop ----------------------------------------------------------------------------
@@ -382,6 +316,8 @@ def create_app(
     fault: str | None = None,
     records_path: str | None = None,
     timeout_s: float = 600,
+    request_tag: str = "",
+    cache_salt: str | None = None,
 ) -> web.Application:
     """Build the P/D proxy application.
 
@@ -396,6 +332,8 @@ def create_app(
         fault=fault,
         records_path=records_path,
         timeout_s=timeout_s,
+        request_tag=request_tag,
+        cache_salt=cache_salt,
     )
     app = web.Application(client_max_size=MAX_REQUEST_BODY_BYTES)
     app[PROXY_STATE_KEY] = state
@@ -435,6 +373,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
                         help="decode server base URL; repeat for several")
     parser.add_argument("--fault", default=None,
                         help=f"fault to inject ({', '.join(PROXY_FAULTS)} here; others only recorded)")
+    parser.add_argument("--request-tag", default="", help="text in every request id, e.g. "
+                        "fault.corrupt-block.2.zero. (the decode's fault plugin reads it)")
+    parser.add_argument("--cache-salt", default=None, help="vLLM cache_salt for every request")
     parser.add_argument("--records", default=None, metavar="PATH",
                         help="append one JSON line per request to this file")
     parser.add_argument("--timeout", type=float, default=600, metavar="S",
@@ -446,8 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the proxy until SIGINT/SIGTERM."""
     args = build_arg_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    app = create_app(args.prefill, args.decode, fault=args.fault,
-                     records_path=args.records, timeout_s=args.timeout)
+    app = create_app(args.prefill, args.decode, fault=args.fault, records_path=args.records,
+                     timeout_s=args.timeout, request_tag=args.request_tag,
+                     cache_salt=args.cache_salt)
     log.info("pd proxy on http://%s:%d prefill=%s decode=%s fault=%s records=%s",
              args.host, args.port, args.prefill, args.decode, args.fault, args.records)
     web.run_app(app, host=args.host, port=args.port, access_log=None, print=None)

@@ -17,6 +17,7 @@ ROLES = ("baseline", "prefill", "decode")
 KV_ROLE_FOR = {"prefill": "kv_producer", "decode": "kv_consumer"}
 # Faults that live inside the decode server (harness/serve/plugins/faults.py); the others are proxy faults.
 SERVER_FAULTS = ("corrupt-block", "swap-blocks")
+FAULTS_BY_REQUEST = "by-request"    # harness.serve.plugins.fault_spec.BY_REQUEST
 DEFAULT_CPU_KV_CACHE_BYTES = 256 * 1024 * 1024
 
 
@@ -60,7 +61,8 @@ class ServerSpec:
     device: str = "cpu"
     dtype: str = "bfloat16"
     tp: int = 1
-    max_model_len: int = 4096
+    max_model_len: int = 2048
+    compile: str = "default"                   # "eager": --enforce-eager (no torch.compile/CUDA graphs)
     kv_buffer_device: str = "cpu"
     side_channel_port: int | None = None      # NIXL handshake port (prefill/decode only)
     internal_port: int | None = None          # VLLM_PORT: first of the ports vLLM binds inside
@@ -116,6 +118,8 @@ def build_argv(spec: ServerSpec, features: Features = Features()) -> list[str]:
         argv += ["--kv-cache-memory-bytes", str(spec.kv_cache_bytes)]
     if spec.gpu_memory_utilization is not None:
         argv += ["--gpu-memory-utilization", f"{spec.gpu_memory_utilization:.4f}"]
+    if spec.compile == "eager":
+        argv.append("--enforce-eager")
     ktc = kv_transfer_config(spec, features)
     if ktc is not None:
         argv += ["--kv-transfer-config", json.dumps(ktc, separators=(",", ":"))]
@@ -171,7 +175,9 @@ def build_env(spec: ServerSpec, features: Features = Features(),
                     "NVSHMEM_DISABLE_NVLS": "1", "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm"})
     if spec.hybrid:
         env["VLLM_SSM_CONV_STATE_LAYOUT"] = "DS"
-    if spec.fault in SERVER_FAULTS and spec.role == "decode":
+    if spec.fault == FAULTS_BY_REQUEST and spec.role == "decode":
+        env["PD_ACCURACY_FAULT"] = FAULTS_BY_REQUEST   # armed; each canary request names its fault
+    elif spec.fault in SERVER_FAULTS and spec.role == "decode":
         env["PD_ACCURACY_FAULT"] = spec.fault
         env["PD_ACCURACY_FAULT_BLOCK"] = spec.fault_block
     else:

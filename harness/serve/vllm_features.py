@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from harness.core.atomic import atomic_write_text
 from harness.core.platform import PlatformInfo, VllmFeatures
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -195,10 +196,7 @@ def detect(use_cache: bool = True, cache_dir: str | os.PathLike[str] | None = No
         except (ValueError, TypeError):
             pass  # a corrupt or older-format cache file: probe again and overwrite it
     features = VllmFeatures.from_dict(_run_probe())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(features.to_dict(), indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(features.to_dict(), indent=1, sort_keys=True))
     return features
 
 

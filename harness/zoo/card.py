@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.run.record import atomic_write_text
+from harness.core.atomic import atomic_write_text
 from harness.zoo import task
 from harness.zoo.registry import CARDS_DIR, required_block_size
 from harness.zoo.train import RECIPE_VERSION, TRAINING_JSON

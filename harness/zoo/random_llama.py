@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-from harness.run.record import atomic_write_text
+from harness.core.atomic import atomic_write_text
 
 NAME = "tiny-llama-random"
 _CORPUS_SEED_TEXT = (

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from harness.run.record import atomic_write_text
+from harness.core.atomic import atomic_write_text
 
 TASK_NAME = "gsm_synth"
 NUM_FEWSHOT = 0          # the worked format is learned in training; each doc is self-contained

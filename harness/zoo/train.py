@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness.run.record import atomic_write_text
+from harness.core.atomic import atomic_write_text
 from harness.zoo import task
 from harness.zoo.init import INIT_CHOICES
 from harness.zoo.models import get_spec

@@ -8,11 +8,12 @@ import stat
 import sys
 from pathlib import Path
 
+import psutil
 from rich.console import Console
 
 from harness.core.cell import Cell
-from harness.ci.farm import (FAILED, NOT_RUN, PASSED, SOFT_FAILED, TIMED_OUT, Farm, farm_steps,
-                          interpolate)
+from harness.ci.farm import FAILED, NOT_RUN, PASSED, SOFT_FAILED, TIMED_OUT, Farm
+from harness.ci.steps import farm_steps, interpolate
 from harness.ci.pipeline import ANNOTATE_KEY, generate_pipeline
 
 PY = sys.executable
@@ -137,6 +138,24 @@ def test_timeout_kills_the_job(tmp_path):
     assert job.state == TIMED_OUT and job.duration_s < 15
 
 
+def test_what_a_job_leaves_in_its_process_group_is_stopped(tmp_path):
+    step = {"key": "leaves", "command": "sleep 60 & echo $$! > child.pid"}
+    farm, _ = make_farm(tmp_path)
+    assert farm.run(farm_steps([doc(step)])).exit_code == 0
+    child = int((tmp_path / "child.pid").read_text())
+    try:
+        assert psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        pass
+
+
+def test_job_env_is_exactly_the_farm_env(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    step = {"key": "env", "command": 'test -z "$${PYTHONUNBUFFERED+set}"'}
+    farm, _ = make_farm(tmp_path, env=env)
+    assert farm.run(farm_steps([doc(step)])).exit_code == 0
+
+
 def test_agent_shim_downloads_nothing_and_writes_annotations(tmp_path):
     command = ('buildkite-agent artifact download "results/**/*" . && '
                'echo hello | buildkite-agent annotate --style success --context pd-accuracy')
@@ -195,7 +214,7 @@ def test_farm_runs_the_generated_pipeline_commands_verbatim(tmp_path):
 
 def test_run_farm_smoke_profile_with_fake_run_command(tmp_path, monkeypatch):
     """`farm --local --profile smoke` end to end, with `pd-accuracy` faked (no vLLM)."""
-    from harness.matrix import spec as matrix
+    from harness import matrix
     from harness.cli.main import main
 
     calls = tmp_path / "calls.jsonl"

@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from harness.core.cell import Cell
-from harness.ci.pipeline import (ANNOTATE_KEY, MAX_STEPS_PER_UPLOAD, TEST_AREA_FIELDS,
-                              PipelineValidationError, count_steps, export_test_areas,
-                              generate_pipeline, is_valid_key, iter_steps, pipeline_yaml,
-                              vllm_test_areas_document, validate_pipeline, validate_uploads)
+from harness.ci.pipeline import ANNOTATE_KEY, generate_pipeline, pipeline_yaml
+from harness.ci.test_areas import TEST_AREA_FIELDS, export_test_areas, vllm_test_areas_document
+from harness.ci.validate import (MAX_STEPS_PER_UPLOAD, PipelineValidationError, count_steps,
+                                 is_valid_key, iter_steps, validate_pipeline, validate_uploads)
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -218,9 +218,9 @@ def test_yaml_round_trip_is_valid():
     assert yaml.safe_load(pipeline_yaml(doc)) == doc
 
 
-# ---- matrix profiles (harness.matrix.spec) ---------------------------------------------------------
+# ---- matrix profiles (harness.matrix) ---------------------------------------------------------
 def expand(profile: str, platform: str = "any"):
-    from harness.matrix import spec as matrix
+    from harness import matrix
     from harness.core.platform import PlatformInfo
 
     spec = None if platform == "any" else PlatformInfo.from_spec(platform)
@@ -230,8 +230,6 @@ def expand(profile: str, platform: str = "any"):
 @pytest.mark.parametrize("profile,parallelism", [("smoke", 1), ("pr", 1), ("nightly", 1),
                                                  ("nightly", 8)])
 def test_matrix_profiles_give_valid_pipelines(profile, parallelism):
-    from harness.matrix import spec as matrix
-
     cells = expand(profile)
     assert cells
     docs = generate_pipeline(cells, profile=profile, parallelism=parallelism)
@@ -241,7 +239,7 @@ def test_matrix_profiles_give_valid_pipelines(profile, parallelism):
     by_id = {c.cell_id: c for c in cells}
     for step in steps:
         members = [by_id[i] for i in only_ids(step)]
-        gpus = max(matrix.gpus_needed(c)["total"] for c in members)
+        gpus = max(c.gpus_needed["total"] for c in members)
         assert int(step["env"]["PD_ACCURACY_GPUS"]) >= gpus
         assert ("soft_fail" in step) == all(c.expected_failure for c in members)
         if parallelism == 1:
@@ -250,7 +248,7 @@ def test_matrix_profiles_give_valid_pipelines(profile, parallelism):
 
 def test_nightly_shards_cover_every_cell_once():
     """The sharded steps' --only lists, split by harness.matrix.shard, cover each cell once."""
-    from harness.matrix import spec as matrix
+    from harness import matrix
 
     cells = expand("nightly")
     (doc,) = generate_pipeline(cells, profile="nightly", parallelism=8)

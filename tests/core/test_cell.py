@@ -92,7 +92,9 @@ def test_cell_is_frozen():
         SMOKE.model = "other"  # type: ignore[misc]
 
 
-def test_fault_tuning_env_shares_the_baseline_but_not_the_pair():
+def test_canaries_share_the_baseline_and_the_pair_of_their_clean_cell():
+    """A server-side canary's fault arrives with each of its requests (the decode's plugin reads
+    it from the request id), so it runs on its clean cell's pair: no servers of its own."""
     from harness.serve.deploy import pair_key
 
     plain = Cell(model="m", fault="corrupt-block")
@@ -100,7 +102,8 @@ def test_fault_tuning_env_shares_the_baseline_but_not_the_pair():
                 extra_env=(("PD_ACCURACY_FAULT_BLOCK", "last"),))
     real = Cell(model="m")
     assert last.baseline_key == plain.baseline_key == real.baseline_key
-    assert pair_key(last) != pair_key(plain)
+    assert pair_key(last) == pair_key(plain) == pair_key(real)
+    assert pair_key(real.replace(decode_block_size=64)) != pair_key(real)
     assert last.cell_id == plain.cell_id + "-last"
     # any other env is part of what the baseline runs
     assert Cell(model="m", extra_env=(("VLLM_X", "1"),)).baseline_key != real.baseline_key

@@ -4,13 +4,12 @@ from __future__ import annotations
 import pytest
 
 from harness.core.cell import Cell
+from harness.core.catalog import ModelCatalog, ModelInfo
 from harness.matrix.rules import (
     RULES,
     InvalidCellError,
-    ModelCatalog,
-    ModelInfo,
     check_cell,
-    gpus_needed,
+    describe_rules,
     normalize_cell,
     validate_or_die,
 )
@@ -58,6 +57,7 @@ CASES = [
     ("known-device", cpu_cell(), cpu_cell(device="tpu"), CPU),
     ("known-kv-buffer-device", cpu_cell(), cpu_cell(kv_buffer_device="disk"), CPU),
     ("known-fault", cpu_cell(fault="drop-transfer"), cpu_cell(fault="melt-gpu"), CPU),
+    ("known-compile", cpu_cell(compile="eager"), cpu_cell(compile="jit"), CPU),
     ("known-dtype", cpu_cell(dtype="float16"), cpu_cell(dtype="int3"), CPU),
     ("positive-sizes", cpu_cell(num_prefill=2), cpu_cell(num_prefill=0), CPU),
     ("backend-device", cpu_cell(backend="CPU_ATTN"), cpu_cell(backend="FLASH_ATTN"), CPU),
@@ -182,12 +182,12 @@ def test_block_size_provider_overrides_catalog():
     assert catalog.min_block_size("gdn", "cpu") is None
 
 
-def test_gpus_needed():
-    assert gpus_needed(cpu_cell(prefill_tp=2))["total"] == 0
-    need = gpus_needed(gpu_cell(prefill_tp=2, decode_tp=1, num_decode=2))
+def test_cell_gpus_needed():
+    assert cpu_cell(prefill_tp=2).gpus_needed["total"] == 0
+    need = gpu_cell(prefill_tp=2, decode_tp=1, num_decode=2).gpus_needed
     assert need == {"prefill": 2, "decode": 2, "baseline": 1, "total": 4, "all_at_once": 5,
                     "min_shared": 2}
-    assert gpus_needed(gpu_cell(prefill_tp=1, decode_tp=4))["total"] == 5
+    assert gpu_cell(prefill_tp=1, decode_tp=4).gpus_needed["total"] == 5
 
 
 def test_no_platform_means_machine_agnostic():
@@ -196,3 +196,28 @@ def test_no_platform_means_machine_agnostic():
     validate_or_die([big], None, CATALOG)
     with pytest.raises(InvalidCellError, match="v2-runner-not-on-cpu"):
         validate_or_die([cpu_cell(runner="v2")], None, CATALOG)
+
+
+def test_rules_are_checked_and_listed_by_subject_in_a_fixed_order():
+    assert [name for name, _, _ in describe_rules()] == [
+        # the cell alone (rules_cell)
+        "known-runner", "known-backend", "known-device", "known-kv-buffer-device", "known-fault",
+        "known-compile", "known-dtype", "positive-sizes", "backend-device", "kv-buffer-on-cpu", "v2-runner-not-on-cpu",
+        "cpu-attn-block-multiple-32", "flash-attn-block-multiple-16", "triton-attn-block-multiple-16",
+        "flashinfer-kernel-block", "flashinfer-logical-block", "heterogeneous-block-divisible",
+        "heterogeneous-block-host-buffer",
+        # the model's facts (rules_models)
+        "hybrid-conv-state-layout", "hybrid-homogeneous-block", "hybrid-min-block-size",
+        "hybrid-tp-multiple", "granite-hybrid-cpu-prefix-caching", "tp-divides-kv-heads",
+        "backend-head-size", "max-model-len",
+        # this machine (rules_machine)
+        "gpu-count", "vllm-device", "vllm-v2-runner", "vllm-backend", "vllm-nixl",
+    ]
+
+
+def test_the_catalog_is_always_passed():
+    """No hidden default: the rules read only the model facts they are given."""
+    with pytest.raises(TypeError):
+        check_cell(cpu_cell(), CPU)   # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        normalize_cell(cpu_cell())    # type: ignore[call-arg]

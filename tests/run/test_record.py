@@ -8,11 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.core.atomic import atomic_write_json, atomic_write_text
 from harness.run import record as record_mod
-from harness.run.record import (
-    RECORD_KEYS, SCHEMA_VERSION, atomic_write_json, atomic_write_text, load_records,
-    validate_record, write_record,
-)
+from harness.run.record import RECORD_KEYS, SCHEMA_VERSION, load_records, validate_record, write_record
 
 
 def make_record(cell_id: str = "v1-CPU_ATTN-p128d128-tiny-tp1x1", run_id: str = "20261101T000000Z-aaaaaa",

@@ -1,12 +1,12 @@
-"""The runner's pure helpers: transfer proof from proxy records, fault lines, versions, hardware."""
+"""The run's pure helpers: transfer proof from proxy records, fault lines, versions, hardware."""
 from __future__ import annotations
 
 import json
 
 from harness.eval.metrics import TransferCounters
-from harness.run.runner import (
-    FAULT_LINE, count_fault_lines, hardware, read_proxy_records, transfer_proof, versions,
-)
+from harness.run.provenance import hardware, versions
+from harness.run.transfer_evidence import count_fault_lines, read_proxy_records, transfer_proof
+from harness.serve.plugins.fault_spec import APPLIED_PREFIX
 
 COUNTERS = TransferCounters(prompt_tokens_external=300.0, nixl_bytes=1e6, nixl_transfers=3.0)
 
@@ -69,8 +69,8 @@ def test_missing_or_unusable_params_do_not_count():
 def test_fault_lines_counted_across_decode_logs(tmp_path):
     a = tmp_path / "decode-0.log"
     b = tmp_path / "decode-1.log"
-    a.write_text(f"INFO start\n{FAULT_LINE} corrupt-block req=1\n{FAULT_LINE} corrupt-block req=2\n")
-    b.write_bytes(f"\xff\xfe garbage\n{FAULT_LINE} swap-blocks req=3\n".encode("latin-1"))
+    a.write_text(f"INFO start\n{APPLIED_PREFIX} corrupt-block req=1\n{APPLIED_PREFIX} corrupt-block req=2\n")
+    b.write_bytes(f"\xff\xfe garbage\n{APPLIED_PREFIX} swap-blocks req=3\n".encode("latin-1"))
     assert count_fault_lines([str(a), str(b), str(tmp_path / "missing.log")]) == 3
     proof = transfer_proof([], COUNTERS, hybrid=False, decode_logs=[str(a)])
     assert proof.fault_lines == 2
@@ -97,3 +97,13 @@ def test_versions_and_hardware_shapes():
     hw = hardware("cpu")
     assert hw["platform"] == "cpu" and hw["gpus"] == []
     assert isinstance(hw["cpu_count"], int) and hw["hostname"]
+
+
+def test_hardware_names_the_gpus_platform_detection_sees(monkeypatch):
+    from harness.core.platform import GpuDevice
+    from harness.run import provenance
+
+    devices = [GpuDevice(3, "NVIDIA H200", 141 * 2**30), GpuDevice(5, "NVIDIA H200", 141 * 2**30)]
+    monkeypatch.setattr(provenance, "detect_gpus", lambda: devices)
+    assert provenance.hardware("cuda")["gpus"] == ["NVIDIA H200", "NVIDIA H200"]
+    assert provenance.hardware("cpu")["gpus"] == []

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from harness.serve.plugins import faults, nixl_idle
-from harness.serve.plugins.faults import FaultOutcome, FaultSpec
+from harness.serve.plugins import fault_spec, faults, nixl_idle
+from harness.serve.plugins.fault_spec import FaultOutcome, FaultSpec
 
 
 # ---------------------------------------------------------------- nixl_idle
@@ -107,20 +107,20 @@ def test_nixl_idle_register_is_a_no_op_when_disabled_or_env_is_bad(monkeypatch):
 # ---------------------------------------------------------------- faults: env + selection
 
 def test_fault_env_parsing():
-    assert faults.parse_fault_env({}) is None
-    assert faults.parse_fault_env({faults.FAULT_ENV: " "}) is None
-    assert faults.parse_fault_env({faults.FAULT_ENV: "corrupt-block"}) == FaultSpec(
+    assert fault_spec.parse_fault_env({}) is None
+    assert fault_spec.parse_fault_env({fault_spec.FAULT_ENV: " "}) is None
+    assert fault_spec.parse_fault_env({fault_spec.FAULT_ENV: "corrupt-block"}) == FaultSpec(
         "corrupt-block", "first", "zero")
-    spec = faults.parse_fault_env({faults.FAULT_ENV: "swap-blocks", faults.BLOCK_ENV: "last",
-                                   faults.VALUE_ENV: "noise"})
+    spec = fault_spec.parse_fault_env({fault_spec.FAULT_ENV: "swap-blocks", fault_spec.BLOCK_ENV: "last",
+                                   fault_spec.VALUE_ENV: "noise"})
     assert spec == FaultSpec("swap-blocks", "last", "noise")
-    assert faults.parse_fault_env({faults.FAULT_ENV: "corrupt-block",
-                                   faults.BLOCK_ENV: "-2"}).block == -2
-    for bad in ({faults.FAULT_ENV: "drop-transfer"},
-                {faults.FAULT_ENV: "corrupt-block", faults.BLOCK_ENV: "middle"},
-                {faults.FAULT_ENV: "corrupt-block", faults.VALUE_ENV: "ones"}):
+    assert fault_spec.parse_fault_env({fault_spec.FAULT_ENV: "corrupt-block",
+                                   fault_spec.BLOCK_ENV: "-2"}).block == -2
+    for bad in ({fault_spec.FAULT_ENV: "drop-transfer"},
+                {fault_spec.FAULT_ENV: "corrupt-block", fault_spec.BLOCK_ENV: "middle"},
+                {fault_spec.FAULT_ENV: "corrupt-block", fault_spec.VALUE_ENV: "ones"}):
         with pytest.raises(ValueError):
-            faults.parse_fault_env(bad)
+            fault_spec.parse_fault_env(bad)
 
 
 @pytest.mark.parametrize("kind, block, num_blocks, expected", [
@@ -139,7 +139,7 @@ def test_fault_env_parsing():
     ("swap-blocks", "first", 1, None),
 ])
 def test_select_block_positions(kind, block, num_blocks, expected):
-    assert faults.select_block_positions(num_blocks, FaultSpec(kind, block)) == expected
+    assert fault_spec.select_block_positions(num_blocks, FaultSpec(kind, block)) == expected
 
 
 # ---------------------------------------------------------------- faults: tensors
@@ -274,11 +274,11 @@ def test_apply_swap_on_a_single_block_request_is_not_applied():
 
 def test_fault_lines_round_trip():
     spec = FaultSpec("swap-blocks", "first")
-    applied = faults.format_fault_line("cmpl-abc-0", spec, FaultOutcome(True, ((4, 6),), 2))
-    skipped = faults.format_fault_line("cmpl-def-0", spec, FaultOutcome(False, reason="group0:1-blocks"))
-    assert applied.startswith(faults.APPLIED_PREFIX) and skipped.startswith(faults.SKIPPED_PREFIX)
+    applied = fault_spec.format_fault_line("cmpl-abc-0", spec, FaultOutcome(True, ((4, 6),), 2))
+    skipped = fault_spec.format_fault_line("cmpl-def-0", spec, FaultOutcome(False, reason="group0:1-blocks"))
+    assert applied.startswith(fault_spec.APPLIED_PREFIX) and skipped.startswith(fault_spec.SKIPPED_PREFIX)
     log = f"INFO noise\nWARNING 11-29 12:00:00 [faults.py:1] {applied}\n(EngineCore pid=1) {skipped}\n"
-    lines = faults.parse_fault_log(log)
+    lines = fault_spec.parse_fault_log(log)
     assert [(l.applied, l.request_id, l.block_ids, l.num_layers, l.reason) for l in lines] == [
         (True, "cmpl-abc-0", ((4, 6),), 2, ""),
         (False, "cmpl-def-0", (), 0, "group0:1-blocks"),
@@ -333,9 +333,9 @@ def test_patched_worker_corrupts_received_requests_and_logs_one_line_each(caplog
     assert torch.count_nonzero(caches["attn.0"][1]) == 0
     assert torch.count_nonzero(caches["attn.0"][3]) > 0  # failed transfer: left alone
     assert torch.count_nonzero(caches["attn.0"][5]) > 0  # not received yet
-    lines = faults.parse_fault_log(caplog.text)
+    lines = fault_spec.parse_fault_log(caplog.text)
     assert [(l.applied, l.request_id, l.block_ids) for l in lines] == [(True, "ok", ((1,),))]
-    assert faults.SETUP_PREFIX in caplog.text and "shape=[8, 2, 4, 6]" in caplog.text
+    assert fault_spec.SETUP_PREFIX in caplog.text and "shape=[8, 2, 4, 6]" in caplog.text
 
 
 def test_patched_worker_survives_a_broken_request(caplog):
@@ -347,7 +347,7 @@ def test_patched_worker_survives_a_broken_request(caplog):
     with caplog.at_level(logging.WARNING, logger="vllm.pd_accuracy"):
         results = worker.get_transfer_results()
     assert results.finished_recving == {"r"}
-    [line] = faults.parse_fault_log(caplog.text)
+    [line] = fault_spec.parse_fault_log(caplog.text)
     assert not line.applied and line.reason == "IndexError"
 
 
@@ -356,17 +356,17 @@ def test_faults_register_is_a_no_op_without_env_and_idempotent(monkeypatch):
     import wrapt
 
     monkeypatch.setattr(wrapt, "register_post_import_hook", lambda hook, name: hooks.append(name))
-    monkeypatch.delenv(faults.FAULT_ENV, raising=False)
+    monkeypatch.delenv(fault_spec.FAULT_ENV, raising=False)
     monkeypatch.setattr(faults, "_registered", False)
     faults.register()
     assert hooks == []
-    monkeypatch.setenv(faults.FAULT_ENV, "swap-blocks")
+    monkeypatch.setenv(fault_spec.FAULT_ENV, "swap-blocks")
     monkeypatch.setattr(faults, "_registered", False)
     faults.register()
     faults.register()
     targets = [module for module, _ in faults.WORKER_TARGETS]
     assert hooks == targets
-    monkeypatch.setenv(faults.FAULT_ENV, "melt-gpu")
+    monkeypatch.setenv(fault_spec.FAULT_ENV, "melt-gpu")
     monkeypatch.setattr(faults, "_registered", False)
     faults.register()  # a bad value is logged, never raised into vLLM
     assert hooks == targets

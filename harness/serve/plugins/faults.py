@@ -2,15 +2,8 @@
 
 The harness must prove it can see broken KV transfer, so a decode server started with
 ``PD_ACCURACY_FAULT`` corrupts each request's KV right after NIXL has finished receiving it and
-before the first decode step attends to it:
-
-* ``PD_ACCURACY_FAULT=corrupt-block``: the chosen block's K and V in every attention layer are
-  overwritten (``PD_ACCURACY_FAULT_VALUE=zero`` (default) or ``noise``: Gaussian noise at the
-  block's own scale).
-* ``PD_ACCURACY_FAULT=swap-blocks``: the chosen block's contents are swapped with the request's
-  block at the other end (first <-> last). A request with a single block is skipped.
-* ``PD_ACCURACY_FAULT_BLOCK=first|last|<int>`` picks the block by its position in the request's
-  received (kernel) block list; an int is 0-based, negative counts from the end. Default first.
+before the first decode step attends to it. Which fault, which block, and the log lines that
+report it are in :mod:`harness.serve.plugins.fault_spec`; this module does the corrupting.
 
 Where it hooks (vLLM 0.32, ``kv_connector/v1/nixl/base_worker.py``):
 ``NixlBaseConnectorWorker.get_transfer_results`` pops ``_recving_metadata`` for every request
@@ -20,38 +13,33 @@ The wrapper snapshots that dict, calls the original, then corrupts the requests 
 runnable after it sees this result, so the corruption always precedes their first decode step.
 Block ids are ``ReqMeta.local_physical_block_ids`` (kernel block ids, what dim 0 of the cache
 tensors indexes); SSM/Mamba layers are never touched.
-
-Each corrupted request gives one WARNING line starting with :data:`APPLIED_PREFIX`; a request
-the fault could not be applied to gives one line starting with :data:`SKIPPED_PREFIX`.
-:func:`parse_fault_log` reads them back for the harness.
 """
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from harness.serve.plugins.fault_spec import (
+    ARMED_PREFIX,
+    BY_REQUEST,
+    SETUP_PREFIX,
+    SKIPPED_PREFIX,
+    FaultOutcome,
+    FaultSpec,
+    format_fault_line,
+    parse_fault_env,
+    parse_request_fault,
+    select_block_positions,
+)
 
 if TYPE_CHECKING:
     import torch
 
 # Child of vLLM's "vllm" logger so the lines land in the decode server's log in vLLM's format.
 logger = logging.getLogger("vllm.pd_accuracy.faults")
-
-FAULT_ENV = "PD_ACCURACY_FAULT"
-BLOCK_ENV = "PD_ACCURACY_FAULT_BLOCK"
-VALUE_ENV = "PD_ACCURACY_FAULT_VALUE"
-FAULT_KINDS = ("corrupt-block", "swap-blocks")
-FAULT_VALUES = ("zero", "noise")
-BLOCK_NAMES = ("first", "last")
-
-APPLIED_PREFIX = "pd-accuracy fault:"
-SKIPPED_PREFIX = "pd-accuracy fault-skipped:"
-ARMED_PREFIX = "pd-accuracy fault-armed:"
-SETUP_PREFIX = "pd-accuracy fault-setup:"
 
 # Where the NIXL connector's worker lives, newest layout first: (module, class). vLLM 0.32 has
 # NixlBaseConnectorWorker.get_transfer_results; older releases a NixlConnectorWorker whose
@@ -67,91 +55,6 @@ _PATCH_MARK = "__pd_accuracy_fault__"
 NOISE_SEED = 0
 
 _registered = False
-
-
-@dataclass(frozen=True)
-class FaultSpec:
-    """What to break: ``kind`` in FAULT_KINDS, ``block`` "first"/"last"/position, ``value``."""
-
-    kind: str
-    block: str | int = "first"
-    value: str = "zero"
-
-
-@dataclass(frozen=True)
-class FaultOutcome:
-    """What happened to one request: block ids touched per attention group, or why not."""
-
-    applied: bool
-    block_ids: tuple[tuple[int, ...], ...] = ()
-    num_layers: int = 0
-    reason: str = ""
-
-
-@dataclass(frozen=True)
-class FaultLogLine:
-    """One parsed fault line of a decode server log."""
-
-    applied: bool
-    kind: str
-    request_id: str
-    block_ids: tuple[tuple[int, ...], ...]
-    num_layers: int
-    reason: str
-
-
-def parse_fault_env(env: Mapping[str, str]) -> FaultSpec | None:
-    """The fault asked for by ``env``, or None when PD_ACCURACY_FAULT is unset/empty.
-
-    Raises ValueError on an unknown fault, block selector or value.
-    """
-    kind = env.get(FAULT_ENV, "").strip()
-    if not kind:
-        return None
-    if kind not in FAULT_KINDS:
-        raise ValueError(f"{FAULT_ENV}={kind!r}: expected one of {FAULT_KINDS}")
-    raw_block = env.get(BLOCK_ENV, "").strip() or "first"
-    block: str | int
-    if raw_block in BLOCK_NAMES:
-        block = raw_block
-    else:
-        try:
-            block = int(raw_block)
-        except ValueError:
-            raise ValueError(
-                f"{BLOCK_ENV}={raw_block!r}: expected first, last or an integer position"
-            ) from None
-    value = env.get(VALUE_ENV, "").strip() or "zero"
-    if value not in FAULT_VALUES:
-        raise ValueError(f"{VALUE_ENV}={value!r}: expected one of {FAULT_VALUES}")
-    return FaultSpec(kind=kind, block=block, value=value)
-
-
-def select_block_positions(num_blocks: int, spec: FaultSpec) -> tuple[int, ...] | None:
-    """Positions in a request's block list the fault touches, or None if it cannot apply.
-
-    corrupt-block -> ``(chosen,)``; swap-blocks -> ``(chosen, partner)`` where partner is the
-    last block, or the first when the chosen one is the last. A position outside the list, an
-    empty list, or a swap on a single block gives None.
-    """
-    if num_blocks <= 0:
-        return None
-    if spec.block == "first":
-        chosen = 0
-    elif spec.block == "last":
-        chosen = num_blocks - 1
-    else:
-        chosen = int(spec.block)
-        if chosen < 0:
-            chosen += num_blocks
-        if not 0 <= chosen < num_blocks:
-            return None
-    if spec.kind == "corrupt-block":
-        return (chosen,)
-    if num_blocks < 2:
-        return None
-    partner = num_blocks - 1 if chosen != num_blocks - 1 else 0
-    return (chosen, partner)
 
 
 def block_dim(cache: "torch.Tensor", num_blocks: int | None) -> int:
@@ -330,54 +233,6 @@ def apply_fault(worker: Any, meta: Any, spec: FaultSpec, generator: Any = None) 
     return FaultOutcome(applied=True, block_ids=tuple(touched), num_layers=num_layers)
 
 
-def _compact(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
-
-
-def format_fault_line(request_id: str, spec: FaultSpec, outcome: FaultOutcome) -> str:
-    """The one log line for a request; applied and skipped lines have distinct prefixes."""
-    blocks = _compact([list(ids) for ids in outcome.block_ids])
-    if outcome.applied:
-        value = f" value={spec.value}" if spec.kind == "corrupt-block" else ""
-        return (
-            f"{APPLIED_PREFIX} fault={spec.kind} request={request_id} block_ids={blocks} "
-            f"layers={outcome.num_layers} selector={spec.block}{value}"
-        )
-    return (
-        f"{SKIPPED_PREFIX} fault={spec.kind} request={request_id} "
-        f"selector={spec.block} reason={outcome.reason or 'unknown'}"
-    )
-
-
-_LINE_RE = re.compile(
-    r"(?P<prefix>pd-accuracy fault(?:-skipped)?:) fault=(?P<kind>\S+) request=(?P<request>\S+)"
-    r"(?: block_ids=(?P<blocks>\S+) layers=(?P<layers>\d+))?.*?(?: reason=(?P<reason>\S+))?$"
-)
-
-
-def parse_fault_log(log_text: str) -> list[FaultLogLine]:
-    """Every applied/skipped fault line in ``log_text`` (a decode server log), in order."""
-    lines = []
-    for raw_line in log_text.splitlines():
-        if "pd-accuracy fault" not in raw_line:
-            continue
-        match = _LINE_RE.search(raw_line)
-        if match is None:
-            continue
-        blocks = json.loads(match["blocks"]) if match["blocks"] else []
-        lines.append(
-            FaultLogLine(
-                applied=match["prefix"] == APPLIED_PREFIX,
-                kind=match["kind"],
-                request_id=match["request"],
-                block_ids=tuple(tuple(group) for group in blocks),
-                num_layers=int(match["layers"] or 0),
-                reason=match["reason"] or "",
-            )
-        )
-    return lines
-
-
 def _describe_caches(kv_caches: Mapping[str, Any]) -> str:
     shapes: dict[tuple, list[str]] = {}
     for name, cache in kv_caches.items():
@@ -427,14 +282,15 @@ def _wrap_completion(original: Callable, spec: FaultSpec) -> Callable:
         try:
             for request_id in sorted(received_request_ids(results)):
                 meta = pending.get(request_id)
-                if meta is None:
-                    continue
+                wanted = parse_request_fault(request_id) if spec.kind == BY_REQUEST else spec
+                if meta is None or wanted is None:
+                    continue    # by-request: a request without a fault tag is left alone
                 try:
-                    outcome = apply_fault(self, meta, spec, generator)
+                    outcome = apply_fault(self, meta, wanted, generator)
                 except Exception as error:  # a canary must never take the server down
                     logger.exception("%s request %s", SKIPPED_PREFIX, request_id)
                     outcome = FaultOutcome(applied=False, reason=type(error).__name__)
-                logger.warning("%s", format_fault_line(request_id, spec, outcome))
+                logger.warning("%s", format_fault_line(request_id, wanted, outcome))
         except Exception:
             logger.exception("%s fault hook failed", SKIPPED_PREFIX)
         return results

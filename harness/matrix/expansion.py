@@ -1,0 +1,135 @@
+"""A profile -> its cells: the grids' cartesian products, includes, selectors and rules applied.
+
+Every cell is kept, excluded with the reason (a profile's `exclude`, or a validity rule that
+finds it invalid or unavailable here), or kept with `expected_failure` set (xfail: a selector
+or a rule says it is known to fail upstream).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from harness.core.catalog import ModelCatalog
+from harness.core.cell import Cell
+from harness.core.platform import PlatformInfo
+from harness.matrix.axes import AXES, PAIR_AXES, REQUIRED_BLOCK, axis_values
+from harness.matrix.errors import DuplicateCellIdError, MatrixError
+from harness.matrix.rules import EXCLUDING_KINDS, check_cell, normalize_cell
+from harness.matrix.spec import MatrixSpec
+
+
+@dataclass(frozen=True)
+class Excluded:
+    cell: Cell
+    rule: str
+    reason: str
+
+
+@dataclass
+class Expansion:
+    profile: str
+    platform: PlatformInfo | None      # None: expanded for any machine
+    cells: list[Cell]
+    excluded: list[Excluded]
+    notes: dict[str, tuple[str, ...]] = field(default_factory=dict)   # cell_id -> note lines
+
+    def by_id(self) -> dict[str, Cell]:
+        return {c.cell_id: c for c in self.cells}
+
+
+def _grid_cells(axes: Mapping[str, Any], catalog: ModelCatalog, where: str) -> list[Cell]:
+    keys = [k for k in AXES if k in axes]
+    if "model" not in keys:
+        raise MatrixError(f"{where}: no model (set it in the grid, the profile's or the top-level defaults)")
+    cells = []
+    for combo in itertools.product(*(axis_values(k, axes[k]) for k in keys)):
+        fields: dict[str, Any] = {}
+        for key, value in zip(keys, combo):
+            if key in PAIR_AXES:
+                fields[PAIR_AXES[key][0]], fields[PAIR_AXES[key][1]] = (value, value) \
+                    if value == REQUIRED_BLOCK else value
+            else:
+                fields[key] = value
+        if fields.get("prefill_block_size") == REQUIRED_BLOCK:
+            device = fields.get("device", Cell.__dataclass_fields__["device"].default)
+            need = catalog.min_block_size(fields["model"], device)
+            if need is None:
+                raise MatrixError(
+                    f"{where}: block_size: required, but no minimum block size is known for "
+                    f"{fields['model']} on {device}; add it under hybrid_block_sizes")
+            fields["prefill_block_size"] = fields["decode_block_size"] = need
+        cells.append(Cell(**fields))
+    return cells
+
+
+@dataclass
+class _Candidate:
+    cell: Cell
+    excluded: Excluded | None = None
+    xfail: list[str] = field(default_factory=list)
+
+
+def _collect(spec: MatrixSpec, name: str) -> list[_Candidate]:
+    """Cells of a profile and its includes, with that level's selectors applied."""
+    profile = spec.profile(name)
+    candidates: list[_Candidate] = []
+    for inc in profile.include:
+        candidates.extend(_collect(spec, inc))
+    for i, grid in enumerate(profile.grids):
+        axes = {**spec.defaults, **profile.defaults, **grid}
+        where = f"{Path(spec.path).name}: profiles.{name}.grids[{i}]"
+        candidates.extend(_Candidate(normalize_cell(c, spec.models)) for c in _grid_cells(axes, spec.models, where))
+    for cand in candidates:
+        model = spec.models.get(cand.cell.model)
+        for book in profile.exclude:
+            if cand.excluded is None and book.selector.matches(cand.cell, model):
+                cand.excluded = Excluded(cand.cell, f"profile-exclude:{name}", book.reason)
+        cand.xfail.extend(b.reason for b in profile.expected_failures if b.selector.matches(cand.cell, model))
+    return candidates
+
+
+def expand(spec: MatrixSpec, profile: str, platform: PlatformInfo | None = None) -> Expansion:
+    """All cells of `profile` (with includes), split into runnable and excluded-with-reason.
+
+    `platform=None` expands for any machine (pipeline generation): only invalid cells are
+    excluded. Pass `PlatformInfo.detect()` (or `harness.serve.vllm_features.detect_platform()` to
+    also check the installed vLLM) to exclude what this machine cannot run, or
+    `PlatformInfo.from_spec("cuda:8")` to see what a bigger one would.
+    """
+    seen: dict[str, _Candidate] = {}
+    for cand in _collect(spec, profile):
+        cid = cand.cell.cell_id
+        if cid in seen:
+            if seen[cid].cell != cand.cell:
+                first, second = seen[cid].cell.to_dict(), cand.cell.to_dict()
+                diff = {k: (first[k], second[k]) for k in first if first[k] != second[k]}
+                raise DuplicateCellIdError(
+                    f"profile {profile}: two different cells share the id {cid} (they differ in {diff}); "
+                    "give one a model_tag or drop the duplicate")
+            seen[cid].xfail.extend(r for r in cand.xfail if r not in seen[cid].xfail)
+            continue
+        seen[cid] = cand
+    cells: list[Cell] = []
+    excluded: list[Excluded] = []
+    notes: dict[str, tuple[str, ...]] = {}
+    for cid, cand in seen.items():
+        model = spec.models.get(cand.cell.model)
+        xfail = list(cand.xfail) + [b.reason for b in spec.expected_failures
+                                    if b.selector.matches(cand.cell, model)]
+        if cand.excluded is not None:
+            excluded.append(cand.excluded)
+            continue
+        problems = check_cell(cand.cell, platform, spec.models)
+        blocking = [p for p in problems if p.kind in EXCLUDING_KINDS]
+        if blocking:
+            excluded.append(Excluded(cand.cell, blocking[0].rule, blocking[0].message))
+            continue
+        xfail += [p.message for p in problems if p.kind == "xfail"]
+        note_lines = tuple(f"{p.rule}: {p.message}" for p in problems if p.kind == "note")
+        if note_lines:
+            notes[cid] = note_lines
+        reasons = list(dict.fromkeys(xfail))
+        cells.append(cand.cell.replace(expected_failure="; ".join(reasons)) if reasons else cand.cell)
+    return Expansion(profile=profile, platform=platform, cells=cells, excluded=excluded, notes=notes)

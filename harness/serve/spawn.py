@@ -1,0 +1,87 @@
+"""Children that die with the harness: PR_SET_PDEATHSIG set between fork and exec, and every fork
+done from a thread that lives as long as the harness (the signal follows the forking *thread*).
+
+Linux only; elsewhere :data:`PDEATHSIG_SUPPORTED` is False and children are started plainly.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import ctypes.util
+import os
+import queue
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+__all__ = ["PDEATHSIG_SUPPORTED", "call_from_long_lived_thread", "pdeathsig_preexec"]
+
+_T = TypeVar("_T")
+
+_PR_SET_PDEATHSIG = 1
+_libc_prctl: Any = None
+if sys.platform.startswith("linux"):
+    try:
+        # Resolved here, not in the child: preexec_fn should do as little as possible after fork.
+        _libc_prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):  # pragma: no cover - non-glibc oddities
+        _libc_prctl = None
+
+
+PDEATHSIG_SUPPORTED = _libc_prctl is not None
+
+
+def pdeathsig_preexec(parent_pid: int) -> Callable[[], None]:
+    """A ``preexec_fn`` that makes the child get SIGTERM when ``parent_pid`` (the caller) dies."""
+    def set_parent_death_signal() -> None:
+        _libc_prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        # The parent may have died between fork() and prctl(); then no signal would ever come.
+        if os.getppid() != parent_pid:
+            os.kill(os.getpid(), signal.SIGTERM)
+    return set_parent_death_signal
+
+
+class _SpawnerThread:
+    """A long-lived thread that forks children started from short-lived threads.
+
+    PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not the process. A
+    server started from a worker of a ``with ThreadPoolExecutor()`` block would get SIGTERM as
+    soon as that block ended. Forking from the main thread, or from this daemon thread (which
+    lives as long as the process), ties the signal to the harness process as intended.
+    """
+
+    def __init__(self) -> None:
+        self._requests: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]]
+        self._requests = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def call(self, fn: Callable[[], _T]) -> _T:
+        if threading.current_thread() is threading.main_thread():
+            return fn()
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="pd-accuracy-spawner",
+                                                daemon=True)
+                self._thread.start()
+        future: concurrent.futures.Future[_T] = concurrent.futures.Future()
+        self._requests.put((fn, future))
+        return future.result()
+
+    def _serve(self) -> None:
+        while True:
+            fn, future = self._requests.get()
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                future.set_exception(exc)
+
+
+_SPAWNER = _SpawnerThread()
+
+
+def call_from_long_lived_thread(fn: Callable[[], _T]) -> _T:
+    """Run ``fn`` (which forks) on the main thread or the spawner thread and return its result."""
+    return _SPAWNER.call(fn)

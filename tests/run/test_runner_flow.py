@@ -1,0 +1,162 @@
+"""Runner's orchestration of one baseline group, on fake deployments and evaluations (no servers):
+what is launched when, what every cell's record says, and the progress lines."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.core.cell import Cell
+from harness.core.options import RunOptions
+from harness.judge.verdict import Policy, fail
+from harness.run import runner as runner_mod
+from harness.serve.models import ResolvedModel
+from harness.serve.process import ServerDiedError
+
+
+class FakeDeployment:
+    def __init__(self, name: str, events: list[str], dies: bool = False):
+        self.name, self.events, self.dies = name, events, dies
+        self.startup_s: float | None = None
+
+    def launch(self) -> None:
+        self.events.append(f"launch {self.name}")
+
+    def wait(self) -> "FakeDeployment":
+        self.events.append(f"wait {self.name}")
+        if self.dies:
+            raise ServerDiedError(self.name, 1, f"/logs/{self.name}.log", ["RuntimeError: boom"])
+        self.startup_s = 2.0 if self.name == "baseline" else 3.0
+        return self
+
+    def stop(self) -> None:
+        self.events.append(f"stop {self.name}")
+
+    def logs(self) -> dict:
+        return {self.name: f"/logs/{self.name}.log"}
+
+    def baseline_endpoint(self) -> str:
+        return "endpoint"
+
+    def rss_bytes(self) -> int:
+        return 1
+
+
+class FakeRun:
+    wall_s = 1.5
+
+    def write_jsonl(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("")
+        return path
+
+
+@pytest.fixture
+def flow(tmp_path, monkeypatch):
+    """A Runner whose servers and evaluations are fakes; `events` lists what it did."""
+    events: list[str] = []
+    dying: set[str] = set()
+    monkeypatch.setattr(runner_mod, "resolve",
+                        lambda name: ResolvedModel(name, name, False, False, None))
+    monkeypatch.setattr(runner_mod, "reference_accuracy", lambda model, task: None)
+    monkeypatch.setattr(runner_mod, "plan_baseline",
+                        lambda cell, **kw: FakeDeployment("baseline", events, "baseline" in dying))
+    monkeypatch.setattr(runner_mod, "plan_pair",
+                        lambda cell, **kw: FakeDeployment(cell.cell_id, events, cell.cell_id in dying))
+
+    def evaluate(self, endpoint, role, task, data_dir, concurrency=None, sample=None):
+        events.append(f"evaluate {role}")
+        return FakeRun()
+
+    def run_cell(self, cell, pair, rnd, task, data_dir, hybrid, *, timings, reference=None,
+                 baseline_logs):
+        events.append(f"run {cell.cell_id} on {pair.name}")
+        return self._record(cell, fail("fake verdict", check="fake"), timings=timings,
+                            run_id=rnd.run_id)
+
+    monkeypatch.setattr(runner_mod.Runner, "_evaluate", evaluate)
+    monkeypatch.setattr(runner_mod.Runner, "_run_cell", run_cell)
+    progress: list[str] = []
+    options = RunOptions(task="gsm8k_local", dataset_dir=str(tmp_path), limit=5,
+                         results_dir=str(tmp_path / "runs"))
+    runner = runner_mod.Runner(options, Policy(), placement=object(), run_id="run-1",
+                               progress=progress.append)
+    return runner, events, progress, dying
+
+
+def cells() -> list[Cell]:
+    """One baseline group of two P/D pairs (decode block 16, prefill blocks 16 and 32)."""
+    return [Cell(model="tiny", decode_block_size=16, prefill_block_size=p) for p in (16, 32)]
+
+
+def test_pairs_start_while_the_previous_one_is_evaluated(flow):
+    runner, events, progress, _ = flow
+    a, b = cells()
+    results = runner.run([a, b])
+    assert events == [
+        "launch baseline", f"launch {a.cell_id}", "wait baseline",
+        "evaluate baseline", "evaluate baseline-aa",
+        f"wait {a.cell_id}", f"launch {b.cell_id}", f"run {a.cell_id} on {a.cell_id}",
+        f"stop {a.cell_id}",
+        f"wait {b.cell_id}", f"run {b.cell_id} on {b.cell_id}", f"stop {b.cell_id}",
+        "stop baseline", f"stop {a.cell_id}", f"stop {b.cell_id}",
+    ]
+    assert progress[:3] == [
+        "starting baseline for tiny (block 16) and the first P/D pair",
+        "evaluating baseline (gsm8k_local, 5 questions)",
+        "evaluating baseline again at concurrency 1 (A/A noise floor)",
+    ]
+    for result in results:
+        timings = result.record["timings"]
+        assert set(timings) == {"startup_s", "startup_wait_s", "baseline_eval_s", "group_total_s"}
+        assert timings["startup_wait_s"] >= 0
+        assert (timings["startup_s"], timings["baseline_eval_s"]) == (3.0, 3.0)
+        assert json.loads(result.record_path.read_text())["timings"]["startup_s"] == 3.0
+
+
+def test_a_baseline_that_does_not_start_is_an_error_for_every_cell(flow):
+    runner, events, progress, dying = flow
+    dying.add("baseline")
+    a, b = cells()
+    results = runner.run([a, b])
+    assert [r.verdict.outcome for r in results] == ["ERROR", "ERROR"]
+    assert all(r.verdict.reason.startswith("baseline failed to start: baseline exited with code 1")
+               for r in results)
+    assert all(set(r.record["timings"]) == {"startup_s"} for r in results)
+    assert events == ["launch baseline", f"launch {a.cell_id}", "wait baseline",
+                      "stop baseline", f"stop {a.cell_id}"]
+    assert progress[-1].startswith(f"ERROR        {b.cell_id}: baseline failed to start")
+
+
+def test_a_baseline_evaluation_that_raises_is_an_error_for_every_cell(flow, monkeypatch):
+    runner, events, _, _ = flow
+
+    def broken(*args, **kwargs):
+        raise ConnectionError("refused")
+
+    monkeypatch.setattr(runner_mod.Runner, "_evaluate", broken)
+    results = runner.run(cells())
+    assert {r.verdict.reason for r in results} == {
+        "baseline evaluation failed: ConnectionError: refused"}
+    assert all(r.record["timings"] == {} for r in results)
+    assert events[-2:] == ["stop baseline", f"stop {cells()[0].cell_id}"]
+
+
+def test_a_pair_that_does_not_start_fails_its_cells_and_the_next_pair_still_runs(flow):
+    runner, events, _, dying = flow
+    a, b = cells()
+    dying.add(a.cell_id)
+    results = runner.run([a, b])
+    first, second = results
+    assert first.verdict.reason.startswith("P/D pair failed to start while the baseline ran")
+    assert first.verdict.checks[0].name == "pd-startup"
+    assert set(first.record["artifacts"]["logs"]) == {a.cell_id}
+    assert first.record["artifacts"]["baseline_samples"].endswith(".jsonl")
+    assert set(first.record["timings"]) == {"startup_s", "group_total_s"}
+    assert second.verdict.reason == "fake verdict"
+    assert events[5:] == [
+        f"wait {a.cell_id}", f"stop {a.cell_id}", f"launch {b.cell_id}",
+        f"wait {b.cell_id}", f"run {b.cell_id} on {b.cell_id}", f"stop {b.cell_id}",
+        "stop baseline", f"stop {a.cell_id}", f"stop {b.cell_id}",
+    ]

@@ -1,0 +1,52 @@
+"""owner_alive: the one rule for whether a port reservation's or GPU lease's owner still holds it."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+
+from harness.serve.liveness import (
+    CREATE_TIME_TOLERANCE_S,
+    owner_alive,
+    process_create_time,
+    this_host,
+)
+
+
+def test_this_process_is_alive_with_its_own_create_time():
+    me = os.getpid()
+    started = process_create_time(me)
+    assert started == psutil.Process(me).create_time()
+    assert owner_alive(me, started, this_host())
+    assert owner_alive(me, started + CREATE_TIME_TOLERANCE_S / 2, None)
+
+
+def test_reused_pid_is_not_the_owner():
+    me = os.getpid()
+    assert not owner_alive(me, process_create_time(me) - 1000, this_host())
+
+
+def test_no_recorded_create_time_trusts_the_pid():
+    assert owner_alive(os.getpid(), None)
+    assert owner_alive(os.getpid(), 0.0)
+
+
+def test_exited_and_zombie_processes_are_dead():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    started = psutil.Process(child.pid).create_time()
+    deadline = time.monotonic() + 30
+    while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:  # exited, not yet reaped
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert process_create_time(child.pid) is None
+    assert not owner_alive(child.pid, started)
+    child.wait()
+    assert not owner_alive(child.pid, started)
+    assert not owner_alive(-1, None)
+
+
+def test_another_hosts_owner_is_kept():
+    assert owner_alive(2**22 + 12345, 1.0, this_host() + "-elsewhere")

@@ -1,0 +1,125 @@
+"""The package's shape: no import cycle, dependencies pointing one way between the sub-packages,
+small modules, and only a handful of modules at the top of harness/.
+
+Imports are read with `ast` from every module, wherever they stand (a function-level import
+makes a cycle just as well as a module-level one), so nothing is imported to run this test.
+"""
+from __future__ import annotations
+
+import ast
+import graphlib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "harness"
+# bottom first: a package may import its own modules and those of packages before it
+LAYERS = ("core", "zoo", "matrix", "serve", "eval", "judge", "run", "report", "ci", "cli")
+TOP_LEVEL_ALLOWED = {"__init__", "pytest_plugin", "pytest_suite"}
+MAX_LINES = 400
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(ROOT.rglob("*.py")) if "checkpoints" not in p.parts}
+
+
+def imported_modules(path: Path, known: set[str]) -> set[str]:
+    """harness modules `path` imports (a `from pkg import name` counts pkg.name when that is a
+    module, else pkg)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
+                     for a in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name:
+                found.add(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    graph = {}
+    for name, path in mods.items():
+        deps = imported_modules(path, known) - {name}
+        # a package's __init__ is imported on the way to any of its modules: not an edge of its own
+        graph[name] = {d for d in deps if not name.startswith(d + ".")}
+    return graph
+
+
+def package_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else None
+
+
+def test_reader_sees_real_imports():
+    graph = import_graph()
+    assert "harness.core.outcomes" in graph["harness.judge.verdict"]
+    assert "harness.cli.run" in graph["harness.cli.main"]
+
+
+def test_no_import_cycle():
+    try:
+        graphlib.TopologicalSorter(import_graph()).prepare()
+    except graphlib.CycleError as exc:
+        pytest.fail(f"import cycle: {' -> '.join(exc.args[1])}")
+
+
+def test_dependencies_point_down():
+    wrong = []
+    for module, deps in import_graph().items():
+        pkg = package_of(module)
+        if pkg is None:
+            continue
+        for dep in deps:
+            dep_pkg = package_of(dep)
+            if dep_pkg is not None and LAYERS.index(dep_pkg) > LAYERS.index(pkg):
+                wrong.append(f"{module} imports {dep} ({pkg} may not depend on {dep_pkg})")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_every_subpackage_has_a_layer():
+    pkgs = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
+    assert pkgs == set(LAYERS)
+
+
+def test_modules_are_small():
+    big = {name: n for name, path in modules().items()
+           if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not big, f"modules over {MAX_LINES} lines: {big}"
+
+
+def test_few_modules_at_the_top():
+    top = {p.stem for p in ROOT.glob("*.py")}
+    assert top <= TOP_LEVEL_ALLOWED, f"modules at the top of harness/: {sorted(top - TOP_LEVEL_ALLOWED)}"
+
+
+def test_no_import_error_fallback_around_own_modules():
+    """`try: from harness... except ImportError` can only hide a real import error."""
+    offenders = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Try):
+                continue
+            catches = any(isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError")
+                          for h in node.handlers)
+            own = any(isinstance(n, (ast.Import, ast.ImportFrom))
+                      and any((getattr(n, "module", None) or "").startswith("harness")
+                              or a.name.startswith("harness") for a in n.names)
+                      for stmt in node.body for n in ast.walk(stmt))
+            if catches and own:
+                offenders.append(f"{name}:{node.lineno}")
+    assert not offenders, f"ImportError fallbacks around harness's own modules: {offenders}"
