@@ -13,7 +13,7 @@ from typing import Sequence
 from harness.core.cell import Cell
 from harness.core.options import GPU_LAYOUTS, RunOptions, UsageError
 from harness.serve.start_slots import StartSlots
-from harness.core.outcomes import EXIT_CODES, EXIT_USAGE, worst_outcome
+from harness.core.outcomes import EXIT_CODES, EXIT_USAGE, MISSED, summary_line, worst_outcome
 
 
 _OPT = RunOptions()   # every option's one default
@@ -88,7 +88,8 @@ def _pair(value: str, what: str) -> tuple[int, int]:
     raise UsageError(f"{what} must be N or PREFILL:DECODE, got {value!r}")
 
 
-def adhoc_cell(args: argparse.Namespace, platform) -> Cell:
+def adhoc_cell(args: argparse.Namespace, platform, catalog) -> Cell:
+    """The cell `--model ...` describes, normalized with the model facts of `catalog`."""
     device = args.device or platform.device
     backend = args.backend or ("CPU_ATTN" if device == "cpu" else "FLASH_ATTN")
     pb, db = _pair(args.block_size, "--block-size")
@@ -98,14 +99,13 @@ def adhoc_cell(args: argparse.Namespace, platform) -> Cell:
                 kv_buffer_device=args.kv_buffer_device or ("cpu" if device == "cpu" else "cuda"),
                 prefill_tp=ptp, decode_tp=dtp, dtype=args.dtype, max_model_len=args.max_model_len,
                 extra_args=tuple(args.server_arg), fault=args.fault)
-    from harness.matrix.rules import normalize_cell
-    return normalize_cell(cell)
+    from harness import matrix
+    return matrix.normalize_cell(cell, catalog)
 
 
 def select_cells(args: argparse.Namespace) -> tuple[list[Cell], object]:
     """The cells to run, validated; raises UsageError with one line on bad input."""
-    from harness.matrix import spec as matrix
-    from harness.matrix import rules
+    from harness import matrix
     from harness.core.platform import PlatformInfo
     from harness.serve.vllm_features import detect_platform
 
@@ -115,14 +115,16 @@ def select_cells(args: argparse.Namespace) -> tuple[list[Cell], object]:
     if args.model:
         if args.profile:
             raise UsageError("give either --profile or --model, not both")
-        cells = [adhoc_cell(args, platform)]
+        # an ad-hoc cell comes from no matrix: the rules read the default matrix's model facts
+        rules_catalog = matrix.load_matrix().models
+        cells = [adhoc_cell(args, platform, rules_catalog)]
     else:
         try:
             spec = matrix.load_matrix(args.matrix)
             expansion = matrix.expand(spec, args.profile or "smoke", platform)
         except matrix.MatrixError as exc:
             raise UsageError(str(exc)) from None
-        catalog = spec.models
+        catalog = rules_catalog = spec.models
         cells = expansion.cells
         try:
             cells = matrix.select(cells, args.only.split(",") if args.only else None, args.keyword)
@@ -130,20 +132,19 @@ def select_cells(args: argparse.Namespace) -> tuple[list[Cell], object]:
             raise UsageError(str(exc)) from None
         if args.shard:
             try:
-                i, n = (int(x) for x in args.shard.split("/"))
-            except ValueError:
-                raise UsageError(f"--shard must be I/N, got {args.shard!r}") from None
-            cells = matrix.shard(cells, i, n)
+                cells = matrix.shard(cells, *matrix.parse_shard(args.shard))
+            except matrix.MatrixError as exc:
+                raise UsageError(str(exc)) from None
     if getattr(args, "gpu_layout", "shared") == "split":
         for cell in cells:
-            need = rules.gpus_needed(cell)["total"]
+            need = cell.gpus_needed["total"]
             if cell.device == "cuda" and need > platform.gpu_count:
                 raise UsageError(f"cell {cell.cell_id}: --gpu-layout split needs {need} GPUs "
                                  f"(prefill and decode on their own), this machine has "
                                  f"{platform.gpu_count}; use --gpu-layout shared")
     try:
-        rules.validate_or_die(cells, platform, catalog)
-    except rules.InvalidCellError as exc:
+        matrix.validate_or_die(cells, platform, rules_catalog)
+    except matrix.InvalidCellError as exc:
         raise UsageError(str(exc)) from None
     from harness.serve.models import ModelNotFound, resolve
     for model in dict.fromkeys(c.model for c in cells):
@@ -180,26 +181,44 @@ def run_parser() -> argparse.ArgumentParser:
     return p
 
 
+def junit_properties(record: dict) -> dict[str, str]:
+    """The cell's numbers, as JUnit <property> name/value pairs (what CI dashboards can chart)."""
+    m = record.get("metrics") or {}
+    t = m.get("transfer") or {}
+    timings = record.get("timings") or {}
+    values = {"outcome": (record.get("verdict") or {}).get("outcome"),
+              "baseline_accuracy": m.get("baseline_accuracy"), "pd_accuracy": m.get("pd_accuracy"),
+              "accuracy_delta": m.get("accuracy_delta"), "mcnemar_p": m.get("mcnemar_p"),
+              "mde": m.get("mde"), "n": m.get("n"), "agreement": m.get("agreement"),
+              "prompt_tokens_external": t.get("prompt_tokens_external"),
+              "nixl_bytes": t.get("nixl_bytes"), "startup_s": timings.get("startup_s"),
+              "pd_eval_s": timings.get("pd_eval_s")}
+    return {k: str(v) for k, v in values.items() if v is not None}
+
+
 def write_junit(path: str, results, run_id: str) -> None:
+    """One <testcase> per cell. PASS, XFAIL and CAUGHT pass; FAIL, XPASS, MISSED and INCONCLUSIVE
+    (exit 4: too few questions, not a green result) are failures; ERROR is an error."""
     suite = ET.Element("testsuite", name="pd-accuracy", tests=str(len(results)))
-    failures = errors = skipped = 0
+    failures = errors = 0
     for r in results:
         case = ET.SubElement(suite, "testcase", classname="pd_accuracy", name=r.cell.cell_id,
                              time=f"{r.record.get('timings', {}).get('pd_eval_s', 0):.1f}")
+        props = ET.SubElement(case, "properties")
+        for name, value in junit_properties(r.record).items():
+            ET.SubElement(props, "property", name=name, value=value)
         outcome = r.verdict.outcome
-        if outcome in ("FAIL", "XPASS"):
+        if outcome in ("FAIL", "XPASS", "MISSED", "INCONCLUSIVE"):
             failures += 1
-            ET.SubElement(case, "failure", message=r.verdict.reason[:500]).text = r.verdict.reason
+            ET.SubElement(case, "failure", message=f"{outcome}: {r.verdict.reason[:480]}").text = \
+                r.verdict.reason
         elif outcome == "ERROR":
             errors += 1
             ET.SubElement(case, "error", message=r.verdict.reason[:500]).text = r.verdict.reason
-        elif outcome in ("INCONCLUSIVE", "XFAIL"):
-            skipped += 1
-            ET.SubElement(case, "skipped", message=f"{outcome}: {r.verdict.reason[:480]}")
         ET.SubElement(case, "system-out").text = str(r.record_path or "")
     suite.set("failures", str(failures))
     suite.set("errors", str(errors))
-    suite.set("skipped", str(skipped))
+    suite.set("skipped", "0")
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
 
@@ -229,7 +248,9 @@ def print_table(results, console=None) -> None:
     console.print(table)
 
 
-def run_command(args: argparse.Namespace) -> int:
+def run_command(args: argparse.Namespace, on_runner=None) -> int:
+    """`pd-accuracy run`; `on_runner(runner)` is called once the Runner exists (bench reads its
+    run directory and peak RSS afterwards)."""
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -258,13 +279,20 @@ def run_command(args: argparse.Namespace) -> int:
     started = time.monotonic()
     runner = Runner(options, policy, features=features, progress=lambda m: print(m, flush=True),
                     hybrid_models=hybrid_models)
+    if on_runner is not None:
+        on_runner(runner)
     print(f"run {runner.run_id}: {len(cells)} cell(s), results in {runner.run_dir}", flush=True)
     results = runner.run(cells)
     print_table(results)
     if args.junit_xml:
         write_junit(args.junit_xml, results, runner.run_id)
-    worst = worst_outcome([r.verdict.outcome for r in results])
-    print(f"{len(results)} cell(s) in {time.monotonic() - started:.0f}s; worst outcome {worst}; "
+    outcomes = [r.verdict.outcome for r in results]
+    for r in results:
+        if r.verdict.outcome == MISSED:
+            print(f"canary missed: {r.cell.cell_id} ({r.cell.fault}): {r.verdict.status}: "
+                  f"{r.verdict.reason[:300]}")
+    worst = worst_outcome(outcomes)
+    print(f"{summary_line(outcomes)} in {time.monotonic() - started:.0f}s; "
           f"records under {runner.run_dir}")
     return EXIT_CODES[worst]
 

@@ -2,24 +2,17 @@
 
 A real cell that FAILs on a repeat is a false alarm; a canary that does not FAIL, or FAILs for
 another reason, is a miss. `summarize` reads the per-repeat records (``<run>-rNN/*.json``) and
-counts both, per cell. The canary reason patterns live here so the pytest suite asserts the same
-thing the calibration counts.
+counts both, per cell. The canary reason patterns live in harness.judge.canaries, which the
+verdict, the pytest suite and this count share.
 """
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-# what each canary's verdict must say (suites/test_pd_accuracy.py asserts the same)
-CANARY_REASONS = {
-    "drop-transfer": r"decode recomputed the prompt: no KV crossed",
-    "foreign-params": r"another request's transfer parameters",
-    "corrupt-block": r"P/D (logprobs diverge|accuracy is lower|generations diverge)",
-    "swap-blocks": r"P/D (logprobs diverge|accuracy is lower|generations diverge)",
-}
+from harness.judge.canaries import CANARY_REASONS, caught_for_its_reason  # noqa: F401 (re-exported)
 
 
 @dataclass
@@ -28,6 +21,7 @@ class CellCalibration:
     fault: str | None
     expected_failure: bool
     outcomes: list[str] = field(default_factory=list)
+    statuses: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     accuracy_drops: list[float] = field(default_factory=list)   # baseline − P/D, per repeat
     differing: list[float] = field(default_factory=list)        # share of generations differing
@@ -39,9 +33,8 @@ class CellCalibration:
     @property
     def caught(self) -> int:
         """Canary: repeats that FAILed for the canary's own reason."""
-        pattern = CANARY_REASONS.get(self.fault or "")
-        return sum(1 for o, r in zip(self.outcomes, self.reasons)
-                   if o == "FAIL" and pattern and re.search(pattern, r))
+        return sum(1 for s, r in zip(self.statuses, self.reasons)
+                   if caught_for_its_reason(self.fault or "", s, r))
 
     @property
     def false_alarms(self) -> int:
@@ -83,6 +76,7 @@ def summarize(paths: Iterable[Path]) -> list[CellCalibration]:
         cal = cells.setdefault(cid, CellCalibration(cid, cell.get("fault"),
                                                     bool(cell.get("expected_failure"))))
         cal.outcomes.append(verdict["outcome"])
+        cal.statuses.append(verdict.get("status") or verdict["outcome"])
         cal.reasons.append(verdict.get("reason", ""))
         if metrics.get("baseline_accuracy") is not None and metrics.get("pd_accuracy") is not None:
             cal.accuracy_drops.append(metrics["baseline_accuracy"] - metrics["pd_accuracy"])

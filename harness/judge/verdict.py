@@ -9,7 +9,10 @@ ERROR         the environment is broken (the baseline itself failed to start or 
               scores far below the model's known accuracy): retry, do not blame P/D.
 
 A cell declared as an expected failure keeps its status; its *outcome* is XFAIL (failed as
-expected) or XPASS (passed although expected to fail — the run says so, strict).
+expected) or XPASS (passed although expected to fail — the run says so, strict). A canary's
+outcome is CAUGHT (FAIL for its fault's own reason) or MISSED (anything else but ERROR); see
+harness.judge.canaries. An expected failure whose baseline broke stays ERROR: the environment
+failed, not the cell, and a retry is right.
 """
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ from harness.judge.compare import Comparison
 from harness.judge.stats import below_reference
 
 from harness.core.outcomes import ERROR, EXIT_CODES, FAIL, INCONCLUSIVE, PASS, XFAIL, XPASS
+from harness.core.reference import ReferenceAccuracy  # noqa: F401 (the judge's input type)
+from harness.judge.canaries import canary_outcome
 
 
 @dataclass(frozen=True)
@@ -33,14 +38,6 @@ class Policy:
     # a baseline more than this far below the model card's accuracy (one-sided binomial test at
     # alpha) is broken itself: ERROR, the P/D comparison would be meaningless
     baseline_tolerance: float = 0.10
-
-
-@dataclass(frozen=True)
-class ReferenceAccuracy:
-    """A model's accuracy on the run's task measured elsewhere (zoo model card: eval_vllm.json)."""
-    accuracy: float
-    n: int
-    source: str
 
 
 @dataclass(frozen=True)
@@ -57,11 +54,14 @@ class Verdict:
     checks: tuple[Check, ...] = ()
     expected_failure: str | None = None
     decision_path: tuple[str, ...] = field(default=())
+    canary: str | None = None          # the injected fault of a canary cell
 
     @property
     def outcome(self) -> str:
+        if self.canary:
+            return canary_outcome(self.canary, self.status, self.reason)
         if self.expected_failure:
-            if self.status in (FAIL, ERROR):
+            if self.status == FAIL:
                 return XFAIL
             if self.status == PASS:
                 return XPASS
@@ -76,6 +76,7 @@ class Verdict:
             "status": self.status,
             "reason": self.reason,
             "expected_failure": self.expected_failure,
+            "canary": self.canary,
             "outcome": self.outcome,
             "exit_code": self.exit_code,
             "checks": [asdict(c) for c in self.checks],

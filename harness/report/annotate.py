@@ -6,7 +6,7 @@ cell retried after an ERROR leaves several records, the newest one counts), rend
 set and ``buildkite-agent`` on PATH) it also posts it with
 ``buildkite-agent annotate --style success|warning|error --context pd-accuracy``.
 
-Status words only, no emoji: PASS, FAIL, ERROR, INCONCLUSIVE, XFAIL, XPASS.
+Status words only, no emoji: PASS, FAIL, ERROR, INCONCLUSIVE, XFAIL, XPASS, CAUGHT, MISSED.
 The formatting helpers and `jinja_env` are shared with harness.report.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, Iterable, Mapping, Sequence
 # Worst first: tables are sorted by this, and the annotation style follows the worst present.
 from harness.core.outcomes import DISPLAY_ORDER as OUTCOME_ORDER
 from harness.core.outcomes import display_rank as outcome_rank
-ERROR_OUTCOMES = frozenset({"FAIL", "ERROR"})
+ERROR_OUTCOMES = frozenset({"FAIL", "MISSED", "ERROR"})
 WARNING_OUTCOMES = frozenset({"XPASS", "INCONCLUSIVE"})
 ANNOTATION_CONTEXT = "pd-accuracy"
 # Buildkite rejects annotation bodies over 1 MiB; past this the table keeps only non-PASS rows.
@@ -243,7 +243,7 @@ def annotate(results_dir: str | os.PathLike[str], out_path: str | os.PathLike[st
     out = Path(out_path)
     markdown = render_markdown(records, link_base=out.parent,
                                artifact_root=Path.cwd() if post else None)
-    from harness.run.record import atomic_write_text
+    from harness.core.atomic import atomic_write_text
 
     atomic_write_text(out, markdown)
     style = annotation_style(cell_results(records))

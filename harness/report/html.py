@@ -27,7 +27,7 @@ from harness.report.history import load_cells, load_runs
 
 OUTCOME_COLOURS = {
     "PASS": "#43a047", "XFAIL": "#a5d6a7", "INCONCLUSIVE": "#fdd835", "XPASS": "#fb8c00",
-    "FAIL": "#e53935", "ERROR": "#8e24aa",
+    "FAIL": "#e53935", "ERROR": "#8e24aa", "CAUGHT": "#90caf9", "MISSED": "#b71c1c",
 }
 MISSING_COLOUR = "#eeeeee"
 DEFAULT_MAX_TREND_PLOTS = 150
@@ -243,7 +243,7 @@ def render_report(history_db: str | os.PathLike[str], out_dir: str | os.PathLike
         record_link=record_link,
     )
     index = out / "index.html"
-    from harness.run.record import atomic_write_text
+    from harness.core.atomic import atomic_write_text
 
     atomic_write_text(index, html)
     return index

@@ -229,10 +229,41 @@ def test_expected_failure_that_passes_is_xpass():
     assert (v.status, v.outcome, v.exit_code) == (PASS, "XPASS", 1)
 
 
-def test_expected_failure_keeps_inconclusive_and_error_maps_to_xfail():
+def test_expected_failure_keeps_inconclusive_and_error():
+    """An expected failure whose baseline broke is the environment's failure: ERROR (retried),
+    never a green XFAIL."""
     assert decide(comparison(5), expected_failure="x").outcome == INCONCLUSIVE
-    assert error("baseline died", expected_failure="x").outcome == "XFAIL"
+    assert error("baseline died", expected_failure="x").outcome == ERROR
+    assert error("baseline died", expected_failure="x").exit_code == 3
     assert error("baseline died").outcome == ERROR and error("b").exit_code == 3
+    assert fail("P/D died", expected_failure="x").outcome == "XFAIL"
+
+
+def test_canary_caught_only_for_its_own_reason():
+    from dataclasses import replace
+
+    no_kv = fail("decode recomputed the prompt: no KV crossed (external=0)", check="transfer")
+    assert replace(no_kv, canary="drop-transfer").outcome == "CAUGHT"
+    assert replace(no_kv, canary="drop-transfer").exit_code == 0
+    # the same FAIL is the wrong reason for a corrupted block: MISSED, exit 1
+    assert replace(no_kv, canary="corrupt-block").outcome == "MISSED"
+    assert replace(no_kv, canary="corrupt-block").exit_code == 1
+    passed = decide(comparison(N))
+    assert passed.status == PASS and replace(passed, canary="corrupt-block").outcome == "MISSED"
+    # a canary whose baseline broke tested nothing: ERROR
+    assert replace(error("baseline died"), canary="drop-transfer").outcome == ERROR
+    assert replace(no_kv, canary="drop-transfer").to_dict()["canary"] == "drop-transfer"
+
+
+def test_summary_line_names_canaries():
+    from harness.core.outcomes import summary_line
+
+    outcomes = ["PASS"] * 5 + ["XFAIL"] + ["CAUGHT"] * 4
+    assert summary_line(outcomes) == "10 cells: 5 PASS, 1 XFAIL, 4 canaries caught"
+    assert summary_line(["CAUGHT", "MISSED"]) == "2 cells: 1 canary caught, 1 canary missed"
+    assert worst_outcome(["CAUGHT", "PASS"]) == "CAUGHT"
+    assert EXIT_CODES[worst_outcome(["CAUGHT", "PASS", "XFAIL"])] == 0
+    assert EXIT_CODES[worst_outcome(["CAUGHT", "MISSED", "PASS"])] == 1
 
 
 def test_fail_helper_and_to_dict():
@@ -245,7 +276,8 @@ def test_fail_helper_and_to_dict():
 
 
 def test_exit_codes():
-    assert EXIT_CODES == {PASS: 0, FAIL: 1, ERROR: 3, INCONCLUSIVE: 4, "XFAIL": 0, "XPASS": 1}
+    assert EXIT_CODES == {PASS: 0, FAIL: 1, ERROR: 3, INCONCLUSIVE: 4, "XFAIL": 0, "XPASS": 1,
+                          "CAUGHT": 0, "MISSED": 1}
 
 
 @pytest.mark.parametrize("outcomes,worst", [

@@ -1,0 +1,30 @@
+"""What each canary's verdict must say, and whether a canary was caught.
+
+A canary is a cell with an injected fault (`Cell.fault`). It is CAUGHT when its verdict is FAIL
+for the fault's own reason, and MISSED when it passes or fails for another reason (a harness that
+fails a canary for the wrong reason would fail the real bug for the wrong reason too). A canary
+whose baseline could not run is ERROR, like any other cell: nothing was tested.
+"""
+from __future__ import annotations
+
+import re
+
+from harness.core.outcomes import CAUGHT, ERROR, FAIL, MISSED
+
+CANARY_REASONS = {
+    "drop-transfer": r"decode recomputed the prompt: no KV crossed",
+    "foreign-params": r"another request's transfer parameters",
+    "corrupt-block": r"P/D (logprobs diverge|accuracy is lower|generations diverge)",
+    "swap-blocks": r"P/D (logprobs diverge|accuracy is lower|generations diverge)",
+}
+
+
+def caught_for_its_reason(fault: str, status: str, reason: str) -> bool:
+    pattern = CANARY_REASONS.get(fault)
+    return status == FAIL and pattern is not None and re.search(pattern, reason) is not None
+
+
+def canary_outcome(fault: str, status: str, reason: str) -> str:
+    if status == ERROR:
+        return ERROR
+    return CAUGHT if caught_for_its_reason(fault, status, reason) else MISSED
