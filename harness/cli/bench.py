@@ -1,50 +1,147 @@
-"""`pd-accuracy bench`: time the smoke cell end to end and print the numbers (no assertions).
+"""`pd-accuracy bench`: where the time of a run went. Runs the selected cells exactly as
+`pd-accuracy run` does (same arguments), or reads a finished run (`--from RUN_DIR`), then prints
 
-Prints start-up (servers healthy), baseline eval, P/D eval, total wall time and the peak RSS of
-all servers together, so speed and memory targets are measured, not asserted in tests."""
+* every server's start-up, broken into phases read from its log (harness.serve.startup_phases),
+  and the phases summed over all servers;
+* per cell: start-up, baseline eval, P/D eval, and start-up's share of the cell's wall time;
+* the run's wall time and peak RSS of all servers together (when it ran here).
+
+`--json PATH` writes the same numbers as a benchmark record to commit. Numbers only, no
+thresholds: speed targets are read from records, never asserted in tests.
+"""
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
+from typing import Any
+
+from harness.core.outcomes import EXIT_OK, EXIT_USAGE
+
+
+def server_logs(run_dir: Path) -> list[Path]:
+    """vLLM server logs of a run (the proxy's logs have no start-up to read)."""
+    return [p for p in sorted((run_dir / "logs").glob("*.log")) if "proxy" not in p.name]
+
+
+def _baseline_key(record: dict) -> str:
+    from harness.core.cell import Cell
+
+    return Cell.from_dict(record["cell"]).baseline_key
+
+
+def cell_rows(run_dir: Path) -> list[dict[str, Any]]:
+    from harness.run.record import load_records
+
+    rows = []
+    for rec in load_records(run_dir):
+        t = rec.get("timings") or {}
+        startup, base, pd = (t.get("startup_s") or 0.0, t.get("baseline_eval_s") or 0.0,
+                             t.get("pd_eval_s") or 0.0)
+        total = t.get("total_s") or startup + base + pd
+        rows.append({"cell": rec["cell"]["id"], "outcome": rec["verdict"]["outcome"],
+                     "group": f"{rec['run_id']}/{_baseline_key(rec)}",
+                     "startup_s": startup, "startup_wait_s": t.get("startup_wait_s"),
+                     "baseline_eval_s": base, "pd_eval_s": pd, "total_s": total,
+                     "group_total_s": t.get("group_total_s")})
+    return rows
+
+
+def bench_record(run_dir: Path, wall_s: float | None = None,
+                 peak_rss_bytes: int | None = None) -> dict[str, Any]:
+    from harness.serve.startup_phases import PHASES, parse_logs, summed
+
+    servers = [s for s in parse_logs(server_logs(run_dir)) if s.phases]
+    cells = cell_rows(run_dir)
+    ready = sorted(s.total_s for s in servers if s.total_s is not None)
+    # wall time: each baseline group once; start-up: what the run sat waiting for servers
+    groups = {c["group"]: c["group_total_s"] for c in cells if c["group_total_s"]}
+    waited = sum(c["startup_wait_s"] or 0.0 for c in cells)
+    return {
+        "run_dir": str(run_dir),
+        "wall_s": wall_s,
+        "peak_rss_bytes": peak_rss_bytes,
+        "servers": [{"server": Path(s.log_path).stem, "total_s": s.total_s, **s.phases}
+                    for s in servers],
+        "phases_summed_s": summed(servers),
+        "phases": list(PHASES),
+        "server_startup_median_s": ready[len(ready) // 2] if ready else None,
+        "server_startup_range_s": [ready[0], ready[-1]] if ready else None,
+        "cells": cells,
+        "startup_wait_s": waited,
+        "cell_wall_s": sum(groups.values()),
+        "startup_share_of_cell_time": waited / sum(groups.values()) if groups else None,
+    }
+
+
+def print_bench(record: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=200)
+    phases = record["phases"]
+    table = Table(title="server start-up, seconds per phase (read from each server's log)")
+    for col in ("server", *phases, "total"):
+        table.add_column(col, justify="left" if col == "server" else "right")
+    fmt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
+    for s in record["servers"]:
+        table.add_row(s["server"], *(fmt(s.get(p)) for p in phases), fmt(s["total_s"]))
+    table.add_row("all servers (summed)", *(fmt(record["phases_summed_s"][p]) for p in phases),
+                  fmt(sum(record["phases_summed_s"].values())))
+    console.print(table)
+    cells = Table(title="cells")
+    for col in ("cell", "outcome", "waited for servers s", "baseline eval s", "P/D eval s"):
+        cells.add_column(col)
+    for c in record["cells"]:
+        cells.add_row(c["cell"], c["outcome"], fmt(c["startup_wait_s"]),
+                      fmt(c["baseline_eval_s"]), fmt(c["pd_eval_s"]))
+    console.print(cells)
+    share = record["startup_share_of_cell_time"]
+    med = record["server_startup_median_s"]
+    console.print(f"servers: {len(record['servers'])}, start-up median {fmt(med)} s "
+                  f"(range {record['server_startup_range_s']}); waited for servers "
+                  f"{fmt(record['startup_wait_s'])} s of {fmt(record['cell_wall_s'])} s cell time: "
+                  f"{'-' if share is None else f'{100 * share:.0f}%'}"
+                  + (f"; run wall time {record['wall_s']:.0f} s" if record.get("wall_s") else "")
+                  + (f"; peak RSS {record['peak_rss_bytes'] / 2**30:.2f} GiB"
+                     if record.get("peak_rss_bytes") else ""))
 
 
 def bench(args: argparse.Namespace) -> int:
-    from harness.core.cell import Cell
-    from harness.core.options import RunOptions
-    from harness.matrix.rules import normalize_cell
-    from harness.run.runner import Runner
-    from harness.judge.verdict import Policy
+    wall = rss = None
+    if args.from_dir:
+        run_dir = Path(args.from_dir)
+        if not (run_dir / "logs").is_dir():
+            print(f"pd-accuracy: error: {run_dir} has no logs/ (not a run directory)")
+            return EXIT_USAGE
+    else:
+        from harness.cli.run import run_command
 
-    cell = normalize_cell(Cell(model=args.model, prefill_block_size=args.block_size,
-                               decode_block_size=args.block_size))
-    options = RunOptions(limit=args.limit, results_dir=args.results_dir,
-                         noise_floor=not args.no_noise_floor)
-    started = time.monotonic()
-    runner = Runner(options, Policy(), progress=lambda m: print(m, flush=True))
-    [result] = runner.run([cell])
-    total = time.monotonic() - started
-    t = result.record.get("timings", {})
-    rows = [
-        ("cell", cell.cell_id),
-        ("verdict", f"{result.verdict.outcome}: {result.verdict.reason[:120]}"),
-        ("questions", str(options.limit)),
-        ("start-up (baseline + P/D pair, concurrent)", f"{t.get('startup_s', float('nan')):.1f} s"),
-        ("baseline eval (incl. A/A re-run)", f"{t.get('baseline_eval_s', float('nan')):.1f} s"),
-        ("P/D eval", f"{t.get('pd_eval_s', float('nan')):.1f} s"),
-        ("total wall time", f"{total:.1f} s"),
-        ("peak RSS, all servers", f"{runner.peak_rss_bytes / 2**30:.2f} GiB"),
-    ]
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"{k:<{width}}  {v}")
-    return 0
+        started = time.monotonic()
+        holder: dict[str, Any] = {}
+        code = run_command(args, on_runner=lambda r: holder.setdefault("runner", r))
+        if "runner" not in holder:
+            return code
+        runner = holder["runner"]
+        run_dir, wall, rss = runner.run_dir, time.monotonic() - started, runner.peak_rss_bytes
+    record = bench_record(run_dir, wall, rss)
+    print_bench(record)
+    if args.bench_json:
+        from harness.core.atomic import atomic_write_text
+
+        atomic_write_text(args.bench_json, json.dumps(record, indent=2) + "\n")
+        print(f"benchmark record: {args.bench_json}")
+    return EXIT_OK
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="time and measure the smoke cell (prints numbers)")
-    p.add_argument("--model", default="tiny-llama-gsm")
-    p.add_argument("--block-size", type=int, default=128)
-    p.add_argument("--limit", type=int, default=50)
-    p.add_argument("--no-noise-floor", action="store_true")
-    p.add_argument("--results-dir", default="results/bench")
-    p.set_defaults(func=bench)
+    from harness.cli.run import add_run_arguments
+
+    p = sub.add_parser("bench", help="run cells (as `run` does) and show where the time went: "
+                                     "start-up phases per server, eval, shares")
+    add_run_arguments(p)
+    p.add_argument("--from", dest="from_dir", metavar="RUN_DIR",
+                   help="read a finished run's logs and records instead of running")
+    p.add_argument("--json", dest="bench_json", metavar="PATH", help="write a benchmark record")
+    p.set_defaults(func=bench, results_dir="results/bench")

@@ -20,6 +20,10 @@ BACKENDS = GPU_BACKENDS + CPU_BACKENDS
 DEVICES = ("cpu", "cuda")
 KV_BUFFER_DEVICES = ("cpu", "cuda")
 FAULTS = ("drop-transfer", "foreign-params", "corrupt-block", "swap-blocks")
+# "default": what vLLM does unasked (torch.compile; CUDA graphs on GPU); "eager": --enforce-eager
+# (neither). The KV connector, the attention kernels and the block handling are the same code
+# in both; bugs can live in either (a CUDA-graph capture of a 1-token prefill, say).
+COMPILE_MODES = ("default", "eager")
 FAULT_ENV_PREFIX = "PD_ACCURACY_FAULT"   # extra_env keys that tune a fault (block, value)
 
 
@@ -40,6 +44,7 @@ class Cell:
     num_decode: int = 1
     dtype: str = "bfloat16"
     max_model_len: int = 2048
+    compile: str = "default"        # see COMPILE_MODES; in the id (and the baseline) when not default
     extra_args: tuple[str, ...] = ()                 # appended to every server's argv
     extra_env: tuple[tuple[str, str], ...] = ()      # added to every server's env
     fault: str | None = None        # canary fault mode (see FAULTS); None for a real cell
@@ -67,6 +72,8 @@ class Cell:
             parts.append(f"n{self.num_prefill}x{self.num_decode}")
         if self.device == "cuda" and self.kv_buffer_device != "cuda":
             parts.append(f"kvbuf-{self.kv_buffer_device}")
+        if self.compile != "default":
+            parts.append(self.compile)
         if self.extra_args or self.plain_env:
             parts.append(self._extras_hash(self.plain_env))
         if self.fault:
@@ -100,6 +107,7 @@ class Cell:
             "tp": self.baseline_tp,
             "dtype": self.dtype,
             "max_model_len": self.max_model_len,
+            **({"compile": self.compile} if self.compile != "default" else {}),
             "extra_args": list(self.extra_args),
             # the fault switches only act on a decode server: a canary shares the real baseline
             "extra_env": [list(e) for e in self.plain_env],
@@ -119,6 +127,28 @@ class Cell:
     @property
     def is_canary(self) -> bool:
         return self.fault is not None
+
+    # ---- resources ------------------------------------------------------------------------
+    @property
+    def gpus_needed(self) -> dict[str, int]:
+        """GPUs per role when every server has its own GPUs (cpu cells need 0).
+
+        ``total`` assumes the baseline server is not up at the same time as the P/D pair
+        (max of the two sets); ``all_at_once`` is the count when all three run together;
+        ``min_shared`` is the fewest GPUs the cell runs on when its servers share GPUs (tiny
+        models with explicit memory budgets): its widest tensor-parallel server.
+        """
+        if self.device != "cuda":
+            return {"prefill": 0, "decode": 0, "baseline": 0, "total": 0, "all_at_once": 0,
+                    "min_shared": 0}
+        prefill = self.prefill_tp * self.num_prefill
+        decode = self.decode_tp * self.num_decode
+        baseline = self.baseline_tp
+        return {
+            "prefill": prefill, "decode": decode, "baseline": baseline,
+            "total": max(prefill + decode, baseline), "all_at_once": prefill + decode + baseline,
+            "min_shared": max(self.prefill_tp, self.decode_tp, baseline),
+        }
 
     # ---- (de)serialisation ----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
