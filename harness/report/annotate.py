@@ -1,4 +1,6 @@
-"""Buildkite annotation: one markdown table of every cell's verdict in a results directory.
+"""Buildkite annotation: a markdown table of every cell's verdict in a results directory, and one
+of its canaries (cells with an injected fault, CAUGHT or MISSED), kept out of the cells' table
+and counts.
 
 ``annotate(results_dir, out_path)`` collects the records below `results_dir` (recursively; a
 cell retried after an ERROR leaves several records, the newest one counts), renders
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from harness.report.cell_ids import canary_result, canary_summary, fault_label, is_canary
 # Worst first: tables are sorted by this, and the annotation style follows the worst present.
 from harness.core.outcomes import DISPLAY_ORDER as OUTCOME_ORDER
 from harness.core.outcomes import display_rank as outcome_rank
@@ -119,6 +122,7 @@ class CellResult:
     transfer: str
     attempts: int
     links: list[tuple[str, str]] = field(default_factory=list)   # (name, url)
+    fault: str | None = None       # a canary's fault, e.g. "corrupt-block (last)"; None: a real cell
 
     @property
     def rank(self) -> int:
@@ -168,24 +172,32 @@ def cell_results(records: Iterable[Mapping[str, Any]], *, link_base: Path = Path
     for record, attempts in latest_per_cell(records):
         verdict = record.get("verdict") or {}
         metrics = record.get("metrics") or {}
+        cell_id = record["cell"]["id"]
+        status, reason = str(verdict.get("status") or "ERROR"), str(verdict.get("reason") or "")
+        outcome, fault = outcome_of(record), record["cell"].get("fault") or verdict.get("canary")
+        if fault or is_canary(cell_id):
+            outcome = canary_result(cell_id, fault, status, outcome, reason)
+            fault = fault_label(cell_id, fault)
         out.append(CellResult(
-            cell_id=record["cell"]["id"],
-            outcome=outcome_of(record),
-            status=str(verdict.get("status") or "ERROR"),
-            reason=str(verdict.get("reason") or ""),
+            cell_id=cell_id,
+            outcome=outcome,
+            status=status,
+            reason=reason,
             expected_failure=verdict.get("expected_failure") or record["cell"].get("expected_failure"),
             metrics=metrics,
             transfer=transfer_summary(metrics, verdict.get("checks") or ()),
             attempts=attempts,
             links=[(name, _link(p, base=link_base, artifact_root=artifact_root))
                    for name, p in _artifact_files(record)],
+            fault=fault,
         ))
     out.sort(key=lambda c: (c.rank, c.cell_id))
     return out
 
 
 def annotation_style(results: Sequence[CellResult]) -> str:
-    """error if any FAIL/ERROR, warning if any XPASS/INCONCLUSIVE or no cells, else success."""
+    """error if any FAIL/MISSED/ERROR, warning if any XPASS/INCONCLUSIVE or no cells, else
+    success (canaries included: a CAUGHT one is a success)."""
     outcomes = {r.outcome for r in results}
     if outcomes & ERROR_OUTCOMES:
         return "error"
@@ -204,12 +216,15 @@ def outcome_counts(results: Sequence[CellResult]) -> list[tuple[str, int]]:
 def render_markdown(records: Iterable[Mapping[str, Any]], *, title: str = "P/D accuracy",
                     link_base: Path = Path("."), artifact_root: Path | None = None) -> str:
     """The annotation markdown for `records` (see module docstring)."""
-    results = cell_results(records, link_base=link_base, artifact_root=artifact_root)
+    everything = cell_results(records, link_base=link_base, artifact_root=artifact_root)
+    results = [r for r in everything if r.fault is None]
+    canaries = [r for r in everything if r.fault is not None]
     template = jinja_env().get_template("annotation.md.j2")
     context = dict(title=title, results=results, counts=outcome_counts(results),
-                   style=annotation_style(results), truncated=0)
+                   canaries=canaries, canary_count=canary_summary([r.outcome for r in canaries]),
+                   style=annotation_style(everything), truncated=0)
     text = template.render(rows=results, **context)
-    if len(text.encode()) > MAX_ANNOTATION_BYTES:
+    if len(text.encode()) > MAX_ANNOTATION_BYTES:   # canary rows are few: they all stay
         rows = [r for r in results if r.outcome != "PASS"]
         context["truncated"] = len(results) - len(rows)
         text = template.render(rows=rows, **context)

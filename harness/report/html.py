@@ -3,16 +3,22 @@
 ``render_report(history_db, out_dir)`` writes ``out_dir/index.html`` (templates/report.html.j2)
 and its PNGs under ``out_dir/img/``:
 
-* one heatmap per model: rows are runner x backend, columns are prefill/decode block sizes; each
-  square is coloured by the newest verdict of that configuration and labelled with its accuracy
-  delta (several cells on one square, e.g. different TP, show the worst);
-* one trend plot per cell with at least two entries (accuracy delta with its CI, and both
+* one heatmap per model: rows are runner x backend, columns are the rest of the configuration
+  (blocks, TP and every variant: "p128d128 tp1x2", "p128d128 tp1x1 eager"), so each square is
+  exactly one cell, coloured by its newest verdict and labelled with its accuracy delta;
+* the canaries (cells with an injected fault): their own table, CAUGHT or MISSED, never in the
+  heatmaps, the counts or the table of cells;
+* one trend plot per real cell with at least two entries (accuracy delta with its CI, and both
   accuracies, per run); the cells that changed come first, at most `max_trend_plots`;
 * "changes since the previous run": for each cell, its newest entry against the one before it
   (per cell, because one nightly build holds many harness runs): new FAIL, newly ERROR, new
-  XPASS, recovered, and (when none of those applies) significant drift of the delta — the two
-  deltas' CIs do not overlap, or, without CIs, they differ by more than the larger MDE;
-* a table of every cell's newest entry, worst first.
+  XPASS, newly MISSED (a canary), recovered, and (when none of those applies, and not for a
+  canary) significant drift of the delta — the two deltas' CIs do not overlap, or, without CIs,
+  they differ by more than the larger MDE;
+* a table of every real cell's newest entry, worst first.
+
+Rows of canaries recorded before CAUGHT/MISSED existed (outcome FAIL) are judged as canaries
+here (harness.report.cell_ids.with_canary_outcome).
 """
 from __future__ import annotations
 
@@ -23,6 +29,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from harness.report.annotate import OUTCOME_ORDER, fmt_delta, jinja_env, outcome_rank
+from harness.report.cell_ids import (canary_summary, fault_label, is_canary, variant_of,
+                                     variant_sort_key, with_canary_outcome)
 from harness.report.history import load_cells, load_runs
 
 OUTCOME_COLOURS = {
@@ -46,7 +54,7 @@ def _slug(text: str) -> str:
 class Change:
     """How one cell's newest entry differs from its previous one."""
 
-    kind: str                  # "new FAIL" | "newly ERROR" | "new XPASS" | "drift" | "recovered"
+    kind: str          # "new FAIL" | "newly ERROR" | "newly MISSED" | "new XPASS" | "drift" | "recovered"
     cell_id: str
     previous: Mapping[str, Any]
     latest: Mapping[str, Any]
@@ -74,14 +82,16 @@ def compare(previous: Mapping[str, Any], latest: Mapping[str, Any]) -> list[Chan
     cell_id = str(latest["cell_id"])
     before, now = _outcome(previous), _outcome(latest)
     changes = []
-    for kind, target in (("new FAIL", "FAIL"), ("newly ERROR", "ERROR"), ("new XPASS", "XPASS")):
+    for kind, target in (("new FAIL", "FAIL"), ("newly ERROR", "ERROR"),
+                         ("newly MISSED", "MISSED"), ("new XPASS", "XPASS")):
         if now == target and before != target:
             changes.append(Change(kind, cell_id, previous, latest,
                                   f"{before} -> {now}: {latest.get('reason') or ''}".strip()))
-    if before in ("FAIL", "ERROR") and now in ("PASS", "XFAIL"):
+    if before in ("FAIL", "ERROR", "MISSED") and now in ("PASS", "XFAIL", "CAUGHT"):
         changes.append(Change("recovered", cell_id, previous, latest, f"{before} -> {now}"))
     # A new FAIL or a recovery already says the delta moved; drift reports the silent moves.
-    if not changes and delta_drifted(previous, latest):
+    # A canary's delta is the fault's damage, not the P/D path's accuracy: it has no drift.
+    if not changes and not is_canary(cell_id) and delta_drifted(previous, latest):
         changes.append(Change(
             "drift", cell_id, previous, latest,
             f"delta {fmt_delta(previous['delta'], previous.get('ci_lo'), previous.get('ci_hi'))}"
@@ -103,7 +113,7 @@ def changes_since_previous(rows: Sequence[Mapping[str, Any]]) -> list[Change]:
     for entries in history_by_cell(rows).values():
         if len(entries) >= 2:
             changes += compare(entries[-2], entries[-1])
-    order = ["new FAIL", "newly ERROR", "drift", "new XPASS", "recovered"]
+    order = ["new FAIL", "newly ERROR", "newly MISSED", "drift", "new XPASS", "recovered"]
     return sorted(changes, key=lambda c: (order.index(c.kind), c.cell_id))
 
 
@@ -114,24 +124,28 @@ def _figure(width: float, height: float):
     return Figure(figsize=(width, height), dpi=100, layout="constrained")
 
 
+def heatmap_squares(latest: Sequence[Mapping[str, Any]]):
+    """(rows, columns, {(row, column): history row}) of one model's heatmap: rows are
+    "runner backend", columns variant_of; canaries are left out. Runner, backend and variant
+    are the whole cell id but the model, so a square never holds two cells."""
+    cells = [r for r in latest if not is_canary(str(r["cell_id"]))]
+    squares = {(f"{r['runner']} {r['backend']}", variant_of(r)): r for r in cells}
+    rows = sorted({row for row, _ in squares})
+    cols = sorted({col for _, col in squares}, key=variant_sort_key)
+    return rows, cols, squares
+
+
 def plot_heatmap(model: str, latest: Sequence[Mapping[str, Any]], path: Path) -> Path:
     """Heatmap of `latest` rows of one model (see module docstring) saved to `path`."""
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
-    rows = sorted({(str(r["runner"]), str(r["backend"])) for r in latest})
-    cols = sorted({(int(r["p_block"] or 0), int(r["d_block"] or 0)) for r in latest},
-                  key=lambda pd: (pd[1], pd[0]))
+    rows, cols, squares = heatmap_squares(latest)
     palette = [MISSING_COLOUR] + [OUTCOME_COLOURS[o] for o in OUTCOME_ORDER]
     codes = [[0] * len(cols) for _ in rows]
     labels = [[""] * len(cols) for _ in rows]
-    worst: dict[tuple[int, int], Mapping[str, Any]] = {}
-    for r in latest:
-        i = rows.index((str(r["runner"]), str(r["backend"])))
-        j = cols.index((int(r["p_block"] or 0), int(r["d_block"] or 0)))
-        if (i, j) not in worst or outcome_rank(_outcome(r)) < outcome_rank(_outcome(worst[i, j])):
-            worst[i, j] = r
-    for (i, j), r in worst.items():
+    for (row, col), r in squares.items():
+        i, j = rows.index(row), cols.index(col)
         outcome = _outcome(r)
         codes[i][j] = 1 + (OUTCOME_ORDER.index(outcome) if outcome in OUTCOME_ORDER else 1)
         labels[i][j] = (f"{float(r['delta']):+.2f}" if r.get("delta") is not None
@@ -144,12 +158,10 @@ def plot_heatmap(model: str, latest: Sequence[Mapping[str, Any]], path: Path) ->
         for j in range(len(cols)):
             if labels[i][j]:
                 ax.text(j, i, labels[i][j], ha="center", va="center", fontsize=8)
-    ax.set_xticks(range(len(cols)), [f"p{p}/d{d}" for p, d in cols], rotation=45, ha="right",
-                  fontsize=8)
-    ax.set_yticks(range(len(rows)), [f"{runner} {backend}" for runner, backend in rows],
-                  fontsize=8)
-    ax.set_title(f"{model}: newest verdict, label = accuracy delta", fontsize=9)
-    present = [o for o in OUTCOME_ORDER if any(_outcome(r) == o for r in worst.values())]
+    ax.set_xticks(range(len(cols)), cols, rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(range(len(rows)), rows, fontsize=8)
+    ax.set_title(f"{model}\nnewest verdict, label = accuracy delta", fontsize=9)
+    present = [o for o in OUTCOME_ORDER if any(_outcome(r) == o for r in squares.values())]
     ax.legend(handles=[Patch(color=OUTCOME_COLOURS[o], label=o) for o in present],
               loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -197,11 +209,14 @@ def render_report(history_db: str | os.PathLike[str], out_dir: str | os.PathLike
     out = Path(out_dir)
     img = out / "img"
     img.mkdir(parents=True, exist_ok=True)
-    rows = load_cells(history_db)
+    rows = [with_canary_outcome(r) for r in load_cells(history_db)]
     runs = load_runs(history_db)
     by_cell = history_by_cell(rows)
-    latest = [entries[-1] for entries in by_cell.values()]
-    latest.sort(key=lambda r: (outcome_rank(_outcome(r)), str(r["cell_id"])))
+    newest = sorted((entries[-1] for entries in by_cell.values()),
+                    key=lambda r: (outcome_rank(_outcome(r)), str(r["cell_id"])))
+    latest = [r for r in newest if not is_canary(str(r["cell_id"]))]
+    canaries = [{**r, "fault": fault_label(str(r["cell_id"]))} for r in newest
+                if is_canary(str(r["cell_id"]))]
     changes = changes_since_previous(rows)
 
     heatmaps = []
@@ -213,7 +228,8 @@ def render_report(history_db: str | os.PathLike[str], out_dir: str | os.PathLike
                          "cells": len(members)})
 
     changed = {c.cell_id for c in changes}
-    trend_ids = [cid for cid, entries in by_cell.items() if len(entries) >= 2]
+    trend_ids = [cid for cid, entries in by_cell.items()
+                 if len(entries) >= 2 and not is_canary(cid)]
     trend_ids.sort(key=lambda cid: (cid not in changed, cid))
     trends = []
     for cell_id in trend_ids[:max_trend_plots]:
@@ -233,6 +249,8 @@ def render_report(history_db: str | os.PathLike[str], out_dir: str | os.PathLike
         runs=runs,
         latest=latest,
         counts=[(o, n) for o, n in counts if n],
+        canaries=canaries,
+        canary_count=canary_summary([_outcome(r) for r in canaries]),
         regressions=[c for c in changes if c.is_regression],
         recoveries=[c for c in changes if not c.is_regression],
         heatmaps=heatmaps,
@@ -249,5 +267,5 @@ def render_report(history_db: str | os.PathLike[str], out_dir: str | os.PathLike
     return index
 
 
-__all__ = ["Change", "changes_since_previous", "compare", "delta_drifted", "history_by_cell",
-           "plot_heatmap", "plot_trend", "render_report"]
+__all__ = ["Change", "changes_since_previous", "compare", "delta_drifted", "heatmap_squares",
+           "history_by_cell", "plot_heatmap", "plot_trend", "render_report"]
