@@ -379,10 +379,10 @@ def run_farm(profile: str, *, matrix_path: str | None = None, parallelism: int =
 
     spec = matrix.load_matrix(matrix_path)
     cells = list(matrix.expand(spec, profile, PlatformInfo.detect()).cells)
-    if only:
+    if only is not None:   # [] selects nothing: never "the whole profile"
         cells = matrix.select(cells, list(only))
     if not cells:
-        raise ValueError(f"profile {profile!r} has no cell this machine can run")
+        raise ValueError(f"profile {profile!r}: no cell selected that this machine can run")
     docs = generate_pipeline(cells, profile=profile, queues=queues,
                              results_dir=results_dir or DEFAULT_RESULTS_DIR,
                              parallelism=parallelism, matrix_path=matrix_path, run_args=run_args,

@@ -55,8 +55,13 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     ev.add_argument("--sample-seed", type=int, default=None,
                     help="draw the questions at random with this seed instead of the first N")
     ev.add_argument("--alpha", type=float, default=_OPT.alpha)
-    ev.add_argument("--max-mde", type=float, default=_OPT.max_mde,
-                    help="a PASS must detect accuracy drops of this size with 80%% power")
+    ev.add_argument("--max-questions", type=int, default=_OPT.max_questions,
+                    help="question budget of a cell: undecided cells are asked more questions "
+                         "(looks at --limit, 2x, 4x, ... this), then INCONCLUSIVE "
+                         f"(default {_OPT.max_questions})")
+    ev.add_argument("--margin", type=float, default=100 * _OPT.margin, metavar="PTS",
+                    help="PASS means P/D is not worse than the baseline by more than this many "
+                         f"accuracy points (default {100 * _OPT.margin:.0f})")
     out = p.add_argument_group("output")
     out.add_argument("--results-dir", default=_OPT.results_dir)
     out.add_argument("--junit-xml", default=None)
@@ -166,7 +171,8 @@ def options_from(args: argparse.Namespace) -> RunOptions:
             raise UsageError(str(exc)) from None
     return RunOptions(
         limit=_OPT.limit if args.limit is None else args.limit,
-        seed=args.seed, concurrency=args.concurrency, alpha=args.alpha, max_mde=args.max_mde,
+        seed=args.seed, concurrency=args.concurrency, alpha=args.alpha, margin=args.margin / 100,
+        max_questions=args.max_questions,
         task=args.task, dataset_dir=args.dataset_dir, results_dir=args.results_dir,
         startup_timeout_s=args.startup_timeout, noise_floor=not args.no_noise_floor,
         num_fewshot=args.num_fewshot, max_gen_toks=args.max_gen_toks, gpu_layout=args.gpu_layout,
@@ -275,7 +281,7 @@ def run_command(args: argparse.Namespace, on_runner=None) -> int:
     from harness.serve.server_spec import Features
 
     features = Features.detect()
-    policy = Policy(alpha=options.alpha, max_mde=options.max_mde)
+    policy = Policy.from_options(options)
     started = time.monotonic()
     runner = Runner(options, policy, features=features, progress=lambda m: print(m, flush=True),
                     hybrid_models=hybrid_models)

@@ -17,7 +17,8 @@ class UsageError(ValueError):
 @dataclass(frozen=True)
 class RunOptions:
     # which questions
-    limit: int = 50                       # questions per cell (per stage, with sequential looks)
+    limit: int = 50                       # questions at a cell's first look
+    max_questions: int = 400              # its question budget: looks at limit, 2 limit, ... this
     task: str = "auto"                    # lm-eval task; "auto": the model's own (zoo) or GSM8K
     dataset_dir: str | None = None        # local GSM8K-style jsonl directory
     num_fewshot: int | None = None        # None: the task YAML's own
@@ -25,14 +26,14 @@ class RunOptions:
     sample_seed: int | None = None        # draw questions at random with this seed
     repeats: int = 1                      # evaluations per cell on different samples (calibration)
     # how they are asked
-    concurrency: int = 4                  # lm-eval num_concurrent
+    concurrency: int = 16                 # lm-eval num_concurrent (CPU: 100 questions 14.4 s at 4, 6.9 s at 16)
     max_gen_toks: int | None = None
     top_logprobs: int = 5
     request_timeout_s: float = 300.0
     noise_floor: bool = True              # the A/A re-run of the baseline
     # how they are judged
-    alpha: float = 0.01
-    max_mde: float = 0.25                 # a PASS must see drops this large at 80% power
+    alpha: float = 0.01                   # each error rate of the gate (false FAIL, false PASS)
+    margin: float = 0.05                  # PASS: P/D is not worse by more than this (5 pts)
     # where servers run
     startup_timeout_s: float = 600.0      # three servers starting on a loaded 2-core machine: ≤ 7 min
     max_starting: int | None = None       # servers of this host in start-up at once (None: no cap)
@@ -47,8 +48,11 @@ class RunOptions:
             raise UsageError("--limit must be at least 1")
         if not 0 < self.alpha < 0.5:
             raise UsageError("--alpha must be in (0, 0.5)")
-        if not 0 < self.max_mde <= 1:
-            raise UsageError("--max-mde must be in (0, 1]")
+        if not 0 < self.margin < 1:
+            raise UsageError("--margin must be in (0, 100) points")
+        if self.max_questions < self.limit:
+            raise UsageError(f"--max-questions ({self.max_questions}) must be at least --limit "
+                             f"({self.limit})")
         if self.repeats < 1:
             raise UsageError("--repeats must be at least 1")
         if self.concurrency < 1:
@@ -59,6 +63,15 @@ class RunOptions:
             raise UsageError(f"--gpu-layout must be one of {', '.join(GPU_LAYOUTS)}")
         if self.startup_timeout_s <= 0:
             raise UsageError("--startup-timeout must be positive")
+
+    @property
+    def stages(self) -> tuple[int, ...]:
+        """Questions at each look: limit, 2 limit, 4 limit, ... below the budget, then it."""
+        stages, n = [], self.limit
+        while n < self.max_questions:
+            stages.append(n)
+            n *= 2
+        return tuple(stages) + (self.max_questions,)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

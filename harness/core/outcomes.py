@@ -14,6 +14,7 @@ PASS, FAIL, INCONCLUSIVE, ERROR = "PASS", "FAIL", "INCONCLUSIVE", "ERROR"
 XFAIL, XPASS = "XFAIL", "XPASS"
 CAUGHT, MISSED = "CAUGHT", "MISSED"     # canaries: the harness saw the fault / did not
 STATUSES = (PASS, FAIL, INCONCLUSIVE, ERROR)
+CONTINUE = "CONTINUE"   # a verdict at a look that decided nothing: ask more questions (never final)
 
 EXIT_OK = 0
 EXIT_FAIL = 1

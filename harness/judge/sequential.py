@@ -57,7 +57,7 @@ __all__ = [
     "look_outcomes", "walk", "count_discordant",
 ]
 
-CONTINUE = "CONTINUE"
+from harness.core.outcomes import CONTINUE  # noqa: E402 (one name for "ask more")
 
 
 def obrien_fleming(alpha: float, t: float) -> float:

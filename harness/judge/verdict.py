@@ -1,10 +1,13 @@
 """Comparison → Verdict: the decision rules, in the order they are applied.
 
-PASS          every check passed and the run had the power to see a drop of `max_mde`.
+PASS          the transfer is proven, generations and logprobs are within the A/A floor, and P/D
+              is not worse than the baseline by more than the margin (default 5 pts): the upper
+              confidence bound of the accuracy drop is within it (harness.judge.sequential).
 FAIL          the P/D pair is broken: it failed to start or hand-shake while the baseline ran,
               its requests failed, no KV crossed, or its answers/generations/logprobs are worse
               than the baseline beyond chance.
-INCONCLUSIVE  nothing failed, but too few questions to guarantee the stated sensitivity.
+CONTINUE      (not an outcome) undecided at this look: the runner asks more questions.
+INCONCLUSIVE  nothing failed, but at the question budget the bound still exceeds the margin.
 ERROR         the environment is broken (the baseline itself failed to start or to answer, or
               scores far below the model's known accuracy): retry, do not blame P/D.
 
@@ -16,28 +19,39 @@ failed, not the cell, and a retry is right.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from harness.judge.compare import Comparison
-from harness.judge.stats import below_reference
-
-from harness.core.outcomes import ERROR, EXIT_CODES, FAIL, INCONCLUSIVE, PASS, XFAIL, XPASS
+from harness.core.outcomes import (CONTINUE, ERROR, EXIT_CODES, FAIL, INCONCLUSIVE, PASS, XFAIL,
+                                   XPASS)
 from harness.core.reference import ReferenceAccuracy  # noqa: F401 (the judge's input type)
 from harness.judge.canaries import canary_outcome
+from harness.judge.compare import Comparison
+from harness.judge.sequential import SequentialPlan, evaluate_look
+from harness.judge.stats import below_reference
 
 
 @dataclass(frozen=True)
 class Policy:
-    alpha: float = 0.01               # one-sided tests (McNemar, noise floor)
-    max_mde: float = 0.25             # a PASS must be able to see a drop this large (80% power)
+    alpha: float = 0.01               # FAIL: one-sided tests (McNemar, noise floor); PASS: the
+                                      # non-inferiority bound's error, each over all looks
+    margin: float = 0.05              # PASS: the accuracy drop is at most this (5 pts)
+    stages: tuple[int, ...] = (50, 100, 200, 400)   # questions at each look; the last: budget
     logprob_min_threshold: float = 0.10   # nats; |Δ logprob| p95 above this AND ...
     logprob_floor_factor: float = 5.0     # ... above factor × the A/A p95 is divergence
-    min_questions: int = 10
     # a baseline more than this far below the model card's accuracy (one-sided binomial test at
     # alpha) is broken itself: ERROR, the P/D comparison would be meaningless
     baseline_tolerance: float = 0.10
+
+    @classmethod
+    def from_options(cls, options: Any) -> "Policy":
+        """The judge's half of a run's RunOptions."""
+        return cls(alpha=options.alpha, margin=options.margin, stages=options.stages)
+
+    @property
+    def plan(self) -> SequentialPlan:
+        return SequentialPlan(stages=self.stages, margin=self.margin, alpha_fail=self.alpha,
+                              alpha_pass=self.alpha)
 
 
 @dataclass(frozen=True)
@@ -55,6 +69,7 @@ class Verdict:
     expected_failure: str | None = None
     decision_path: tuple[str, ...] = field(default=())
     canary: str | None = None          # the injected fault of a canary cell
+    look: dict | None = None           # the sequential look that decided (LookDecision.to_dict)
 
     @property
     def outcome(self) -> str:
@@ -81,6 +96,7 @@ class Verdict:
             "exit_code": self.exit_code,
             "checks": [asdict(c) for c in self.checks],
             "decision_path": list(self.decision_path),
+            "look": self.look,
         }
 
 
@@ -143,7 +159,9 @@ def baseline_health(cmp: Comparison, reference: ReferenceAccuracy, policy: Polic
 
 
 def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | None = None,
-           reference: ReferenceAccuracy | None = None) -> Verdict:
+           reference: ReferenceAccuracy | None = None, previous_n: int | None = None) -> Verdict:
+    """The verdict at this look (cmp holds every question so far; `previous_n`: the questions
+    of the look before, when it was not made at its planned stage). CONTINUE: ask more."""
     checks: list[Check] = []
     path: list[str] = []
 
@@ -163,21 +181,23 @@ def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | N
     checks += tchecks
     path.append("transfer")
 
-    # 2. accuracy: exact one-sided McNemar on the discordant pairs
+    # 2. accuracy: the sequential gate at this look — FAIL on the exact one-sided McNemar,
+    #    PASS when the upper bound of the drop is within the margin, else more questions
     m = cmp.mcnemar
     acc_detail = (f"baseline {_pct(cmp.baseline_accuracy)} vs P/D {_pct(cmp.pd_accuracy)} "
                   f"(Δ {100 * cmp.accuracy_delta:+.1f} pts, 95% CI "
                   f"[{100 * cmp.delta_ci.low:+.1f}, {100 * cmp.delta_ci.high:+.1f}]), "
                   f"discordant {m.baseline_only}↓/{m.pd_only}↑, McNemar p={m.p_value:.3g}")
-    acc_ok = m.p_value > policy.alpha
-    checks.append(Check("accuracy", acc_ok, acc_detail))
-    path.append("accuracy")
+    look = evaluate_look(policy.plan, m.baseline_only, m.pd_only, cmp.n, previous_n=previous_n)
+    checks.append(Check("accuracy", look.decision != FAIL, f"{look.text}; {acc_detail}"))
+    path.append(f"accuracy (look {look.look}/{look.n_looks}, n={look.n})")
 
-    # 3. generations: disagreement against the A/A noise floor
+    # 3. generations: disagreement against the A/A noise floor, at this look's level (repeated
+    #    looks spend the FAIL alpha like the accuracy test); an excess is only ever a FAIL
     floor_ok = True
     if cmp.floor is not None:
         f = cmp.floor
-        floor_ok = not f.exceeds
+        floor_ok = f.p_value > look.alpha_fail_look
         checks.append(Check("noise-floor", floor_ok,
                             f"P/D generations differ on {f.pd_differing}/{f.pd_total} "
                             f"({_pct(f.pd_rate)}) vs A/A {f.aa_differing}/{f.aa_total} "
@@ -217,24 +237,13 @@ def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | N
             ex = cmp.examples[0]
             reason += (f"; e.g. doc {ex['doc_id']}: baseline {ex['baseline_answer']!r} vs "
                        f"P/D {ex['pd_answer']!r}")
-        return Verdict(FAIL, reason, tuple(checks), expected_failure, tuple(path))
+        return Verdict(FAIL, reason, tuple(checks), expected_failure, tuple(path),
+                       look=look.to_dict())
 
-    # 5. power: never PASS what could have hidden a large regression
-    path.append("power")
-    mde_txt = "no drop" if not math.isfinite(cmp.mde) else f"drops ≥ {100 * cmp.mde:.1f} pts"
-    powered = cmp.n >= policy.min_questions and math.isfinite(cmp.mde) and cmp.mde <= policy.max_mde
-    checks.append(Check("power", powered,
-                        f"n={cmp.n} detects {mde_txt} at 80% power, α={policy.alpha} "
-                        f"(required ≤ {100 * policy.max_mde:.0f} pts)"))
-    if not powered:
-        return Verdict(INCONCLUSIVE,
-                       f"underpowered: n={cmp.n} can only detect {mde_txt} "
-                       f"(policy requires {100 * policy.max_mde:.0f} pts); {acc_detail}",
-                       tuple(checks), expected_failure, tuple(path))
+    # 5. nothing failed: the accuracy gate decides (the MDE stays in the record for reading)
     t = cmp.transfer.counters
-    return Verdict(PASS,
-                   f"{acc_detail}; {cmp.generations_differing}/{cmp.n} generations differ; "
-                   f"{t.prompt_tokens_external:.0f} prompt tokens arrived over NIXL; "
-                   f"could miss {mde_txt.replace('drops ≥', 'drops <')}",
-                   tuple(checks), expected_failure, tuple(path))
-
+    found = (f"{acc_detail}; {cmp.generations_differing}/{cmp.n} generations differ; "
+             f"{t.prompt_tokens_external:.0f} prompt tokens arrived over NIXL")
+    status = {PASS: PASS, CONTINUE: CONTINUE}.get(look.decision, INCONCLUSIVE)
+    return Verdict(status, f"{look.text}; {found}", tuple(checks), expected_failure, tuple(path),
+                   look=look.to_dict())

@@ -33,10 +33,11 @@ def _keyword_matches(expression: str, cell_id: str) -> bool:
 def select(cells: Sequence[Cell], only: Sequence[str] | None = None, keyword: str | None = None) -> list[Cell]:
     """Cells named in `only` (exact ids or globs) and matching the -k style `keyword`.
 
-    An `only` entry that matches no cell raises UnknownCellError naming the closest ids.
+    An `only` entry that matches no cell raises UnknownCellError naming the closest ids; an
+    empty `only` selects nothing (None: no filter).
     """
     chosen = list(cells)
-    if only:
+    if only is not None:
         ids = [c.cell_id for c in cells]
         wanted: set[str] = set()
         for entry in only:

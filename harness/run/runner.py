@@ -7,10 +7,8 @@ the next pair of a group is launched while the current one is being evaluated.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import random
 import time
 import uuid
 from contextlib import contextmanager
@@ -21,19 +19,17 @@ from typing import Any, Callable, Iterator, Sequence
 from harness.core.cell import Cell
 from harness.core.options import RunOptions
 from harness.eval.lmeval import EvalRun, evaluate_endpoint, split_size
+from harness.run.cell_eval import evaluate_cell
+from harness.run.stages import QuestionOrder, StagedRun
 from harness.eval.task_choice import default_data_dir, default_task
-from harness.eval.metrics import scrape_all
-from harness.judge.compare import compare
-from harness.judge.verdict import Policy, ReferenceAccuracy, Verdict, decide, error, fail
+from harness.judge.verdict import Policy, ReferenceAccuracy, Verdict, error, fail
 from harness.run.provenance import hardware, versions
 from harness.run.record import SCHEMA_VERSION, write_record
-from harness.run.transfer_evidence import read_proxy_records, transfer_proof
 from harness.serve.deploy import (Deployment, Endpoint, Placement, ProxyDeployment, pair_key,
                                   plan_baseline, plan_pair)
-from harness.serve.models import ResolvedModel, reference_accuracy, resolve
+from harness.serve.models import reference_accuracy, resolve
 from harness.serve.ports import PortAllocator
-from harness.serve.process import ManagedProcessError, most_decisive_line
-from harness.serve.plugins.fault_spec import request_tag_for
+from harness.serve.process import ManagedProcessError
 from harness.serve.server_spec import SERVER_FAULTS, Features
 from harness.serve.start_slots import StartSlots
 
@@ -42,14 +38,20 @@ Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)
-class _BaselineRound:
-    """One evaluation of the baseline (and its A/A re-run) on one question sample."""
+class BaselineRound:
+    """One repeat's baseline: its question order, its answers so far (extended when a cell
+    needs more questions; the server stays up) and its A/A re-run on the first look's."""
 
     run_id: str
-    sample: list[int] | None
-    run: EvalRun
+    order: QuestionOrder
+    staged: StagedRun
     aa: EvalRun | None
     samples_path: Path
+
+    @property
+    def run(self) -> EvalRun:
+        assert self.staged.run is not None
+        return self.staged.run
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,7 @@ class Runner:
         self.peak_rss_bytes = 0
 
     # -- records ------------------------------------------------------------------------------
-    def _record(self, cell: Cell, verdict: Verdict, *, metrics: dict | None = None,
+    def record(self, cell: Cell, verdict: Verdict, *, metrics: dict | None = None,
                 timings: dict | None = None, artifacts: dict | None = None,
                 run_id: str | None = None) -> CellResult:
         verdict = replace(verdict, canary=cell.fault)   # a canary's outcome is CAUGHT or MISSED
@@ -143,23 +145,15 @@ class Runner:
         return rel(artifacts)
 
     # -- evaluation ---------------------------------------------------------------------------
-    def _sample(self, task: str, data_dir: str | None, repeat: int) -> list[int] | None:
-        """Question subset of one repeat: the first `limit` docs, or a seeded random subset."""
-        seed = self.options.sample_seed
-        if seed is None and repeat == 0:
-            return None
-        size = split_size(task, data_dir)
-        if size is None:
-            return None
-        rng = random.Random(f"{seed or 0}:{repeat}")
-        return sorted(rng.sample(range(size), min(self.options.limit, size)))
-
-    def _evaluate(self, endpoint: Endpoint, role: str, task: str, data_dir: str | None,
-                  concurrency: int | None = None, sample: list[int] | None = None) -> EvalRun:
+    def evaluate(self, endpoint: Endpoint, role: str, task: str, data_dir: str | None,
+                 concurrency: int | None = None, sample: list[int] | None = None,
+                 limit: int | None = None) -> EvalRun:
+        """lm-eval on `endpoint`: the documents `sample`, or the first `limit` (default the
+        first look's)."""
         o = self.options
         return evaluate_endpoint(sample_indices=sample,
             role=role, base_url=endpoint.base_url, served_model_name=endpoint.served_model_name,
-            task=task, data_dir=data_dir, limit=o.limit, num_fewshot=o.num_fewshot,
+            task=task, data_dir=data_dir, limit=limit or o.limit, num_fewshot=o.num_fewshot,
             seed=o.seed, concurrency=concurrency or o.concurrency,
             top_logprobs=o.top_logprobs, max_gen_toks=o.max_gen_toks,
             timeout_s=o.request_timeout_s, work_dir=None)
@@ -252,38 +246,42 @@ class Runner:
         except ManagedProcessError as exc:
             reason = f"baseline failed to start: {exc}"
             waited = {"startup_s": time.monotonic() - group.started}  # what the attempt cost
-            raise _GroupAborted([self._record(c, error(reason, c.expected_failure), timings=waited,
+            raise _GroupAborted([self.record(c, error(reason, c.expected_failure), timings=waited,
                                               artifacts={"logs": baseline.logs()})
                                  for c in group.cells]) from exc
         group.waited["baseline"] = time.monotonic() - waiting
         return first_pair
 
-    def _evaluate_baseline(self, group: _Group, baseline: Deployment) -> list[_BaselineRound]:
+    def _evaluate_baseline(self, group: _Group, baseline: Deployment) -> list[BaselineRound]:
         """Every repeat's baseline evaluation (and A/A re-run), its samples written to disk."""
         base_ep = baseline.baseline_endpoint()
         task, data_dir, key = group.task, group.data_dir, group.first.baseline_key
         repeats = self.options.repeats
-        rounds: list[_BaselineRound] = []
+        rounds: list[BaselineRound] = []
+        size = split_size(task, data_dir)
+        limit = self.options.limit
         try:
             for r in range(repeats):
-                sample = self._sample(task, data_dir, r)
+                order = QuestionOrder.for_repeat(size, self.options.sample_seed, r)
+                staged = StagedRun(lambda docs, n: self.evaluate(
+                    base_ep, "baseline", task, data_dir, sample=docs, limit=n), order)
                 tag = f" (repeat {r + 1}/{repeats})" if repeats > 1 else ""
-                self.progress(f"evaluating baseline ({task}, {self.options.limit} questions){tag}")
-                base_run = self._evaluate(base_ep, "baseline", task, data_dir, sample=sample)
+                self.progress(f"evaluating baseline ({task}, {limit} questions){tag}")
+                base_run = staged.up_to(limit)
                 base_aa = None
                 if self.options.noise_floor:
                     self.progress("evaluating baseline again at concurrency 1 (A/A noise floor)")
-                    base_aa = self._evaluate(base_ep, "baseline-aa", task, data_dir,
-                                             concurrency=1, sample=sample)
+                    base_aa = self.evaluate(base_ep, "baseline-aa", task, data_dir, concurrency=1,
+                                            sample=order.docs(0, limit), limit=limit)
                 run_id = self.run_id if repeats == 1 else f"{self.run_id}-r{r:02d}"
                 base_dir = self.results_root / run_id / "baselines"
                 samples_path = base_run.write_jsonl(base_dir / f"{key}.jsonl")
                 if base_aa is not None:
                     base_aa.write_jsonl(base_dir / f"{key}-aa.jsonl")
-                rounds.append(_BaselineRound(run_id, sample, base_run, base_aa, samples_path))
+                rounds.append(BaselineRound(run_id, order, staged, base_aa, samples_path))
         except Exception as exc:  # noqa: BLE001 - any failure of the baseline is environmental
             reason = f"baseline evaluation failed: {type(exc).__name__}: {exc}"
-            raise _GroupAborted([self._record(c, error(reason, c.expected_failure),
+            raise _GroupAborted([self.record(c, error(reason, c.expected_failure),
                                               artifacts={"logs": baseline.logs()})
                                  for c in group.cells]) from exc
         return rounds
@@ -304,7 +302,7 @@ class Runner:
         pair.launch()
         return pair
 
-    def _run_pairs(self, group: _Group, baseline: Deployment, rounds: list[_BaselineRound],
+    def _run_pairs(self, group: _Group, baseline: Deployment, rounds: list[BaselineRound],
                    first_pair: Deployment, launched: list[Deployment]) -> list[CellResult]:
         """Each pair in turn: wait for it, launch the next one, run its cells on every round."""
         base_samples = rounds[0].samples_path
@@ -320,7 +318,7 @@ class Runner:
             except ManagedProcessError as exc:
                 pair.stop()
                 for c in cells_of_pair:
-                    results.append(self._record(
+                    results.append(self.record(
                         c, fail(f"P/D pair failed to start while the baseline ran: {exc}",
                                 c.expected_failure, check="pd-startup"),
                         timings={"startup_s": time.monotonic() - group.started},
@@ -333,7 +331,7 @@ class Runner:
             following = self._launch_pair(group, i + 1, launched)  # starts while this one is evaluated
             for cell in cells_of_pair:
                 for rnd in rounds:
-                    results.append(self._run_cell(
+                    results.append(evaluate_cell(self, 
                         cell, pair, rnd, group.task, group.data_dir, group.hybrid,
                         reference=group.reference,
                         timings={"startup_s": max(baseline.startup_s or 0, pair.startup_s or 0),
@@ -343,52 +341,3 @@ class Runner:
             pair.stop()
             pair = following
         return results
-
-    def _run_cell(self, cell: Cell, pair: Deployment, rnd: "_BaselineRound", task: str,
-                  data_dir: str | None, hybrid: bool, *, timings: dict, reference=None,
-                  baseline_logs: dict) -> CellResult:
-        base_run, base_aa, base_samples = rnd.run, rnd.aa, rnd.samples_path
-        cell_dir = self.results_root / rnd.run_id / cell.cell_id
-        records_path = cell_dir / "proxy-records.jsonl"
-        proxy_fault = cell.fault if cell.fault in ("drop-transfer", "foreign-params") else None
-        port = self.allocator.reserve(1, owner=f"proxy:{cell.cell_id}")[0]
-        decode_urls = pair.urls("decode")
-        # every evaluation on a shared pair in its own prefix-cache space; a server-side canary's
-        # requests name their fault for the decode's plugin (no other request is touched)
-        salt = hashlib.sha256(f"{rnd.run_id}/{cell.cell_id}".encode()).hexdigest()[:16]
-        artifacts = {"baseline_samples": str(base_samples), "logs": {**baseline_logs, **pair.logs()},
-                     "proxy_records": str(records_path)}
-        started = time.monotonic()
-        try:
-            with ProxyDeployment(pair, port=port, log_dir=self.log_dir, fault=proxy_fault,
-                                 records_path=records_path, allocator=self.allocator,
-                                 request_tag=request_tag_for(cell.fault, cell.fault_env), cache_salt=salt) as proxy:
-                artifacts["logs"]["proxy"] = str(proxy.process.log_path)
-                before = scrape_all(decode_urls)
-                self.progress(f"evaluating P/D {cell.cell_id}")
-                pd_run = self._evaluate(proxy.endpoint(), "pd", task, data_dir, sample=rnd.sample)
-                after = scrape_all(decode_urls)
-        except Exception as exc:  # noqa: BLE001 - the baseline worked, so a P/D failure is FAIL
-            lines = []
-            for name, proc in pair.processes.items():
-                decisive = [l for l in proc.decisive_lines() if "Error" in l or "error" in l]
-                if decisive:  # an engine core can die while its API server keeps answering 500
-                    state = "running" if proc.is_running() else "died"
-                    lines.append(f"{name} ({state}): {most_decisive_line(decisive)}")
-            reason = f"P/D evaluation failed: {type(exc).__name__}: {str(exc)[:300]}"
-            if lines:
-                reason += "; " + "; ".join(lines)
-            return self._record(cell, fail(reason, cell.expected_failure, check="pd-requests"),
-                                timings={**timings, "pd_eval_s": time.monotonic() - started},
-                                artifacts=artifacts, run_id=rnd.run_id)
-        pd_samples = pd_run.write_jsonl(cell_dir / "pd-samples.jsonl")
-        artifacts["pd_samples"] = str(pd_samples)
-        proof = transfer_proof(read_proxy_records(str(records_path)), after.delta(before), hybrid,
-                               [str(pair.processes[s.name].log_path) for s in pair.specs
-                                if s.role == "decode"])
-        cmp = compare(base_run, pd_run, proof, baseline_aa=base_aa, alpha=self.policy.alpha)
-        verdict = decide(cmp, self.policy, cell.expected_failure, reference=reference)
-        timings = {**timings, "pd_eval_s": pd_run.wall_s,
-                   "total_s": timings.get("startup_s", 0) + timings.get("baseline_eval_s", 0) + pd_run.wall_s}
-        return self._record(cell, verdict, metrics=cmp.metrics_dict(), timings=timings,
-                            artifacts=artifacts, run_id=rnd.run_id)

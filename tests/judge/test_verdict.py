@@ -8,10 +8,11 @@ import pytest
 from harness.judge.compare import Comparison, TransferProof, compare
 from harness.eval.lmeval import EvalRun, QuestionRecord, prompt_hash
 from harness.eval.metrics import TransferCounters
-from harness.core.outcomes import ERROR, EXIT_CODES, FAIL, INCONCLUSIVE, PASS, SEVERITY, worst_outcome
+from harness.core.outcomes import (CONTINUE, ERROR, EXIT_CODES, FAIL, INCONCLUSIVE, PASS, SEVERITY,
+                                   worst_outcome)
 from harness.judge.verdict import Policy, Verdict, decide, error, fail
 
-N = 60   # powered at the default policy (MDE ≈ 0.15 ≤ 0.25)
+N = 200  # a clean cell proves the 5-pt margin at the third look (50, 100, 200, 400)
 
 
 def logprobs(tokens: list[str], values: list[float]) -> dict:
@@ -72,7 +73,7 @@ def test_clean_powered_cell_passes():
     assert v.status == PASS and v.outcome == PASS and v.exit_code == 0
     assert all(c.passed for c in v.checks)
     assert {c.name for c in v.checks} >= {"kv-arrived-externally", "accuracy", "noise-floor",
-                                          "logprob-divergence", "power"}
+                                          "logprob-divergence"}
     assert "prompt tokens arrived over NIXL" in v.reason
 
 
@@ -146,7 +147,7 @@ def test_transfer_failure_wins_over_accuracy_failure():
 
 # ---- accuracy -------------------------------------------------------------------------------
 def test_significant_accuracy_drop_fails():
-    v = decide(comparison(pd_wrong=8))               # 8 discordant pairs, all against P/D
+    v = decide(comparison(pd_wrong=12))              # 12 discordant pairs, all against P/D
     assert v.status == FAIL
     assert v.reason.startswith("P/D accuracy is lower")
     assert "doc 0: baseline '42' vs P/D '7'" in v.reason
@@ -154,9 +155,9 @@ def test_significant_accuracy_drop_fails():
 
 
 def test_small_accuracy_difference_is_not_significant():
-    v = decide(comparison(pd_wrong=2))               # p = 0.25
+    v = decide(comparison(400, pd_wrong=2), Policy(stages=(50, 100, 200, 400)))   # p = 0.25
     assert check(v, "accuracy").passed
-    assert v.status == PASS
+    assert v.status == PASS            # 0.5 pts lost of 400: within the 5-pt margin
 
 
 # ---- noise floor ----------------------------------------------------------------------------
@@ -200,26 +201,44 @@ def test_logprob_threshold_scales_with_the_aa_floor():
 
 
 # ---- power ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("n", [5, 9, 20])
-def test_underpowered_runs_are_inconclusive_never_pass(n):
+@pytest.mark.parametrize("n", [50, 100])
+def test_a_clean_cell_is_undecided_until_its_bound_is_within_the_margin(n):
+    """0 of n questions differ: at n = 50 the 99 % upper bound of the drop is 9.8 pts, at 100
+    it is 5.1 pts (more than the 5-pt margin): ask more questions, never PASS yet."""
     v = decide(comparison(n))
+    assert v.status == CONTINUE and v.look["next_n"] == 2 * n
+    assert v.look["drop_upper"] > 0.05 and "continue to" in v.reason
+
+
+def test_a_clean_cell_passes_under_the_margin_in_the_users_terms():
+    v = decide(comparison(200))
+    assert v.status == PASS and v.exit_code == 0
+    assert v.reason.startswith("P/D is not worse than the baseline by more than 5.0 pts")
+    assert "n = 200" in v.reason and v.look["drop_upper"] <= 0.05
+
+
+def test_a_ten_point_drop_never_passes():
+    """The measured GDN-state fault: 96 % vs 86 % at n = 50 (5 lost, 0 gained, McNemar p =
+    0.031) PASSed under the old rule. Now it is not PASS at any look: undecided at 50, FAIL
+    once the evidence reaches the look's level."""
+    assert decide(comparison(50, pd_wrong=5)).status == CONTINUE
+    v = decide(comparison(100, pd_wrong=10))
+    assert v.status == FAIL and v.reason.startswith("P/D accuracy is lower: P/D is worse")
+
+
+def test_inconclusive_at_the_budget_with_the_bound_reached():
+    v = decide(comparison(50), Policy(stages=(50,)))   # one look, 0 differ: bound 9.8 pts
     assert v.status == INCONCLUSIVE and v.exit_code == 4
-    assert v.reason.startswith(f"underpowered: n={n}")
-    assert not check(v, "power").passed
+    assert v.reason.startswith("inconclusive at the budget of 50 questions: the drop is at most 9.8 pts")
 
 
-def test_min_questions_alone_makes_a_run_underpowered():
-    v = decide(comparison(N), Policy(min_questions=N + 1))
-    assert v.status == INCONCLUSIVE
-
-
-def test_loose_policy_lets_a_small_run_pass():
-    assert decide(comparison(20), Policy(max_mde=0.5)).status == PASS
+def test_a_wider_margin_decides_earlier():
+    assert decide(comparison(50), Policy(margin=0.15)).status == PASS
 
 
 # ---- expected failures, outcomes, exit codes --------------------------------------------------
 def test_expected_failure_that_fails_is_xfail():
-    v = decide(comparison(pd_wrong=8), expected_failure="upstream bug #1")
+    v = decide(comparison(pd_wrong=12), expected_failure="upstream bug #1")
     assert (v.status, v.outcome, v.exit_code) == (FAIL, "XFAIL", 0)
     assert v.to_dict()["expected_failure"] == "upstream bug #1"
 
@@ -232,7 +251,7 @@ def test_expected_failure_that_passes_is_xpass():
 def test_expected_failure_keeps_inconclusive_and_error():
     """An expected failure whose baseline broke is the environment's failure: ERROR (retried),
     never a green XFAIL."""
-    assert decide(comparison(5), expected_failure="x").outcome == INCONCLUSIVE
+    assert decide(comparison(50), Policy(stages=(50,)), expected_failure="x").outcome == INCONCLUSIVE
     assert error("baseline died", expected_failure="x").outcome == ERROR
     assert error("baseline died", expected_failure="x").exit_code == 3
     assert error("baseline died").outcome == ERROR and error("b").exit_code == 3

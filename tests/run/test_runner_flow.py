@@ -45,6 +45,7 @@ class FakeDeployment:
 
 class FakeRun:
     wall_s = 1.5
+    n = 0
 
     def write_jsonl(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -65,18 +66,18 @@ def flow(tmp_path, monkeypatch):
     monkeypatch.setattr(runner_mod, "plan_pair",
                         lambda cell, **kw: FakeDeployment(cell.cell_id, events, cell.cell_id in dying))
 
-    def evaluate(self, endpoint, role, task, data_dir, concurrency=None, sample=None):
+    def evaluate(self, endpoint, role, task, data_dir, concurrency=None, sample=None, limit=None):
         events.append(f"evaluate {role}")
         return FakeRun()
 
-    def run_cell(self, cell, pair, rnd, task, data_dir, hybrid, *, timings, reference=None,
+    def run_cell(runner, cell, pair, rnd, task, data_dir, hybrid, *, timings, reference=None,
                  baseline_logs):
         events.append(f"run {cell.cell_id} on {pair.name}")
-        return self._record(cell, fail("fake verdict", check="fake"), timings=timings,
-                            run_id=rnd.run_id)
+        return runner.record(cell, fail("fake verdict", check="fake"), timings=timings,
+                             run_id=rnd.run_id)
 
-    monkeypatch.setattr(runner_mod.Runner, "_evaluate", evaluate)
-    monkeypatch.setattr(runner_mod.Runner, "_run_cell", run_cell)
+    monkeypatch.setattr(runner_mod.Runner, "evaluate", evaluate)
+    monkeypatch.setattr(runner_mod, "evaluate_cell", run_cell)
     progress: list[str] = []
     options = RunOptions(task="gsm8k_local", dataset_dir=str(tmp_path), limit=5,
                          results_dir=str(tmp_path / "runs"))
@@ -135,7 +136,7 @@ def test_a_baseline_evaluation_that_raises_is_an_error_for_every_cell(flow, monk
     def broken(*args, **kwargs):
         raise ConnectionError("refused")
 
-    monkeypatch.setattr(runner_mod.Runner, "_evaluate", broken)
+    monkeypatch.setattr(runner_mod.Runner, "evaluate", broken)
     results = runner.run(cells())
     assert {r.verdict.reason for r in results} == {
         "baseline evaluation failed: ConnectionError: refused"}

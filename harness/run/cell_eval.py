@@ -1,0 +1,104 @@
+"""One cell on its running pair: the P/D evaluation behind the harness's proxy, look after look,
+until the judge decides (harness.judge.sequential), then its record.
+
+Each look asks the next stage's questions of the P/D pair and, when this cell is the first of
+its group to need them, of the baseline (its server is still up); the transfer evidence is
+cumulative: one proxy, one records file and one /metrics delta over all looks.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import replace
+from typing import Any
+
+from harness.core.cell import Cell
+from harness.core.outcomes import CONTINUE
+from harness.eval.metrics import scrape_all
+from harness.judge.compare import compare
+from harness.judge.verdict import ReferenceAccuracy, decide, fail
+from harness.run.stages import StagedRun
+from harness.run.transfer_evidence import read_proxy_records, transfer_proof
+from harness.serve.deploy import Deployment, ProxyDeployment
+from harness.serve.plugins.fault_spec import request_tag_for
+from harness.serve.process import most_decisive_line
+
+PROXY_FAULTS = ("drop-transfer", "foreign-params")
+
+
+def decisive_pair_lines(pair: Deployment) -> list[str]:
+    """The error line of every pair server that logged one (an engine core can die while its
+    API server keeps answering 500)."""
+    lines = []
+    for name, proc in pair.processes.items():
+        decisive = [line for line in proc.decisive_lines() if "Error" in line or "error" in line]
+        if decisive:
+            state = "running" if proc.is_running() else "died"
+            lines.append(f"{name} ({state}): {most_decisive_line(decisive)}")
+    return lines
+
+
+def evaluate_cell(runner: Any, cell: Cell, pair: Deployment, rnd: Any, task: str,
+                  data_dir: str | None, hybrid: bool, *, timings: dict,
+                  reference: ReferenceAccuracy | None = None, baseline_logs: dict) -> Any:
+    """`cell`'s CellResult; `runner` is the harness.run.runner.Runner that started `pair`, `rnd`
+    its BaselineRound (this module must not import the runner: the runner imports it)."""
+    cell_dir = runner.results_root / rnd.run_id / cell.cell_id
+    records_path = cell_dir / "proxy-records.jsonl"
+    proxy_fault = cell.fault if cell.fault in PROXY_FAULTS else None
+    port = runner.allocator.reserve(1, owner=f"proxy:{cell.cell_id}")[0]
+    decode_urls = pair.urls("decode")
+    decode_logs = [str(pair.processes[s.name].log_path) for s in pair.specs if s.role == "decode"]
+    artifacts = {"baseline_samples": str(rnd.samples_path),
+                 "logs": {**baseline_logs, **pair.logs()}, "proxy_records": str(records_path)}
+    # every evaluation on a shared pair in its own prefix-cache space; a server-side canary's
+    # requests name their fault for the decode's plugin (no other request is touched)
+    salt = hashlib.sha256(f"{rnd.run_id}/{cell.cell_id}".encode()).hexdigest()[:16]
+    plan = runner.policy.plan.limited_to(rnd.order.capped(runner.policy.plan.budget))
+    policy = replace(runner.policy, stages=plan.stages)
+    baseline_asked_s = rnd.staged.wall_s
+    started = time.monotonic()
+    looks: list[dict] = []
+    try:
+        with ProxyDeployment(pair, port=port, log_dir=runner.log_dir, fault=proxy_fault,
+                             records_path=records_path, allocator=runner.allocator,
+                             request_tag=request_tag_for(cell.fault, cell.fault_env),
+                             cache_salt=salt) as proxy:
+            artifacts["logs"]["proxy"] = str(proxy.process.log_path)
+            endpoint = proxy.endpoint()
+            pd = StagedRun(lambda docs, n: runner.evaluate(endpoint, "pd", task, data_dir,
+                                                           sample=docs, limit=n), rnd.order)
+            before = scrape_all(decode_urls)
+            previous_n = None
+            for n in plan.stages:
+                runner.progress(f"evaluating P/D {cell.cell_id} ({n} questions)")
+                pd_run, base_run = pd.up_to(n), rnd.staged.up_to(n)
+                proof = transfer_proof(read_proxy_records(str(records_path)),
+                                       scrape_all(decode_urls).delta(before), hybrid, decode_logs)
+                cmp = compare(base_run, pd_run, proof, baseline_aa=rnd.aa,
+                              alpha=runner.policy.alpha)
+                verdict = decide(cmp, policy, cell.expected_failure, reference=reference,
+                                 previous_n=previous_n)
+                if verdict.look is not None:
+                    looks.append(verdict.look)
+                if verdict.status != CONTINUE:
+                    break
+                previous_n = cmp.n
+    except Exception as exc:  # noqa: BLE001 - the baseline worked, so a P/D failure is FAIL
+        reason = f"P/D evaluation failed: {type(exc).__name__}: {str(exc)[:300]}"
+        lines = decisive_pair_lines(pair)
+        if lines:
+            reason += "; " + "; ".join(lines)
+        return runner.record(cell, fail(reason, cell.expected_failure, check="pd-requests"),
+                             timings={**timings, "pd_eval_s": time.monotonic() - started},
+                             artifacts=artifacts, run_id=rnd.run_id)
+    artifacts["pd_samples"] = str(pd_run.write_jsonl(cell_dir / "pd-samples.jsonl"))
+    rnd.run.write_jsonl(rnd.samples_path)   # the baseline's answers so far, this cell's included
+    baseline_more_s = rnd.staged.wall_s - baseline_asked_s
+    metrics = {**cmp.metrics_dict(),
+               "sequential": {"plan": plan.to_dict(), "looks": looks, "questions": cmp.n}}
+    timings = {**timings, "pd_eval_s": pd.wall_s, "baseline_more_questions_s": baseline_more_s,
+               "total_s": (timings.get("startup_s", 0) + timings.get("baseline_eval_s", 0)
+                           + baseline_more_s + pd.wall_s)}
+    return runner.record(cell, verdict, metrics=metrics, timings=timings, artifacts=artifacts,
+                         run_id=rnd.run_id)
