@@ -1,0 +1,219 @@
+"""pytest plugin (entry point `pytest11: pd_accuracy`): the `pd_accuracy` marker, the `--pd-*`
+options, matrix parametrization of `pd_cell`, and fixtures a downstream test can use.
+
+Hooks and fixtures only; the tests that judge a profile's cells live in harness.pytest_suite
+(a test file imports them). Importing this module imports nothing heavy: vLLM users get it in
+every pytest run of an environment where pd-accuracy is installed.
+
+Fixtures:
+  pd_cell                 one cell of `--pd-profile` (parametrized; pytest -k selects by cell id)
+  pd_options, pd_policy   the run's RunOptions / Policy, built from the --pd-* options and
+                          --pd-run-arg exactly as `pd-accuracy run` builds them
+  pd_runner               the session's Runner (one results directory per run, shared by
+                          pytest-xdist workers)
+  pd_judge                pd_judge(cell_or_cells) -> CellResult(s): start, evaluate, judge
+  pd_baseline             context manager: pd_baseline(cell) -> running baseline Endpoint
+  pd_pair                 context manager: pd_pair(cell) -> running P/D pair behind the proxy
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from harness.core.cell import Cell
+
+RUN_ID_KEY = "pd_accuracy_run_id"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("pd-accuracy")
+    g.addoption("--pd-profile", default="smoke", help="matrix profile to parametrize (default smoke)")
+    g.addoption("--pd-matrix", default=None,
+                help="matrix YAML (default: the packaged harness/matrix/default.yaml); a user "
+                     "matrix may `extends:` the default one")
+    g.addoption("--pd-results-dir", default="results/runs", help="where records are written")
+    g.addoption("--pd-limit", type=int, default=None, help="questions per cell (default: 50)")
+    g.addoption("--pd-alpha", type=float, default=None, help="significance level (default 0.01)")
+    g.addoption("--pd-margin", type=float, default=None,
+                help="PASS: P/D is not worse than the baseline by more than this many points "
+                     "(default 5)")
+    g.addoption("--pd-max-questions", type=int, default=None,
+                help="question budget per cell for undecided cells (default 400)")
+    g.addoption("--pd-farm", action="store_true",
+                help="run each baseline group's cells as the generated Buildkite steps "
+                     "(`pd-accuracy farm --local`, subprocesses) instead of in this process")
+    g.addoption("--pd-run-arg", action="append", default=[],
+                help="extra `pd-accuracy run` argument (repeatable), e.g. --pd-run-arg=--num-fewshot=1; "
+                     "used in both modes")
+    g.addoption("--pd-platform", default=None,
+                help="expand for this platform instead of this machine (cpu, cuda:N)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "pd_accuracy: a real P/D pair against a real baseline (starts vLLM servers)")
+    config.addinivalue_line("markers", "slow: starts real processes; takes more than a few seconds")
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and RUN_ID_KEY in workerinput:
+        config.stash[_RUN_ID] = workerinput[RUN_ID_KEY]
+    else:
+        config.stash[_RUN_ID] = (time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-"
+                                 + uuid.uuid4().hex[:6])
+
+
+_RUN_ID = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller: every worker writes into the same run directory."""
+    node.workerinput[RUN_ID_KEY] = node.config.stash[_RUN_ID]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """With pytest-xdist (`-n N`) and no --dist given, distribute by group: cells that share a
+    baseline carry one `xdist_group` and so run on one worker, which starts that baseline once.
+    (xdist turns an absent --dist into "load"; its scheduler reads the option later.)"""
+    args = [str(a) for a in config.invocation_params.args]
+    explicit = any(a == "--dist" or a.startswith("--dist=") or a == "-d" for a in args)
+    if (getattr(config.option, "numprocesses", None) and not explicit
+            and getattr(config.option, "dist", None) in ("no", "load")):
+        config.option.dist = "loadgroup"
+
+
+def run_id(config: pytest.Config) -> str:
+    return config.stash[_RUN_ID]
+
+
+def expansion(config: pytest.Config):
+    from harness import matrix
+    from harness.core.platform import PlatformInfo
+    from harness.serve.vllm_features import detect_platform
+
+    spec = matrix.load_matrix(config.getoption("--pd-matrix"))
+    plat = config.getoption("--pd-platform")
+    platform = PlatformInfo.from_spec(plat) if plat else detect_platform()
+    return spec, matrix.expand(spec, config.getoption("--pd-profile"), platform)
+
+
+def no_cells_reason(profile: str, excluded) -> str:
+    """Why a profile expanded to no runnable cell here: the distinct exclusion reasons."""
+    reasons = sorted({f"{e.rule}: {e.reason}" for e in excluded})
+    shown = "; ".join(reasons[:5]) + (f"; (+{len(reasons) - 5} more)" if len(reasons) > 5 else "")
+    return (f"pd-accuracy: profile {profile!r} has no cell that can run here"
+            + (f" ({shown})" if shown else " (it declares none)"))
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "pd_cell" not in metafunc.fixturenames:
+        return
+    _, exp = expansion(metafunc.config)
+    if not exp.cells:
+        # never an empty parametrization: pytest would skip it and a broken install looks green
+        raise pytest.Collector.CollectError(
+            no_cells_reason(metafunc.config.getoption("--pd-profile"), exp.excluded))
+    metafunc.parametrize("pd_cell", [
+        pytest.param(c, id=c.cell_id, marks=[pytest.mark.xdist_group(c.baseline_key)])
+        for c in exp.cells])
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    session.stash[_SELECTED] = [i.callspec.params["pd_cell"] for i in items
+                                if hasattr(i, "callspec") and "pd_cell" in i.callspec.params]
+
+
+_SELECTED = pytest.StashKey[list]()
+
+
+def selected_cells(session: pytest.Session) -> list["Cell"]:
+    """The cells of the selected (not deselected) tests, in collection order, each once."""
+    return list(dict.fromkeys(session.stash.get(_SELECTED, [])))
+
+
+# ---- fixtures ---------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def pd_run_argv(pytestconfig: pytest.Config) -> list[str]:
+    """The `pd-accuracy run` arguments the --pd-* options stand for."""
+    argv = ["--results-dir", pytestconfig.getoption("--pd-results-dir"),
+            "--profile", pytestconfig.getoption("--pd-profile")]
+    for opt, flag in (("--pd-limit", "--limit"), ("--pd-alpha", "--alpha"),
+                      ("--pd-margin", "--margin"), ("--pd-max-questions", "--max-questions")):
+        if pytestconfig.getoption(opt) is not None:
+            argv += [flag, str(pytestconfig.getoption(opt))]
+    return argv + list(pytestconfig.getoption("--pd-run-arg"))
+
+
+@pytest.fixture(scope="session")
+def pd_options(pd_run_argv: list[str]):
+    from harness.cli.run import options_from, run_parser
+
+    return options_from(run_parser().parse_args(pd_run_argv))
+
+
+@pytest.fixture(scope="session")
+def pd_policy(pd_options):
+    from harness.judge.verdict import Policy
+
+    return Policy.from_options(pd_options)
+
+
+@pytest.fixture(scope="session")
+def pd_runner(pytestconfig: pytest.Config, pd_options, pd_policy):
+    from harness.run.runner import Runner
+    from harness.serve.process import install_signal_handlers
+    from harness.serve.server_spec import Features
+
+    install_signal_handlers()
+    reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+    say = (lambda m: reporter.write_line(f"[pd-accuracy] {m}")) if reporter else print
+    return Runner(pd_options, pd_policy, features=Features.detect(), progress=say,
+                  run_id=run_id(pytestconfig))
+
+
+@pytest.fixture(scope="session")
+def pd_judge(pd_runner):
+    """pd_judge(cell) -> CellResult; pd_judge([cells]) -> [CellResult]: real servers, real
+    evaluation, one verdict per cell (cells sharing a baseline share its server)."""
+    def judge(cells):
+        single = not isinstance(cells, (list, tuple))
+        results = pd_runner.run([cells] if single else list(cells))
+        return results[0] if single else results
+    return judge
+
+
+@pytest.fixture(scope="session")
+def pd_baseline(pd_runner):
+    """with pd_baseline(cell) as endpoint: endpoint.base_url, endpoint.metrics_url, ..."""
+    return pd_runner.running_baseline
+
+
+@pytest.fixture(scope="session")
+def pd_pair(pd_runner):
+    """with pd_pair(cell) as pair: pair.proxy_url, pair.decode_metrics_urls, pair.records_path"""
+    return pd_runner.running_pair
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """No process of the run may outlive it: stop stragglers and fail loudly if there were any."""
+    from harness.serve.process import live_processes, stop_all
+
+    leftovers = [p for p in live_processes() if p.is_running()]
+    if leftovers:
+        names = ", ".join(f"{p.name} (pid {p.pid})" for p in leftovers)
+        stop_all()
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter:
+            reporter.write_line(f"pd-accuracy: servers still running at session end were stopped: "
+                                f"{names}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def results_dir(config: pytest.Config) -> Path:
+    return Path(config.getoption("--pd-results-dir")) / run_id(config)

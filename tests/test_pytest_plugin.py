@@ -1,0 +1,85 @@
+"""The pytest plugin, run inside pytest (pytester): options, parametrization, xdist grouping and
+"no silent green". No server starts here: these tests stop before any cell runs."""
+from __future__ import annotations
+
+import pytest
+
+from harness import matrix
+from harness.ci.farm import run_farm
+from harness.core.platform import PlatformInfo
+
+pytest_plugins = ["pytester"]
+
+SUITE = "from harness.pytest_suite import *  # noqa\n"
+GPU_ONLY = """
+models:
+  tiny-llama-gsm: {kind: dense, family: llama, num_kv_heads: 2, head_dim: 64, max_position_embeddings: 2048}
+profiles:
+  gpu-only:
+    description: every cell needs a GPU
+    defaults: {device: cuda, backend: FLASH_ATTN, kv_buffer_device: cuda}
+    grids:
+      - model: tiny-llama-gsm
+        block_size: [16, 64]
+"""
+
+
+def test_the_plugin_is_registered_by_its_entry_point(pytester):
+    result = pytester.runpytest("--help")
+    result.stdout.fnmatch_lines(["*pd-accuracy*", "*--pd-profile*", "*--pd-margin*"])
+    result = pytester.runpytest("--markers")
+    result.stdout.fnmatch_lines(["*pd_accuracy: a real P/D pair*"])
+
+
+def test_cells_are_parametrized_by_id_and_grouped_by_baseline(pytester):
+    pytester.makepyfile(test_suite=SUITE)
+    result = pytester.runpytest("--collect-only", "-q", "--pd-profile", "smoke",
+                                "--pd-platform", "cpu")
+    smoke = matrix.expand(matrix.load_matrix(), "smoke", PlatformInfo()).cells
+    result.stdout.fnmatch_lines([f"*test_pd_matches_baseline[[]{smoke[0].cell_id}[]]*"])
+    assert result.ret == 0
+    items, _ = pytester.inline_genitems("--pd-profile", "smoke", "--pd-platform", "cpu")
+    groups = {item.callspec.params["pd_cell"].cell_id:
+              [m.args[0] for m in item.iter_markers("xdist_group")] for item in items}
+    assert len(groups) == len(smoke)
+    for cell in smoke:   # one group per baseline: its cells share one worker and one baseline
+        assert groups[cell.cell_id] == [cell.baseline_key]
+
+
+def test_empty_parametrization_is_a_collection_error_with_the_reason(pytester):
+    """A profile with no cell runnable here must not become an empty, skipped, green run."""
+    pytester.makepyfile(test_suite=SUITE)
+    pytester.makefile(".yaml", gpu=GPU_ONLY)
+    result = pytester.runpytest("--pd-matrix", "gpu.yaml", "--pd-profile", "gpu-only",
+                                "--pd-platform", "cpu")
+    assert result.ret == pytest.ExitCode.INTERRUPTED   # errors during collection
+    result.stdout.fnmatch_lines(["*pd-accuracy: profile 'gpu-only' has no cell that can run here "
+                                 "(gpu-count: *GPU*"])
+    result.stdout.no_fnmatch_line("*passed*")
+
+
+def test_xdist_without_a_dist_mode_distributes_by_group(pytester):
+    pytester.makeconftest("def pytest_sessionstart(session):\n"
+                          "    if not hasattr(session.config, 'workerinput'):\n"
+                          "        open('dist.txt', 'w').write(session.config.option.dist)\n")
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    pytester.runpytest("-n", "2").assert_outcomes(passed=1)
+    assert (pytester.path / "dist.txt").read_text() == "loadgroup"
+    pytester.runpytest("-n", "2", "--dist", "load").assert_outcomes(passed=1)
+    assert (pytester.path / "dist.txt").read_text() == "load"     # the user's choice stands
+
+
+def test_workers_share_the_controllers_run_id(pytester):
+    pytester.makepyfile(test_suite="from harness.pytest_plugin import run_id\n\n"
+                        "def test_id(request):\n"
+                        "    print('RUN-ID', run_id(request.config))\n")
+    result = pytester.runpytest("-n", "2", "-s", "-p", "xdist", "-rA")
+    assert result.ret == 0
+
+
+def test_an_empty_selection_selects_nothing():
+    cells = matrix.expand(matrix.load_matrix(), "smoke", PlatformInfo()).cells
+    assert matrix.select(cells, []) == []
+    assert matrix.select(cells, None) == list(cells)
+    with pytest.raises(ValueError, match="no cell selected"):
+        run_farm("smoke", only=[], dry_run=True)
