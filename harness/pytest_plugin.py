@@ -201,18 +201,43 @@ def pd_pair(pd_runner):
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """No process of the run may outlive it: stop stragglers and fail loudly if there were any."""
+    """No process of the run may outlive it (stop stragglers, fail loudly); then, once for the
+    whole run (the xdist controller, or the only process), render the run's annotation, history
+    and HTML report, which must name every cell that has a record."""
     from harness.serve.process import live_processes, stop_all
 
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    say = (lambda m: reporter.write_line(m, red=True)) if reporter else print
     leftovers = [p for p in live_processes() if p.is_running()]
     if leftovers:
         names = ", ".join(f"{p.name} (pid {p.pid})" for p in leftovers)
         stop_all()
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter:
-            reporter.write_line(f"pd-accuracy: servers still running at session end were stopped: "
-                                f"{names}", red=True)
+        say(f"pd-accuracy: servers still running at session end were stopped: {names}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if not hasattr(session.config, "workerinput"):
+        missing = render_run_outputs(results_dir(session.config))
+        if missing:
+            say(f"pd-accuracy: the run's annotation/report lack {missing}")
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def render_run_outputs(run_dir: Path) -> list[str]:
+    """annotation.md, history.sqlite and report/ of a run's records; what they lack (cell ids).
+    Nothing to do for a run that judged no cell."""
+    from harness.report.annotate import annotate
+    from harness.report.history import append_results_dir
+    from harness.report.html import render_report
+    from harness.run.record import load_records
+
+    records = load_records(run_dir) if run_dir.is_dir() else []
+    if not records:
+        return []
+    ids = sorted({r["cell"]["id"] for r in records})
+    annotation = annotate(run_dir, run_dir / "annotation.md", agent=False).path.read_text()
+    db = run_dir / "history.sqlite"
+    append_results_dir(db, run_dir)
+    html = Path(render_report(db, run_dir / "report")).read_text()
+    return [cid for cid in ids if f"`{cid}`" not in annotation or cid not in html]
 
 
 def results_dir(config: pytest.Config) -> Path:

@@ -83,3 +83,19 @@ def test_an_empty_selection_selects_nothing():
     assert matrix.select(cells, None) == list(cells)
     with pytest.raises(ValueError, match="no cell selected"):
         run_farm("smoke", only=[], dry_run=True)
+
+
+def test_the_runs_annotation_history_and_report_name_every_cell(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    from harness.pytest_plugin import render_run_outputs
+    from harness.run.record import load_records
+
+    source = Path(__file__).resolve().parent / "data" / "records"
+    run = tmp_path / "run"
+    shutil.copytree(source, run)
+    assert render_run_outputs(run) == []
+    assert (run / "annotation.md").exists() and (run / "report" / "index.html").exists()
+    assert len({r["cell"]["id"] for r in load_records(run)}) >= 5
+    assert render_run_outputs(tmp_path / "nothing-ran") == []
