@@ -24,7 +24,8 @@ import pytest
 from harness.core.cell import Cell
 from harness.core.outcomes import CAUGHT, PASS, XFAIL
 
-__all__ = ["test_pd_matches_baseline"]
+# the test and the fixtures it needs: `from harness.pytest_suite import *` brings all three
+__all__ = ["test_pd_matches_baseline", "pd_groups", "pd_result"]
 
 EFFECT_CHECKS = ("accuracy", "noise-floor", "logprob-divergence")
 # trained models: those whose model card measured their task through vLLM (eval_vllm.json; the
@@ -157,11 +158,15 @@ def assert_canary_caught(cell: Cell, result, on_disk: dict) -> None:
 
 @pytest.mark.pd_accuracy
 @pytest.mark.slow
-def test_pd_matches_baseline(pd_cell: Cell, pd_result) -> None:
+def test_pd_matches_baseline(pd_cell: Cell, pd_result, record_property) -> None:
+    from harness.report.junit import junit_properties
+
     result = pd_result
     verdict = result.verdict
     # the record on disk is the evidence: it must exist and agree with what we assert on
     on_disk = json.loads(Path(result.record_path).read_text())
+    for name, value in junit_properties(on_disk).items():   # pytest --junitxml carries them
+        record_property(name, value)
     assert on_disk["verdict"]["outcome"] == verdict.outcome
     if pd_cell.fault:
         assert_canary_caught(pd_cell, result, on_disk)

@@ -6,11 +6,10 @@ import argparse
 import logging
 import sys
 import time
-import xml.etree.ElementTree as ET
-from pathlib import Path
 from typing import Sequence
 
-from harness.core.cell import Cell
+from harness.core.cell import COMPILE_MODES, Cell
+from harness.report.junit import write_junit
 from harness.core.options import GPU_LAYOUTS, RunOptions, UsageError
 from harness.serve.start_slots import StartSlots
 from harness.core.outcomes import EXIT_CODES, EXIT_USAGE, MISSED, summary_line, worst_outcome
@@ -39,6 +38,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     adhoc.add_argument("--max-model-len", type=int, default=_CELL.max_model_len)
     adhoc.add_argument("--fault", default=None, help="canary: drop-transfer | foreign-params | "
                        "corrupt-block | swap-blocks")
+    adhoc.add_argument("--fault-block", default=None, metavar="first|last|N",
+                       help="which received block a server-side canary breaks (default first)")
+    adhoc.add_argument("--compile", choices=COMPILE_MODES, default=_CELL.compile,
+                       help="default: vLLM's (torch.compile, CUDA graphs); eager: --enforce-eager")
     adhoc.add_argument("--server-arg", action="append", default=[], help="extra vLLM argument")
     ev = p.add_argument_group("evaluation")
     ev.add_argument("--limit", type=int, default=None, help=f"questions per cell (default {_OPT.limit})")
@@ -103,7 +106,8 @@ def adhoc_cell(args: argparse.Namespace, platform, catalog) -> Cell:
                 decode_block_size=db, device=device,
                 kv_buffer_device=args.kv_buffer_device or ("cpu" if device == "cpu" else "cuda"),
                 prefill_tp=ptp, decode_tp=dtp, dtype=args.dtype, max_model_len=args.max_model_len,
-                extra_args=tuple(args.server_arg), fault=args.fault)
+                compile=args.compile, extra_args=tuple(args.server_arg), fault=args.fault,
+                extra_env=(("PD_ACCURACY_FAULT_BLOCK", args.fault_block),) if args.fault_block else ())
     from harness import matrix
     return matrix.normalize_cell(cell, catalog)
 
@@ -185,48 +189,6 @@ def run_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pd-accuracy run")
     add_run_arguments(p)
     return p
-
-
-def junit_properties(record: dict) -> dict[str, str]:
-    """The cell's numbers, as JUnit <property> name/value pairs (what CI dashboards can chart)."""
-    m = record.get("metrics") or {}
-    t = m.get("transfer") or {}
-    timings = record.get("timings") or {}
-    values = {"outcome": (record.get("verdict") or {}).get("outcome"),
-              "baseline_accuracy": m.get("baseline_accuracy"), "pd_accuracy": m.get("pd_accuracy"),
-              "accuracy_delta": m.get("accuracy_delta"), "mcnemar_p": m.get("mcnemar_p"),
-              "mde": m.get("mde"), "n": m.get("n"), "agreement": m.get("agreement"),
-              "prompt_tokens_external": t.get("prompt_tokens_external"),
-              "nixl_bytes": t.get("nixl_bytes"), "startup_s": timings.get("startup_s"),
-              "pd_eval_s": timings.get("pd_eval_s")}
-    return {k: str(v) for k, v in values.items() if v is not None}
-
-
-def write_junit(path: str, results, run_id: str) -> None:
-    """One <testcase> per cell. PASS, XFAIL and CAUGHT pass; FAIL, XPASS, MISSED and INCONCLUSIVE
-    (exit 4: too few questions, not a green result) are failures; ERROR is an error."""
-    suite = ET.Element("testsuite", name="pd-accuracy", tests=str(len(results)))
-    failures = errors = 0
-    for r in results:
-        case = ET.SubElement(suite, "testcase", classname="pd_accuracy", name=r.cell.cell_id,
-                             time=f"{r.record.get('timings', {}).get('pd_eval_s', 0):.1f}")
-        props = ET.SubElement(case, "properties")
-        for name, value in junit_properties(r.record).items():
-            ET.SubElement(props, "property", name=name, value=value)
-        outcome = r.verdict.outcome
-        if outcome in ("FAIL", "XPASS", "MISSED", "INCONCLUSIVE"):
-            failures += 1
-            ET.SubElement(case, "failure", message=f"{outcome}: {r.verdict.reason[:480]}").text = \
-                r.verdict.reason
-        elif outcome == "ERROR":
-            errors += 1
-            ET.SubElement(case, "error", message=r.verdict.reason[:500]).text = r.verdict.reason
-        ET.SubElement(case, "system-out").text = str(r.record_path or "")
-    suite.set("failures", str(failures))
-    suite.set("errors", str(errors))
-    suite.set("skipped", "0")
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
 
 
 def print_table(results, console=None) -> None:

@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import replace
 from types import SimpleNamespace
 
-from harness.cli.run import write_junit
+from harness.report.junit import write_junit
 from harness.core.cell import Cell
 from harness.judge.verdict import Verdict
 
