@@ -204,11 +204,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """No process of the run may outlive it (stop stragglers, fail loudly); then, once for the
     whole run (the xdist controller, or the only process), render the run's annotation, history
     and HTML report, which must name every cell that has a record."""
-    from harness.serve.process import live_processes, stop_all
+    from harness.serve.process import live_processes, stop_all, sweep_orphans
 
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     say = (lambda m: reporter.write_line(m, red=True)) if reporter else print
-    leftovers = [p for p in live_processes() if p.is_running()]
+    # this interpreter's servers, and any server group on this host whose harness is dead
+    # (farm jobs, killed runs: the process ledger); the sweep stops those itself
+    leftovers = [p for p in live_processes() if p.is_running()] + sweep_orphans()
     if leftovers:
         names = ", ".join(f"{p.name} (pid {p.pid})" for p in leftovers)
         stop_all()

@@ -1,7 +1,10 @@
 """No server outlives the harness: Ctrl-C in the middle of a real run takes down every vLLM
-process it started (API servers, engine cores, workers) — by process group, never by name."""
+process it started (API servers, engine cores, workers), and so does a SIGKILL of the harness at
+any phase of start-up or serving (its watchdog) — by process group or recorded PID, never by name.
+"""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -11,6 +14,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+RUN_ARGV = [sys.executable, "-m", "harness.cli.main", "run", "--model", "tiny-llama-random",
+            "--limit", "5", "--max-model-len", "4096", "--num-fewshot", "1", "--max-gen-toks", "16"]
 
 
 def _vllm_descendants(pid: int) -> list[psutil.Process]:
@@ -35,15 +41,17 @@ def _alive(p: psutil.Process) -> bool:
         return False
 
 
+def _start_run(tmp_path: Path) -> tuple[subprocess.Popen[bytes], object]:
+    log = open(tmp_path / "run.log", "w")
+    run = subprocess.Popen(RUN_ARGV + ["--results-dir", str(tmp_path / "results")],
+                           stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return run, log
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("when", ["starting", "serving"])
 def test_ctrl_c_mid_run_leaves_no_process(tmp_path: Path, when: str) -> None:
-    log = open(tmp_path / "run.log", "w")
-    run = subprocess.Popen(
-        [sys.executable, "-m", "harness.cli.main", "run", "--model", "tiny-llama-random",
-         "--limit", "5", "--max-model-len", "4096", "--num-fewshot", "1", "--max-gen-toks", "16",
-         "--results-dir", str(tmp_path / "results")],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    run, log = _start_run(tmp_path)
     try:
         seen: dict[int, psutil.Process] = {}
         deadline = time.monotonic() + 600
@@ -73,4 +81,109 @@ def test_ctrl_c_mid_run_leaves_no_process(tmp_path: Path, when: str) -> None:
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
+        log.close()
+
+
+# --- SIGKILL at every phase ------------------------------------------------------------------
+
+IMPORTING_S = 3.0          # "importing": this long after the three API servers appeared
+SURVIVOR_DEADLINE_S = 10.0
+PHASE_MARKS = {            # the first of these texts in a server log (or the run's output)
+    "engine-init": "Initializing a V1 LLM engine",
+    "compile-warm-up": "Warming up model",
+}
+
+
+def _server_logs_text(results: Path) -> str:
+    text = []
+    for path in results.rglob("*.log") if results.exists() else []:
+        try:
+            text.append(path.read_text(errors="replace"))
+        except OSError:
+            continue
+    return "\n".join(text)
+
+
+def _describe(p: psutil.Process, info: dict[int, dict]) -> dict:
+    return info.get(p.pid, {"pid": p.pid})
+
+
+def _record(run_pid: int, seen: dict[int, psutil.Process], info: dict[int, dict]) -> None:
+    try:
+        tree = psutil.Process(run_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    for p in tree:
+        p = seen.setdefault(p.pid, p)
+        try:  # again each time: a child caught between fork and exec shows the harness's argv
+            info[p.pid] = {"pid": p.pid, "ppid": p.ppid(), "pgid": os.getpgid(p.pid),
+                           "sid": os.getsid(p.pid), "cmd": " ".join(p.cmdline())[:160]}
+        except (psutil.Error, ProcessLookupError):
+            continue
+
+
+def _phase_reached(when: str, tmp_path: Path, seen: dict[int, psutil.Process],
+                   servers_seen_at: list[float]) -> bool:
+    if when == "importing":
+        servers = [p for p in seen.values()
+                   if _alive(p) and "vllm.entrypoints" in " ".join(p.cmdline())]
+        if len(servers) >= 3 and not servers_seen_at:
+            servers_seen_at.append(time.monotonic())
+        return bool(servers_seen_at) and time.monotonic() - servers_seen_at[0] >= IMPORTING_S
+    if when == "serving":
+        return "evaluating" in (tmp_path / "run.log").read_text(errors="replace")
+    return PHASE_MARKS[when] in _server_logs_text(tmp_path / "results")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["importing", "engine-init", "compile-warm-up", "serving"])
+def test_sigkill_of_the_harness_leaves_no_process(tmp_path: Path, when: str) -> None:
+    run, log = _start_run(tmp_path)
+    seen: dict[int, psutil.Process] = {}
+    info: dict[int, dict] = {}
+    try:
+        servers_seen_at: list[float] = []
+        started = time.monotonic()
+        while time.monotonic() - started < 600 and run.poll() is None:
+            _record(run.pid, seen, info)
+            if _phase_reached(when, tmp_path, seen, servers_seen_at):
+                break
+            time.sleep(0.25)
+        assert run.poll() is None, (tmp_path / "run.log").read_text()[-2000:]
+        _record(run.pid, seen, info)
+        alive_at_kill = [p for p in seen.values() if _alive(p)]
+        assert sum("vllm.entrypoints" in _describe(p, info).get("cmd", "") for p in alive_at_kill) \
+            >= 3, f"expected three servers at {when}: {[_describe(p, info) for p in alive_at_kill]}"
+        os.kill(run.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        run.wait(timeout=30)
+        last_death = killed_at
+        while time.monotonic() - killed_at < SURVIVOR_DEADLINE_S:
+            if not any(_alive(p) for p in alive_at_kill):
+                break
+            last_death = time.monotonic()
+            time.sleep(0.1)
+        survivors = [p for p in alive_at_kill if _alive(p)]
+        summary = {
+            "phase": when, "killed_after_s": round(killed_at - started, 1),
+            "processes_at_kill": len(alive_at_kill), "survivors": len(survivors),
+            "last_died_after_s": round(last_death - killed_at, 1),
+            "at_kill": [_describe(p, info) for p in alive_at_kill],
+            "watchdog": [line for line in (tmp_path / "run.log").read_text(errors="replace")
+                         .splitlines() if "pd-accuracy watchdog" in line],
+        }
+        (tmp_path / "teardown.json").write_text(json.dumps(summary, indent=1))
+        print(json.dumps({k: v for k, v in summary.items() if k != "at_kill"}))
+        assert not survivors, \
+            f"left behind {SURVIVOR_DEADLINE_S:g}s after SIGKILL at {when}: " \
+            f"{[_describe(p, info) for p in survivors]}"
+    finally:
+        if run.poll() is None:
+            run.kill()
+        for p in seen.values():  # never leave servers behind, even if an assertion failed
+            if _alive(p):
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
         log.close()

@@ -15,8 +15,9 @@ verified through ``psutil.Process`` (which refuses a PID that has been reused). 
 
 The parts around it have their own modules: ``spawn`` (PR_SET_PDEATHSIG and the forking thread),
 ``logscan`` (the decisive log lines), ``process_errors``, ``liveness`` (process-group checks) and
-``process_registry`` (every live process of this interpreter, ``stop_all``, the signal handlers);
-their public names are importable from here too.
+``process_registry`` (every live process of this interpreter, ``stop_all``, the signal handlers),
+which also tells the ``watchdog`` (a harness killed by SIGKILL) and the host's ``process_ledger``
+(a watchdog killed too) of every start and stop; their public names are importable from here.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ import psutil
 import requests
 
 from harness.serve import process_registry
-from harness.serve.liveness import is_zombie, process_group_alive
+from harness.serve.liveness import is_zombie, process_create_time, process_group_alive
 from harness.serve.logscan import decisive_error_lines, most_decisive_line
 from harness.serve.process_errors import (
     ManagedProcessError,
@@ -48,9 +49,10 @@ from harness.serve.process_registry import (
     live_processes,
     peak_rss_bytes,
     stop_all,
+    sweep_orphans,
     total_rss_bytes,
 )
-from harness.serve.spawn import PDEATHSIG_SUPPORTED, call_from_long_lived_thread, pdeathsig_preexec
+from harness.serve.spawn import PDEATHSIG_SUPPORTED, call_from_long_lived_thread, child_preexec
 
 LOG = logging.getLogger(__name__)
 
@@ -65,6 +67,7 @@ __all__ = [
     "install_signal_handlers",
     "live_processes",
     "stop_all",
+    "sweep_orphans",
     "process_group_alive",
     "total_rss_bytes",
     "peak_rss_bytes",
@@ -106,8 +109,9 @@ class ManagedProcess:
     ``env`` values are layered over ``os.environ`` (``inherit_env=True``) or used alone; a value
     of ``None`` removes that variable. ``PYTHONUNBUFFERED=1`` is set unless ``env`` says otherwise,
     so the log is current when the server dies. With ``pdeathsig=True`` (Linux) the child gets
-    SIGTERM if the harness dies, even by SIGKILL. Use as a context manager, or call ``start()``
-    and ``stop()``; every started process is also stopped by ``stop_all()`` and at exit.
+    SIGTERM if the harness dies, even by SIGKILL; the harness's ``watchdog`` then SIGKILLs what
+    is left of its tree. Use as a context manager, or call ``start()`` and ``stop()``; every
+    started process is also stopped by ``stop_all()`` and at exit.
     """
 
     def __init__(
@@ -131,6 +135,7 @@ class ManagedProcess:
         self.inherit_env = inherit_env
         self.pdeathsig = pdeathsig and PDEATHSIG_SUPPORTED
         self._popen: subprocess.Popen[bytes] | None = None
+        self._create_time: float | None = None
         self._log_offset = 0  # where this run's output starts in the (appended) log
         self._stopping = False
         self._stopping_thread: int | None = None
@@ -154,6 +159,12 @@ class ManagedProcess:
     def pgid(self) -> int | None:
         """Process-group id of the child's group (equal to its PID: it leads a new session)."""
         return self.pid
+
+    @property
+    def create_time(self) -> float | None:
+        """``psutil`` create_time of the direct child (with the PID, what identifies it to the
+        watchdog and the ledger); None before start() or if it exited at once."""
+        return self._create_time
 
     @property
     def returncode(self) -> int | None:
@@ -205,7 +216,8 @@ class ManagedProcess:
                            f"{self.command_line()} (cwd: {self.cwd or os.getcwd()})\n")
             log_file.flush()
             self._log_offset = log_file.tell()
-            preexec = pdeathsig_preexec(os.getpid()) if self.pdeathsig else None
+            preexec = child_preexec(os.getpid() if self.pdeathsig else None,
+                                    process_registry.prepare_start())
 
             def spawn() -> subprocess.Popen[bytes]:
                 return subprocess.Popen(
@@ -219,6 +231,7 @@ class ManagedProcess:
             except (OSError, subprocess.SubprocessError) as exc:
                 log_file.write(f"=== could not start {self.name}: {exc}\n")
                 raise ProcessStartError(self.name, str(exc), self.log_path) from exc
+        self._create_time = process_create_time(self._popen.pid)
         process_registry.register(self)
         LOG.info("started %s pid=%s: %s (log: %s)", self.name, self.pid, self.command_line(),
                  self.log_path)

@@ -1,9 +1,12 @@
 """The managed processes of this interpreter: every one started and not yet stopped, their memory
 summed, and stopping them all at exit (atexit) or on SIGTERM/SIGHUP/SIGINT.
 
-``ManagedProcess`` registers itself here on start and unregisters once stopped. This module
-knows it only through :class:`Registered` (the methods it calls), so it imports nothing of the
-harness and ``harness.serve.process`` can import it without a cycle.
+``ManagedProcess`` registers itself here on start and unregisters once stopped, and registering
+is what every line of defence hears of: this interpreter's registry (``stop_all``, the exit and
+signal handlers), the ``watchdog`` process (the harness dies without running any of them: SIGKILL)
+and the host's ``process_ledger`` (the watchdog died too: the next harness sweeps the orphans,
+in :func:`prepare_start`). This module knows a process only through :class:`Registered` (the
+methods it calls), so it never imports ``harness.serve.process`` and that can import it.
 """
 from __future__ import annotations
 
@@ -12,9 +15,12 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any, Protocol
+
+from harness.serve.process_ledger import Orphan, default_ledger
+from harness.serve.watchdog import default_watchdog
 
 LOG = logging.getLogger(__name__)
 
@@ -23,8 +29,10 @@ __all__ = [
     "install_signal_handlers",
     "live_processes",
     "peak_rss_bytes",
+    "prepare_start",
     "register",
     "stop_all",
+    "sweep_orphans",
     "total_rss_bytes",
     "unregister",
 ]
@@ -37,6 +45,10 @@ class Registered(Protocol):
 
     @property
     def pid(self) -> int | None: ...
+    @property
+    def pgid(self) -> int | None: ...
+    @property
+    def create_time(self) -> float | None: ...
     def is_running(self) -> bool: ...
     def signal_term(self) -> None: ...
     def stop(self, term_timeout_s: float = 15.0) -> int | None: ...
@@ -50,16 +62,37 @@ _REGISTRY: dict[int, Registered] = {}
 _REGISTRY_LOCK = threading.RLock()
 
 
+def prepare_start() -> Callable[[], None] | None:
+    """Before a process starts: sweep the orphans of dead harnesses off this host and make sure
+    the watchdog runs. Returns the child's ``preexec_fn`` part that registers it with the
+    watchdog before exec (None without a watchdog)."""
+    sweep_orphans()
+    return default_watchdog().announcer()
+
+
+def sweep_orphans() -> list[Orphan]:
+    """Stop every server group on this host whose harness is dead (``process_ledger``); returns
+    those that were still running."""
+    return default_ledger().sweep()
+
+
 def register(process: Registered) -> None:
-    """Add a started process: stop_all() and the exit and signal handlers will stop it."""
+    """Add a started process: stop_all() and the exit and signal handlers will stop it, the
+    watchdog if this process dies, the next harness's sweep if the watchdog dies too."""
     with _REGISTRY_LOCK:
         _REGISTRY[id(process)] = process
+    if process.pgid is not None:
+        default_watchdog().watch(process.pgid, process.create_time, process.name)
+        default_ledger().record(process.name, process.pgid, process.create_time)
 
 
 def unregister(process: Registered) -> None:
     """Remove a stopped process (no-op if it is not registered)."""
     with _REGISTRY_LOCK:
-        _REGISTRY.pop(id(process), None)
+        registered = _REGISTRY.pop(id(process), None) is not None
+    if registered and process.pgid is not None:
+        default_watchdog().unwatch(process.pgid)
+        default_ledger().forget(process.pgid)
 
 
 def live_processes() -> list[Registered]:
@@ -106,6 +139,9 @@ def stop_all(term_timeout_s: float = 15.0) -> None:
         _stop_all_in_progress = False
 
 
+# atexit runs handlers last-registered first: the watchdog's socket is closed after stop_all,
+# when nothing is registered with it any more (it then exits at once).
+atexit.register(lambda: default_watchdog().close(wait_s=0.5))
 atexit.register(stop_all)
 
 _previous_handlers: dict[int, Any] = {}

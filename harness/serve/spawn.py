@@ -16,7 +16,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["PDEATHSIG_SUPPORTED", "call_from_long_lived_thread", "pdeathsig_preexec"]
+__all__ = ["PDEATHSIG_SUPPORTED", "call_from_long_lived_thread", "child_preexec",
+           "pdeathsig_preexec"]
 
 _T = TypeVar("_T")
 
@@ -41,6 +42,25 @@ def pdeathsig_preexec(parent_pid: int) -> Callable[[], None]:
         if os.getppid() != parent_pid:
             os.kill(os.getpid(), signal.SIGTERM)
     return set_parent_death_signal
+
+
+def child_preexec(pdeathsig_parent: int | None, announce: Callable[[], None] | None
+                  ) -> Callable[[], None] | None:
+    """The ``preexec_fn`` of a server: the parent-death signal (when ``pdeathsig_parent`` is
+    given: the caller's PID) and then ``announce`` (the watchdog's registration of the new
+    group); None when neither is wanted."""
+    parts = [part for part in (
+        pdeathsig_preexec(pdeathsig_parent) if pdeathsig_parent is not None else None,
+        announce) if part is not None]
+    if not parts:
+        return None
+    if len(parts) == 1:
+        return parts[0]
+
+    def run_all() -> None:
+        for part in parts:
+            part()
+    return run_all
 
 
 class _SpawnerThread:
