@@ -49,6 +49,7 @@ class Cell:
     extra_env: tuple[tuple[str, str], ...] = ()      # added to every server's env
     fault: str | None = None        # canary fault mode (see FAULTS); None for a real cell
     expected_failure: str | None = None  # reason, when the cell is known to fail upstream
+    expected_failure_match: str | None = None  # regex its verdict's reason must match to XFAIL
     model_tag: str | None = None    # short name for ids when `model` is a path
 
     # ---- identity -------------------------------------------------------------------------

@@ -19,6 +19,7 @@ failed, not the cell, and a retry is right.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -70,17 +71,29 @@ class Verdict:
     decision_path: tuple[str, ...] = field(default=())
     canary: str | None = None          # the injected fault of a canary cell
     look: dict | None = None           # the sequential look that decided (LookDecision.to_dict)
+    expected_failure_match: str | None = None   # the declared failure's reason regex (None: any)
 
     @property
     def outcome(self) -> str:
         if self.canary:
             return canary_outcome(self.canary, self.status, self.reason)
         if self.expected_failure:
-            if self.status == FAIL:
+            if self.failed_as_declared:
                 return XFAIL
             if self.status == PASS:
                 return XPASS
         return self.status
+
+    @property
+    def failed_as_declared(self) -> bool:
+        """An expected failure failed the way its declaration says: a FAIL whose reason matches
+        the declared pattern (any FAIL when none is declared), or an ERROR the pattern names
+        (a declaration that the baseline itself is broken upstream). A FAIL for another reason
+        stays FAIL, a broken environment stays ERROR."""
+        pattern = self.expected_failure_match
+        if self.status == FAIL:
+            return pattern is None or re.search(pattern, self.reason) is not None
+        return self.status == ERROR and pattern is not None and re.search(pattern, self.reason) is not None
 
     @property
     def exit_code(self) -> int:
@@ -92,6 +105,7 @@ class Verdict:
             "reason": self.reason,
             "expected_failure": self.expected_failure,
             "canary": self.canary,
+            "expected_failure_match": self.expected_failure_match,
             "outcome": self.outcome,
             "exit_code": self.exit_code,
             "checks": [asdict(c) for c in self.checks],

@@ -17,7 +17,7 @@ from harness.core.platform import PlatformInfo
 from harness.matrix.axes import AXES, PAIR_AXES, REQUIRED_BLOCK, axis_values
 from harness.matrix.errors import DuplicateCellIdError, MatrixError
 from harness.matrix.rules import EXCLUDING_KINDS, check_cell, normalize_cell
-from harness.matrix.spec import MatrixSpec
+from harness.matrix.spec import MatrixSpec, Rulebook
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def _grid_cells(axes: Mapping[str, Any], catalog: ModelCatalog, where: str) -> l
 class _Candidate:
     cell: Cell
     excluded: Excluded | None = None
-    xfail: list[str] = field(default_factory=list)
+    xfail: list[Rulebook] = field(default_factory=list)
 
 
 def _collect(spec: MatrixSpec, name: str) -> list[_Candidate]:
@@ -86,7 +86,7 @@ def _collect(spec: MatrixSpec, name: str) -> list[_Candidate]:
         for book in profile.exclude:
             if cand.excluded is None and book.selector.matches(cand.cell, model):
                 cand.excluded = Excluded(cand.cell, f"profile-exclude:{name}", book.reason)
-        cand.xfail.extend(b.reason for b in profile.expected_failures if b.selector.matches(cand.cell, model))
+        cand.xfail.extend(b for b in profile.expected_failures if b.selector.matches(cand.cell, model))
     return candidates
 
 
@@ -108,7 +108,7 @@ def expand(spec: MatrixSpec, profile: str, platform: PlatformInfo | None = None)
                 raise DuplicateCellIdError(
                     f"profile {profile}: two different cells share the id {cid} (they differ in {diff}); "
                     "give one a model_tag or drop the duplicate")
-            seen[cid].xfail.extend(r for r in cand.xfail if r not in seen[cid].xfail)
+            seen[cid].xfail.extend(b for b in cand.xfail if b not in seen[cid].xfail)
             continue
         seen[cid] = cand
     cells: list[Cell] = []
@@ -116,7 +116,7 @@ def expand(spec: MatrixSpec, profile: str, platform: PlatformInfo | None = None)
     notes: dict[str, tuple[str, ...]] = {}
     for cid, cand in seen.items():
         model = spec.models.get(cand.cell.model)
-        xfail = list(cand.xfail) + [b.reason for b in spec.expected_failures
+        xfail = list(cand.xfail) + [b for b in spec.expected_failures
                                     if b.selector.matches(cand.cell, model)]
         if cand.excluded is not None:
             excluded.append(cand.excluded)
@@ -126,10 +126,18 @@ def expand(spec: MatrixSpec, profile: str, platform: PlatformInfo | None = None)
         if blocking:
             excluded.append(Excluded(cand.cell, blocking[0].rule, blocking[0].message))
             continue
-        xfail += [p.message for p in problems if p.kind == "xfail"]
+        xfail += [Rulebook(None, p.message) for p in problems if p.kind == "xfail"]  # type: ignore[arg-type]
         note_lines = tuple(f"{p.rule}: {p.message}" for p in problems if p.kind == "note")
         if note_lines:
             notes[cid] = note_lines
-        reasons = list(dict.fromkeys(xfail))
-        cells.append(cand.cell.replace(expected_failure="; ".join(reasons)) if reasons else cand.cell)
+        if xfail:
+            reasons = list(dict.fromkeys(b.reason for b in xfail))
+            # XFAIL needs the verdict to fail as declared: any failure when one declaration
+            # names no pattern (rules, older declarations), else one of the patterns
+            patterns = [b.fails_with for b in xfail]
+            match = None if None in patterns else "|".join(f"(?:{p})" for p in dict.fromkeys(patterns))
+            cells.append(cand.cell.replace(expected_failure="; ".join(reasons),
+                                           expected_failure_match=match))
+        else:
+            cells.append(cand.cell)
     return Expansion(profile=profile, platform=platform, cells=cells, excluded=excluded, notes=notes)

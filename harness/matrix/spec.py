@@ -8,9 +8,11 @@ name a hybrid model, that includes name profiles, and that includes do not loop.
 """
 from __future__ import annotations
 
+
 import dataclasses
 import difflib
 import fnmatch
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -89,12 +91,23 @@ class Rulebook:
 
     selector: Selector
     reason: str
+    fails_with: str | None = None     # expected failures: the regex the verdict's reason matches
 
     @classmethod
     def parse_list(cls, data: list[Mapping[str, Any]] | None) -> tuple["Rulebook", ...]:
-        """A schema-checked list of {match, reason} -> Rulebooks (reasons on one line)."""
-        return tuple(cls(Selector.parse(entry["match"]), " ".join(entry["reason"].split()))
-                     for entry in data or ())
+        """A schema-checked list of {match, reason[, fails_with]} -> Rulebooks (reasons on one
+        line; a fails_with that is no regular expression is a MatrixError)."""
+        books = []
+        for entry in data or ():
+            pattern = entry.get("fails_with")
+            if pattern is not None:
+                try:
+                    re.compile(pattern)
+                except re.error as exc:
+                    raise MatrixError(f"fails_with {pattern!r} is no regular expression: {exc}") from None
+            books.append(cls(Selector.parse(entry["match"]), " ".join(entry["reason"].split()),
+                             pattern))
+        return tuple(books)
 
 
 # ---- spec -----------------------------------------------------------------------------------

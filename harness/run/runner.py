@@ -116,7 +116,10 @@ class Runner:
     def record(self, cell: Cell, verdict: Verdict, *, metrics: dict | None = None,
                 timings: dict | None = None, artifacts: dict | None = None,
                 run_id: str | None = None) -> CellResult:
-        verdict = replace(verdict, canary=cell.fault)   # a canary's outcome is CAUGHT or MISSED
+        # what the cell declares decides the outcome: a canary is CAUGHT or MISSED, an expected
+        # failure XFAIL only when it failed as declared
+        verdict = replace(verdict, canary=cell.fault, expected_failure=cell.expected_failure,
+                          expected_failure_match=cell.expected_failure_match)
         record = {
             "schema_version": SCHEMA_VERSION,
             "run_id": run_id or self.run_id,

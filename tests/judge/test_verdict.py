@@ -337,3 +337,23 @@ def test_baseline_near_its_model_card_passes_the_health_check():
 def test_no_reference_no_health_check():
     v = decide(comparison())
     assert all(c.name != "baseline-health" for c in v.checks)
+
+
+def test_an_expected_failure_xfails_only_for_its_declared_reason():
+    from dataclasses import replace
+
+    declared = "P/D (accuracy is lower|generations diverge)"
+    bad_accuracy = replace(decide(comparison(pd_wrong=12)), expected_failure="bug #1",
+                           expected_failure_match=declared)
+    assert bad_accuracy.outcome == "XFAIL" and bad_accuracy.exit_code == 0
+    no_kv = replace(fail("decode recomputed the prompt: no KV crossed (x)", check="transfer"),
+                    expected_failure="bug #1", expected_failure_match=declared)
+    assert no_kv.outcome == FAIL and no_kv.exit_code == 1          # failed, but not as declared
+    broken_base = replace(error("the baseline itself is broken here: baseline 2%"),
+                          expected_failure="baseline broken upstream",
+                          expected_failure_match="the baseline itself is broken here")
+    assert broken_base.outcome == "XFAIL"                         # the declaration names it
+    env = replace(error("baseline failed to start: OOM"), expected_failure="bug #1",
+                  expected_failure_match=declared)
+    assert env.outcome == ERROR                                   # the environment: retry
+    assert replace(no_kv, expected_failure_match=None).outcome == "XFAIL"   # no pattern: any FAIL

@@ -409,3 +409,16 @@ def test_cpu_full_has_a_heterogeneous_tp_pair_that_a_cpu_machine_runs():
     tp = [c for c in e.cells if (c.prefill_tp, c.decode_tp) != (1, 1)]
     assert [c.cell_id for c in tp] == ["v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x2"]
     assert not tp[0].expected_failure and tp[0].gpus_needed["total"] == 0
+
+
+def test_expected_failures_carry_their_reason_pattern(tmp_path):
+    smoke = {c.cell_id: c for c in expand(load_matrix(), "smoke", CPU).cells}
+    xfail = smoke["v1-CPU_ATTN-p64d128-tiny-llama-gsm-tp1x1-eager"]
+    assert "generations diverge" in xfail.expected_failure_match
+    assert smoke["v1-CPU_ATTN-p32d32-tiny-llama-gsm-tp1x1-eager"].expected_failure_match is None
+    bad = tmp_path / "m.yaml"
+    bad.write_text("models: {m: {kind: dense}}\n"
+                   "expected_failures: [{match: {model: m}, reason: r, fails_with: '(unclosed'}]\n"
+                   "profiles: {p: {grids: [{model: m, device: cpu, backend: CPU_ATTN}]}}\n")
+    with pytest.raises(MatrixError, match="fails_with '\\(unclosed' is no regular expression"):
+        load_matrix(bad)

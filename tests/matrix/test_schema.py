@@ -84,7 +84,7 @@ def test_path_text(path, text):
      "m.yaml: profiles.smoke.exclude[0].match.block_size: 'required' is neither a size nor a "
      "[prefill, decode] pair"),
     ("expected_failures: [{match: {model: d}, reason: r, why: x}]\nprofiles: {smoke: {}}",
-     "m.yaml: expected_failures[0]: needs exactly the keys match and reason"),
+     "m.yaml: expected_failures[0]: needs the keys match and reason (and, for an expected failure, fails_with)"),
     ("profiles: {smoke: {includes: [pr]}}",
      "m.yaml: profiles.smoke: unknown key(s) ['includes']; known: description, include, defaults, "
      "grids, expected_failures, exclude"),
