@@ -40,6 +40,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                        "corrupt-block | swap-blocks")
     adhoc.add_argument("--fault-block", default=None, metavar="first|last|N",
                        help="which received block a server-side canary breaks (default first)")
+    adhoc.add_argument("--fault-share", default=None, metavar="S",
+                       help="a server-side canary breaks this share of the questions only (0-1)")
     adhoc.add_argument("--compile", choices=COMPILE_MODES, default=_CELL.compile,
                        help="default: vLLM's (torch.compile, CUDA graphs); eager: --enforce-eager")
     adhoc.add_argument("--server-arg", action="append", default=[], help="extra vLLM argument")
@@ -107,7 +109,9 @@ def adhoc_cell(args: argparse.Namespace, platform, catalog) -> Cell:
                 kv_buffer_device=args.kv_buffer_device or ("cpu" if device == "cpu" else "cuda"),
                 prefill_tp=ptp, decode_tp=dtp, dtype=args.dtype, max_model_len=args.max_model_len,
                 compile=args.compile, extra_args=tuple(args.server_arg), fault=args.fault,
-                extra_env=(("PD_ACCURACY_FAULT_BLOCK", args.fault_block),) if args.fault_block else ())
+                extra_env=tuple((k, v) for k, v in (("PD_ACCURACY_FAULT_BLOCK", args.fault_block),
+                                                    ("PD_ACCURACY_FAULT_SHARE", args.fault_share))
+                                if v))
     from harness import matrix
     return matrix.normalize_cell(cell, catalog)
 

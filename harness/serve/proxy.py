@@ -7,8 +7,7 @@ Every completion request makes two hops under one request id, as vLLM's
 unchanged on ``stream=true``). Unlike the toy proxy it records every request (servers, statuses,
 kv params received and sent, timings) as the transfer evidence, and it injects the proxy-side
 canaries ``drop-transfer`` (decode gets no params) and ``foreign-params`` (the previous
-request's). Bodies, faults and records: ``proxy_hops``.
-Run: ``python -m harness.serve.proxy --port N --prefill URL --decode URL``.
+request's). Bodies, faults, records: ``proxy_hops``; run: ``python -m harness.serve.proxy``.
 """
 from __future__ import annotations
 
@@ -31,6 +30,7 @@ from harness.serve.proxy_hops import (
     build_prefill_body,
     new_record,
     new_request_id,
+    tag_for,
     with_cache_salt,
     params_for_decode,
 )
@@ -154,7 +154,7 @@ async def _handle_completion(request: web.Request) -> web.StreamResponse:
         return web.json_response({"error": {"message": "request body must be a JSON object"}}, status=400)
 
     original_body = with_cache_salt(original_body, state.cache_salt)
-    request_id = new_request_id(state.request_tag)
+    request_id = new_request_id(tag_for(state.request_tag, original_body))
     headers = _upstream_headers(request, request_id)
     record = new_record(request_id, endpoint, state.next_prefill_url(), state.next_decode_url(),
                         state.fault)

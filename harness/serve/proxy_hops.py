@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import hashlib
+import json
 import uuid
 from typing import Any
 
@@ -20,6 +22,7 @@ __all__ = [
     "new_record",
     "new_request_id",
     "params_for_decode",
+    "tag_for",
     "with_cache_salt",
 ]
 
@@ -46,6 +49,17 @@ def new_request_id(tag: str = "") -> str:
     """The id both hops of one request carry (``X-Request-Id``). ``tag`` is what a canary's
     requests carry for the decode server's fault plugin (``fault.<kind>.<block>.<value>.``)."""
     return f"{REQUEST_ID_PREFIX}{tag}{uuid.uuid4().hex}"
+
+
+def tag_for(request_tag: str, body: dict[str, Any]) -> str:
+    """The tag this request carries: ``request_tag``, or for ``TAG@SHARE`` the tag on a fixed
+    share of the questions (by a hash of the prompt, so the same questions every run) and ""
+    on the others: a fault on some requests only costs a fraction of the accuracy."""
+    tag, _, share = request_tag.partition("@")
+    if not tag or not share:
+        return tag
+    digest = hashlib.sha256(json.dumps(body.get("prompt"), sort_keys=True).encode()).hexdigest()
+    return tag if int(digest[:8], 16) / 0xFFFFFFFF < float(share) else ""
 
 
 def with_cache_salt(body: dict[str, Any], salt: str | None) -> dict[str, Any]:

@@ -539,3 +539,22 @@ def test_a_connection_closed_by_the_server_is_retried_once_on_a_new_one() -> Non
         assert drops == {"prefill": 0, "decode": 0}
 
     asyncio.run(scenario())
+
+
+def test_a_share_of_the_questions_carries_the_fault_tag():
+    """PD_ACCURACY_FAULT_SHARE: the tag on a fixed share of the prompts (hash, so the same
+    questions every run), "" on the others; without a share every request carries it."""
+    from harness.serve.plugins.fault_spec import parse_request_fault, request_tag_for
+    from harness.serve.proxy_hops import tag_for
+
+    tag = request_tag_for("corrupt-block", (("PD_ACCURACY_FAULT_BLOCK", "2"),
+                                            ("PD_ACCURACY_FAULT_SHARE", "0.15")))
+    assert tag == "fault.corrupt-block.2.zero.@0.15"
+    tagged = [tag_for(tag, {"prompt": f"question {i}"}) for i in range(2000)]
+    assert 0.12 < sum(map(bool, tagged)) / len(tagged) < 0.18
+    assert tagged == [tag_for(tag, {"prompt": f"question {i}"}) for i in range(2000)]
+    spec = parse_request_fault("cmpl-pdacc-" + next(t for t in tagged if t) + "ab12-0")
+    assert (spec.kind, spec.block, spec.value) == ("corrupt-block", 2, "zero")
+    whole = request_tag_for("corrupt-block")
+    assert tag_for(whole, {"prompt": "x"}) == whole == "fault.corrupt-block.first.zero."
+    assert request_tag_for(None) == request_tag_for("drop-transfer") == ""

@@ -30,6 +30,7 @@ from typing import Any, Mapping
 FAULT_ENV = "PD_ACCURACY_FAULT"
 BLOCK_ENV = "PD_ACCURACY_FAULT_BLOCK"
 VALUE_ENV = "PD_ACCURACY_FAULT_VALUE"
+SHARE_ENV = "PD_ACCURACY_FAULT_SHARE"   # by-request only: break this share of the questions
 FAULT_KINDS = ("corrupt-block", "swap-blocks")
 BY_REQUEST = "by-request"          # PD_ACCURACY_FAULT value: the fault comes with each request
 FAULT_VALUES = ("zero", "noise")
@@ -111,11 +112,17 @@ def request_fault_tag(spec: FaultSpec) -> str:
 
 def request_tag_for(fault: str | None, fault_env: tuple[tuple[str, str], ...] = ()) -> str:
     """The tag of a server-side canary's requests (its block/value from the cell's
-    PD_ACCURACY_FAULT_* env); "" for any other cell."""
+    PD_ACCURACY_FAULT_* env; ``@SHARE`` when PD_ACCURACY_FAULT_SHARE asks for the fault on that
+    share of the questions only); "" for any other cell."""
     if fault not in FAULT_KINDS:
         return ""
     env = dict(fault_env)
     spec = parse_fault_env({FAULT_ENV: fault, **env})
+    share = env.get(SHARE_ENV, "").strip()
+    if share:
+        if not 0 < float(share) <= 1:
+            raise ValueError(f"{SHARE_ENV}={share!r}: expected a share in (0, 1]")
+        return f"{request_fault_tag(spec)}@{float(share)}"
     return request_fault_tag(spec) if spec else ""
 
 
