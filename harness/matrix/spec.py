@@ -174,14 +174,7 @@ def load_matrix(path: str | Path | None = None,
     """
     path = Path(path) if path else DEFAULT_MATRIX
     where = path.name
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise MatrixError(f"cannot read matrix {path}: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" line {mark.line + 1}" if mark else ""
-        raise MatrixError(f"{where}{at}: invalid YAML: {getattr(exc, 'problem', exc)}") from exc
+    data = _read_extended(path, ())
     check_structure(data, where)
     models = _parse_models(data.get("models"), data.get("hybrid_block_sizes"), where)
     profiles = {str(name): Profile.parse(str(name), body) for name, body in data["profiles"].items()}
@@ -199,6 +192,45 @@ def load_matrix(path: str | Path | None = None,
     for name in profiles:
         _include_order(spec, name, ())   # reject include cycles at load time
     return spec
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise MatrixError(f"cannot read matrix {path}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" line {mark.line + 1}" if mark else ""
+        raise MatrixError(f"{path.name}{at}: invalid YAML: {getattr(exc, 'problem', exc)}") from exc
+
+
+def _read_extended(path: Path, seen: tuple[Path, ...]) -> Any:
+    """The YAML of `path`, on top of the matrix it `extends:` (``default``: the packaged one;
+    else a path relative to this file): its defaults, models, hybrid_block_sizes and profiles
+    add to or replace the base's entry by entry, its expected_failures are added."""
+    data = _read_yaml(path)
+    if not isinstance(data, dict) or "extends" not in data:
+        return data
+    target = data.pop("extends")
+    if not isinstance(target, str) or not target.strip():
+        raise MatrixError(f"{path.name}: extends: must be 'default' or a matrix path")
+    base_path = DEFAULT_MATRIX if target == "default" else (path.parent / target).resolve()
+    if base_path in seen + (path.resolve(),):
+        raise MatrixError(f"{path.name}: extends cycle through {base_path.name}")
+    base = _read_extended(base_path, seen + (path.resolve(),))
+    if not isinstance(base, dict):
+        return data
+    merged = dict(base)
+    for key, value in data.items():
+        if key in ("defaults", "models", "hybrid_block_sizes", "profiles") \
+                and isinstance(value, dict) and isinstance(base.get(key), dict):
+            merged[key] = {**base[key], **value}
+        elif key == "expected_failures" and isinstance(value, list):
+            merged[key] = list(base.get(key) or []) + value
+        else:
+            merged[key] = value
+    return merged
 
 
 def _include_order(spec: MatrixSpec, name: str, stack: tuple[str, ...]) -> None:

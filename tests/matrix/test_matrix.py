@@ -422,3 +422,39 @@ def test_expected_failures_carry_their_reason_pattern(tmp_path):
                    "profiles: {p: {grids: [{model: m, device: cpu, backend: CPU_ATTN}]}}\n")
     with pytest.raises(MatrixError, match="fails_with '\\(unclosed' is no regular expression"):
         load_matrix(bad)
+
+
+def test_a_user_matrix_extends_the_packaged_one(tmp_path):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(textwrap.dedent("""\
+        extends: default
+        models:
+          my-org/my-model: {kind: dense, family: llama, num_kv_heads: 8, head_dim: 128}
+        expected_failures:
+          - match: {model: my-org/my-model, decode_block_size: 16}
+            reason: my connector cannot do 16 yet
+        profiles:
+          mine:
+            description: my model on my backends
+            defaults: {device: cuda, kv_buffer_device: cuda}
+            grids:
+              - model: my-org/my-model
+                backend: [FLASH_ATTN, FLASHINFER]
+                block_size: [16, 64]
+          smoke:
+            description: replaced
+            defaults: {device: cpu, backend: CPU_ATTN, kv_buffer_device: cpu}
+            grids:
+              - model: tiny-llama-gsm
+                block_size: 128
+        """))
+    spec = load_matrix(mine)
+    assert {"mine", "smoke", "pr", "nightly"} <= set(spec.profiles)        # kept and added
+    cells = expand(spec, "mine", GPU2).cells
+    assert len(cells) == 4 and sum(bool(c.expected_failure) for c in cells) == 2
+    assert [c.cell_id for c in expand(spec, "smoke", CPU).cells] == \
+        ["v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1"]                    # replaced
+    assert len(spec.expected_failures) == len(load_matrix().expected_failures) + 1
+    (tmp_path / "loop.yaml").write_text("extends: loop.yaml\nprofiles: {p: {grids: []}}\n")
+    with pytest.raises(MatrixError, match="extends cycle"):
+        load_matrix(tmp_path / "loop.yaml")
