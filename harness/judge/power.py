@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -33,6 +32,7 @@ import numpy as np
 from scipy import signal
 
 from harness.judge import noninferiority as ni
+from harness.judge.saw_tooth import smallest_stable_n
 from harness.judge.sequential import SPENDING_FUNCTIONS, SequentialPlan, look_outcomes
 
 __all__ = [
@@ -176,21 +176,9 @@ def questions_needed(p_baseline_only: float, p_pd_only: float, margin: float = n
     def reaches(n: int) -> bool:
         return single_look(n, p_baseline_only, p_pd_only, margin, alpha).p_pass >= power
 
-    lo, hi = 0, 1       # no questions, no PASS
-    while not reaches(hi):
-        if hi >= n_max:
-            raise ValueError(f"power {power} is out of reach below {n_max} questions")
-        lo, hi = hi, min(2 * hi, n_max)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if reaches(mid) else (mid, hi)
-    candidate = hi
-    while candidate <= n_max:
-        missing = [m for m in range(candidate, candidate + stability_window) if not reaches(m)]
-        if not missing:
-            return candidate
-        candidate = missing[-1] + 1
-    raise ValueError(f"power {power} does not hold below {n_max} questions")
+    return smallest_stable_n(reaches, n_max, stability_window,
+                             unreachable=f"power {power} is out of reach below {n_max} questions",
+                             unstable=f"power {power} does not hold below {n_max} questions")
 
 
 def doubling_stages(budget: int, first: int = 50) -> tuple[int, ...]:

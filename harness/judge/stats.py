@@ -39,6 +39,8 @@ from scipy import stats as sps
 from statsmodels.stats.contingency_tables import mcnemar as sm_mcnemar
 from statsmodels.stats.proportion import proportion_confint
 
+from harness.judge.saw_tooth import smallest_stable_n
+
 __all__ = [
     "McNemarResult", "DeltaCI", "FloorTest",
     "mcnemar_worse", "paired_bootstrap_delta_ci", "mcnemar_power", "minimum_detectable_effect",
@@ -277,27 +279,12 @@ def required_sample_size(
     def passes(n: int) -> bool:
         return mcnemar_power(n, delta, base_discordance, alpha) >= power
 
-    lo, hi = 0, 1  # passes(0) is False: no pairs, no rejection
-    while not passes(hi):
-        if hi >= n_max:
-            raise ValueError(
-                f"delta={delta} is not detectable with power {power} at alpha={alpha} "
-                f"within n_max={n_max} pairs")
-        lo, hi = hi, min(2 * hi, n_max)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if passes(mid):
-            hi = mid
-        else:
-            lo = mid
-    candidate = hi
-    while candidate <= n_max:
-        failing = [m for m in range(candidate, candidate + stability_window) if not passes(m)]
-        if not failing:
-            return candidate
-        candidate = failing[-1] + 1
-    raise ValueError(
-        f"power for delta={delta} does not stay >= {power} below n_max={n_max}")
+    return smallest_stable_n(
+        passes, n_max, stability_window,
+        unreachable=f"delta={delta} is not detectable with power {power} at alpha={alpha} "
+                    f"within n_max={n_max} pairs",
+        unstable=f"power for delta={delta} does not stay >= {power} below n_max={n_max}")
+
 
 
 # ---------------------------------------------------------------------------------------------
