@@ -1,0 +1,287 @@
+"""A P/D deployment the harness judges but did not start, described by a YAML file.
+
+The file names the baseline endpoint, the P/D endpoint (the user's own router, or
+``router: harness-proxy`` with the user's prefill and decode servers, so the harness's proxy sits
+in front), the decode (and optionally prefill) /metrics URLs, the served model name and the task.
+docs/deployment.md documents the format; harness/run/deployment.schema.json states it.
+
+`load_deployment` turns the file into an `ExternalDeployment` or raises `DeploymentError` with one
+line naming the file and the place in it. `check_endpoints` asks every endpoint before any
+question is sent and returns one line per problem. `checks_not_available` names the verdict
+checks a user router cannot support, `to_record` gives what a record keeps.
+
+Secrets never enter the file, the dataclass or a record: the file names an environment variable
+(``auth_env: PD_TOKEN``) whose value is read only when a request is made, and sent as
+``Authorization: Bearer $PD_TOKEN``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import requests
+import yaml
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import relevance
+from prometheus_client.parser import text_string_to_metric_families
+
+from harness.eval.lmeval import TASKS_DIR
+from harness.matrix.schema import describe
+
+SCHEMA: dict[str, Any] = json.loads(
+    resources.files("harness.run").joinpath("deployment.schema.json").read_text("utf-8"))
+_VALIDATOR = Draft202012Validator(SCHEMA)
+
+HARNESS_PROXY = "harness-proxy"
+AUTO_TASK = "auto"
+DEFAULT_TIMEOUT_S = 10.0
+
+# Samples a decode server of vLLM's NixlConnector exposes from its start (per engine, at 0): the
+# transfer proof reads them (harness.eval.metrics), so a page without them cannot prove anything.
+DECODE_SAMPLES = ("vllm:prompt_tokens_by_source_total", "vllm:nixl_bytes_transferred_sum",
+                  "vllm:nixl_num_failed_transfers_total")
+PREFILL_SAMPLES = ("vllm:prompt_tokens_by_source_total",)
+
+# The transfer checks (harness.judge.verdict.transfer_checks) that read the harness proxy's
+# per-request records; a user's router keeps no such records.
+PROXY_ONLY_CHECKS: dict[str, str] = {
+    "proxy-saw-every-question": "counts the requests in the harness proxy's records",
+    "prefill-returned-params": "reads each prefill answer's kv_transfer_params from the harness "
+                               "proxy's records",
+    "decode-got-params": "reads the kv_transfer_params each decode request received from the "
+                         "harness proxy's records",
+    "decode-got-own-params": "compares, per request, the params decode received with those its "
+                             "own prefill returned, from the harness proxy's records",
+}
+
+Get = Callable[..., Any]   # requests.get's shape: get(url, headers=..., timeout=...) -> Response
+
+
+class DeploymentError(ValueError):
+    """The deployment file is malformed, or names an unset environment variable. One line."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One URL the harness calls, and the environment variable holding its bearer token."""
+    url: str
+    auth_env: str | None = None
+
+    def headers(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """The request headers; DeploymentError when `auth_env` names an unset variable."""
+        if self.auth_env is None:
+            return {}
+        token = environ.get(self.auth_env)
+        if not token:
+            raise DeploymentError(f"auth_env names {self.auth_env}, which is not set in this "
+                                  f"environment")
+        return {"Authorization": f"Bearer {token}"}
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {"url": self.url, "auth_env": self.auth_env}
+
+
+@dataclass(frozen=True)
+class ExternalDeployment:
+    source: str                        # the file it was read from
+    name: str
+    model: str                         # the served model name both endpoints list
+    task: str                          # an lm-eval task of harness/eval/tasks, or "auto"
+    baseline: Endpoint
+    router: Endpoint | None            # the user's P/D router; None: the harness proxy
+    prefill: tuple[Endpoint, ...]      # the harness proxy's prefill servers (empty with a router)
+    decode: tuple[Endpoint, ...]       # the harness proxy's decode servers (empty with a router)
+    decode_metrics: tuple[Endpoint, ...]
+    prefill_metrics: tuple[Endpoint, ...]
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+    @property
+    def uses_harness_proxy(self) -> bool:
+        return self.router is None
+
+
+def known_tasks() -> list[str]:
+    return sorted(p.stem for p in TASKS_DIR.glob("*.yaml"))
+
+
+def load_deployment(path: str | os.PathLike[str]) -> ExternalDeployment:
+    """Read, validate and build; DeploymentError (one line naming the file) on any problem."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DeploymentError(f"{source}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise DeploymentError(f"{source}: not valid YAML: {_yaml_problem(exc)}") from None
+    error = max(_VALIDATOR.iter_errors(data), key=relevance, default=None)
+    if error is not None:
+        raise DeploymentError(describe(error, source))
+    task = data.get("task", AUTO_TASK)
+    if task != AUTO_TASK and task not in known_tasks():
+        raise DeploymentError(f"{source}: task: unknown task {task!r}; the harness ships "
+                              f"{', '.join(known_tasks())}, or {AUTO_TASK} (chosen by model)")
+    return _build(data, source, task)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return " ".join(f"{problem}{where}".split())
+
+
+def _build(data: dict[str, Any], source: str, task: str) -> ExternalDeployment:
+    def endpoints(urls: list[str], auth_env: str | None) -> tuple[Endpoint, ...]:
+        return tuple(Endpoint(url.rstrip("/"), auth_env) for url in urls)
+
+    pd = data["pd"]
+    pd_auth = pd.get("auth_env")
+    baseline = Endpoint(data["baseline"]["url"].rstrip("/"), data["baseline"].get("auth_env"))
+    if pd["router"] == HARNESS_PROXY:
+        router = None
+        prefill, decode = endpoints(pd["prefill"], pd_auth), endpoints(pd["decode"], pd_auth)
+    else:
+        router = Endpoint(pd["router"].rstrip("/"), pd_auth)
+        prefill, decode = (), ()
+        if router.url == baseline.url:
+            raise DeploymentError(f"{source}: pd.router: is the baseline's URL too: the "
+                                  f"comparison needs a server without disaggregation")
+    # without a metrics section (allowed with the harness proxy only): vLLM serves /metrics
+    # beside /v1 on each server's port; a given section is the whole list
+    metrics = data.get("metrics") or {
+        "decode": [f"{e.url}/metrics" for e in decode],
+        "prefill": [f"{e.url}/metrics" for e in prefill]}
+    metrics_auth = metrics.get("auth_env")
+    return ExternalDeployment(
+        source=source, name=data.get("name") or Path(source).stem, model=data["model"], task=task,
+        baseline=baseline, router=router, prefill=prefill, decode=decode,
+        decode_metrics=endpoints(metrics["decode"], metrics_auth),
+        prefill_metrics=endpoints(metrics.get("prefill", []), metrics_auth),
+        timeout_s=float(data.get("timeout_s", DEFAULT_TIMEOUT_S)))
+
+
+# ---- before the first question -------------------------------------------------------------
+def check_endpoints(dep: ExternalDeployment, get: Get = requests.get,
+                    environ: Mapping[str, str] = os.environ) -> list[str]:
+    """Ask every endpoint once: each OpenAI endpoint lists `dep.model` in /v1/models, each
+    /metrics page parses as Prometheus text and holds the samples the verdict reads. Returns one
+    line per problem (empty: all answered as needed); no line holds a token."""
+    problems: list[str] = []
+    models_to_ask = [("baseline", dep.baseline)]
+    if dep.router is not None:
+        models_to_ask.append(("P/D endpoint", dep.router))
+    models_to_ask += [("prefill server", e) for e in dep.prefill]
+    models_to_ask += [("decode server", e) for e in dep.decode]
+    for label, endpoint in models_to_ask:
+        problem = _check_models(label, endpoint, dep.model, dep.timeout_s, get, environ)
+        if problem:
+            problems.append(problem)
+    pages = [("decode", e, DECODE_SAMPLES, "a vLLM decode server with NIXL") for e in dep.decode_metrics]
+    pages += [("prefill", e, PREFILL_SAMPLES, "a vLLM server") for e in dep.prefill_metrics]
+    for role, endpoint, wanted, what in pages:
+        problem = _check_metrics(role, endpoint, wanted, what, dep.timeout_s, get, environ)
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def _fetch(label: str, endpoint: Endpoint, url: str, timeout_s: float, get: Get,
+           environ: Mapping[str, str]) -> tuple[Any, str | None]:
+    """(response, None) for a 200 answer, else (None, the one-line problem)."""
+    try:
+        response = get(url, headers=endpoint.headers(environ), timeout=timeout_s)
+    except DeploymentError as exc:
+        return None, f"{label} at {endpoint.url}: {exc}"
+    except requests.Timeout:
+        return None, f"{label} at {url}: no answer within {timeout_s:g} s"
+    except requests.RequestException as exc:
+        return None, f"{label} at {url}: unreachable: {_connection_problem(exc)}"
+    status = response.status_code
+    if status != 200:
+        hint = ": is auth_env naming the right variable?" if status in (401, 403) else ""
+        return None, f"{label} at {url}: answered HTTP {status}{hint}"
+    return response, None
+
+
+def _connection_problem(exc: requests.RequestException) -> str:
+    """What went wrong, without the retry wrapper: "Failed to establish a new connection:
+    [Errno 111] Connection refused" rather than requests' whole chain."""
+    inner = exc.args[0] if exc.args else None
+    text = str(getattr(inner, "reason", None) or exc)
+    text = re.sub(r"^(<[^<>]*>|\w+\([^()]*\)): ", "", text)   # urllib3's connection object
+    return " ".join(text.split()) or type(exc).__name__
+
+
+def _check_models(label: str, endpoint: Endpoint, model: str, timeout_s: float, get: Get,
+                  environ: Mapping[str, str]) -> str | None:
+    url = f"{endpoint.url}/v1/models"
+    response, problem = _fetch(label, endpoint, url, timeout_s, get, environ)
+    if problem:
+        return problem
+    try:
+        served = [entry["id"] for entry in response.json()["data"]]
+    except (ValueError, KeyError, TypeError):
+        return f"{label} at {url}: not an OpenAI model list (expected {{\"data\": [{{\"id\": ...}}]}})"
+    if model not in served:
+        return f"{label} at {endpoint.url} serves {served}, not {model!r}"
+    return None
+
+
+def _check_metrics(role: str, endpoint: Endpoint, wanted: tuple[str, ...], what: str,
+                   timeout_s: float, get: Get, environ: Mapping[str, str]) -> str | None:
+    label = f"{role} metrics"
+    response, problem = _fetch(label, endpoint, endpoint.url, timeout_s, get, environ)
+    if problem:
+        return problem
+    try:
+        names = {sample.name for family in text_string_to_metric_families(response.text)
+                 for sample in family.samples}
+    except (ValueError, TypeError, IndexError) as exc:
+        # the parser quotes the offending text: an HTML error page would fill the line
+        reason = " ".join(str(exc).split())[:120]
+        return f"{label} at {endpoint.url}: not Prometheus text ({reason})"
+    missing = [name for name in wanted if name not in names]
+    if missing:
+        return f"{label} at {endpoint.url} lack {', '.join(missing)}: is it {what}?"
+    return None
+
+
+# ---- what the verdict and the record can say ---------------------------------------------
+def checks_not_available(dep: ExternalDeployment) -> list[str]:
+    """One line per verdict check a user's router cannot support (none with the harness proxy,
+    whose records the checks read)."""
+    if dep.uses_harness_proxy:
+        return []
+    return [f"{name}: not available with an external router ({why})"
+            for name, why in PROXY_ONLY_CHECKS.items()]
+
+
+def to_record(dep: ExternalDeployment) -> dict[str, Any]:
+    """Everything the file said, for the record: environment variables by name, never their
+    values (the file holds no secret and nothing here reads the environment)."""
+    return {
+        "source": dep.source,
+        "name": dep.name,
+        "model": dep.model,
+        "task": dep.task,
+        "timeout_s": dep.timeout_s,
+        "baseline": dep.baseline.to_dict(),
+        "pd": {
+            "router": HARNESS_PROXY if dep.router is None else dep.router.to_dict(),
+            "prefill": [e.to_dict() for e in dep.prefill],
+            "decode": [e.to_dict() for e in dep.decode],
+        },
+        "metrics": {
+            "decode": [e.to_dict() for e in dep.decode_metrics],
+            "prefill": [e.to_dict() for e in dep.prefill_metrics],
+        },
+        "checks_not_available": [] if dep.uses_harness_proxy else list(PROXY_ONLY_CHECKS),
+    }
