@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from harness.judge.canaries import CANARY_REASONS, caught_for_its_reason  # noqa: F401 (re-exported)
+from harness.judge.canaries import caught_for_its_reason
 
 
 @dataclass

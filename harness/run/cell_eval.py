@@ -22,8 +22,7 @@ from harness.run.transfer_evidence import read_proxy_records, transfer_proof
 from harness.serve.deploy import Deployment, ProxyDeployment
 from harness.serve.plugins.fault_spec import request_tag_for
 from harness.serve.process import most_decisive_line
-
-PROXY_FAULTS = ("drop-transfer", "foreign-params")
+from harness.serve.proxy_hops import PROXY_FAULTS
 
 
 def decisive_pair_lines(pair: Deployment) -> list[str]:

@@ -30,6 +30,7 @@ from harness.serve.deploy import (Deployment, Endpoint, Placement, ProxyDeployme
 from harness.serve.models import reference_accuracy, resolve
 from harness.serve.ports import PortAllocator
 from harness.serve.process import ManagedProcessError
+from harness.serve.proxy_hops import PROXY_FAULTS
 from harness.serve.server_spec import SERVER_FAULTS, Features
 from harness.serve.start_slots import StartSlots
 
@@ -174,7 +175,7 @@ class Runner:
         `.base_url` is the proxy, `.metrics_urls` the decode servers', `.proxy_records` the
         per-request transfer records. Everything is stopped on exit."""
         group = self._plan_group([cell])
-        proxy_fault = cell.fault if cell.fault in ("drop-transfer", "foreign-params") else None
+        proxy_fault = cell.fault if cell.fault in PROXY_FAULTS else None
         records = self.run_dir / cell.cell_id / "proxy-records.jsonl"
         with plan_pair(cell, **group.deploy_args) as pair:
             port = self.allocator.reserve(1, owner=f"proxy:{cell.cell_id}")[0]

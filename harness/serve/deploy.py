@@ -21,8 +21,9 @@ from typing import Sequence
 
 from harness.core.cell import Cell
 from harness.serve.ports import PortAllocator
-from harness.serve.process import ManagedProcess, ManagedProcessError, ServerStartTimeout
-from harness.serve.server_spec import FAULTS_BY_REQUEST, Features, ServerSpec, build_argv, build_env
+from harness.serve.process import ManagedProcess, ServerStartTimeout
+from harness.serve.plugins.fault_spec import BY_REQUEST
+from harness.serve.server_spec import Features, ServerSpec, build_argv, build_env
 from harness.serve.start_slots import StartSlots
 
 # Size of the CPU KV cache per server: tiny models need little; never let one server take all RAM.
@@ -102,7 +103,7 @@ def plan_server(cell: Cell, role: str, index: int, *, model_path: str, hybrid: b
         gpu_memory_utilization=GPU_SHARED_UTILIZATION if on_gpu else None,
         hybrid=hybrid,
         extra_args=cell.extra_args, extra_env=cell.extra_env,
-        fault=FAULTS_BY_REQUEST if (role == "decode" and arm_faults) else None,
+        fault=BY_REQUEST if (role == "decode" and arm_faults) else None,
         python=python,
     )
 

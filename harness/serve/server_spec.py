@@ -13,11 +13,13 @@ import sys
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from harness.serve.plugins.fault_spec import BY_REQUEST
+from harness.serve.plugins.fault_spec import FAULT_KINDS as SERVER_FAULTS
+
 ROLES = ("baseline", "prefill", "decode")
 KV_ROLE_FOR = {"prefill": "kv_producer", "decode": "kv_consumer"}
-# Faults that live inside the decode server (harness/serve/plugins/faults.py); the others are proxy faults.
-SERVER_FAULTS = ("corrupt-block", "swap-blocks")
-FAULTS_BY_REQUEST = "by-request"    # harness.serve.plugins.fault_spec.BY_REQUEST
+# SERVER_FAULTS: the faults that live inside the decode server (the fault plugin's kinds); the
+# others are the proxy's (harness.serve.proxy_hops.PROXY_FAULTS)
 DEFAULT_CPU_KV_CACHE_BYTES = 256 * 1024 * 1024
 
 
@@ -175,8 +177,8 @@ def build_env(spec: ServerSpec, features: Features = Features(),
                     "NVSHMEM_DISABLE_NVLS": "1", "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm"})
     if spec.hybrid:
         env["VLLM_SSM_CONV_STATE_LAYOUT"] = "DS"
-    if spec.fault == FAULTS_BY_REQUEST and spec.role == "decode":
-        env["PD_ACCURACY_FAULT"] = FAULTS_BY_REQUEST   # armed; each canary request names its fault
+    if spec.fault == BY_REQUEST and spec.role == "decode":
+        env["PD_ACCURACY_FAULT"] = BY_REQUEST   # armed; each canary request names its fault
     elif spec.fault in SERVER_FAULTS and spec.role == "decode":
         env["PD_ACCURACY_FAULT"] = spec.fault
         env["PD_ACCURACY_FAULT_BLOCK"] = spec.fault_block

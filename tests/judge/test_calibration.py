@@ -6,7 +6,8 @@ from pathlib import Path
 
 from harness.cli.main import main
 from harness.core.outcomes import EXIT_FAIL, EXIT_OK, EXIT_USAGE
-from harness.judge.calibration import CANARY_REASONS, record_paths, summarize
+from harness.judge.calibration import record_paths, summarize
+from harness.judge.canaries import CANARY_REASONS
 
 
 def _record(root: Path, repeat: int, cell_id: str, outcome: str, reason: str,
