@@ -172,6 +172,10 @@ def test_pd_matches_baseline(pd_cell: Cell, pd_result, record_property) -> None:
         assert_canary_caught(pd_cell, result, on_disk)
         return
     assert verdict.outcome in (PASS, XFAIL), explain(result)
+    # a clean cell shares its pair with the canaries: the decode's fault plugin must have left
+    # every one of this cell's own requests alone
+    applied = ((on_disk.get("metrics") or {}).get("transfer") or {}).get("fault_lines", 0)
+    assert applied == 0, f"{applied} faults were applied to a clean cell's requests:\n" + explain(result)
     if verdict.outcome == XFAIL:
         # it failed the way it is declared to (Verdict.failed_as_declared)
         assert verdict.failed_as_declared, explain(result)
