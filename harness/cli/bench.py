@@ -22,7 +22,8 @@ from harness.core.outcomes import EXIT_OK, EXIT_USAGE
 
 def server_logs(run_dir: Path) -> list[Path]:
     """vLLM server logs of a run (the proxy's logs have no start-up to read)."""
-    return [p for p in sorted((run_dir / "logs").glob("*.log")) if "proxy" not in p.name]
+    logs = sorted((run_dir / "logs").glob("*.log")) + sorted((run_dir / "logs").glob("*.log.gz"))
+    return [p for p in logs if "proxy" not in p.name]
 
 
 def _baseline_key(record: dict) -> str:

@@ -24,6 +24,11 @@ FAULTS = ("drop-transfer", "foreign-params", "corrupt-block", "swap-blocks")
 # (neither). The KV connector, the attention kernels and the block handling are the same code
 # in both; bugs can live in either (a CUDA-graph capture of a 1-token prefill, say).
 COMPILE_MODES = ("default", "eager")
+# Where prefill and decode live: "local" (one host: NIXL may use shared memory / CUDA IPC) or
+# "netns" (two simulated hosts: prefill and decode in their own network namespaces joined by a
+# veth link, UCX restricted to TCP, so the KV must cross a real network path). The baseline is
+# the same either way, so the network is in the cell id but not in the baseline key.
+NETWORKS = ("local", "netns")
 FAULT_ENV_PREFIX = "PD_ACCURACY_FAULT"   # extra_env keys that tune a fault (block, value)
 
 
@@ -45,6 +50,7 @@ class Cell:
     dtype: str = "bfloat16"
     max_model_len: int = 2048
     compile: str = "default"        # see COMPILE_MODES; in the id (and the baseline) when not default
+    network: str = "local"          # see NETWORKS; in the id when not local
     extra_args: tuple[str, ...] = ()                 # appended to every server's argv
     extra_env: tuple[tuple[str, str], ...] = ()      # added to every server's env
     fault: str | None = None        # canary fault mode (see FAULTS); None for a real cell
@@ -75,6 +81,8 @@ class Cell:
             parts.append(f"kvbuf-{self.kv_buffer_device}")
         if self.compile != "default":
             parts.append(self.compile)
+        if self.network != "local":
+            parts.append(self.network)
         if self.extra_args or self.plain_env:
             parts.append(self._extras_hash(self.plain_env))
         if self.fault:

@@ -19,6 +19,7 @@ log; the patterns are the strings vLLM 0.26 (CUDA) and 0.32 (CPU) print.
 """
 from __future__ import annotations
 
+import gzip
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -86,11 +87,19 @@ def parse_startup(text: str, server: str = "", log_path: str = "") -> StartupPha
     return StartupPhases(server, log_path, phases, total)
 
 
+def _read_log(path: Path) -> str:
+    """A server log as text; committed reference runs keep theirs gzipped (`scripts/gpu/keep.py`)."""
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt", errors="replace") as fh:
+            return fh.read()
+    return path.read_text(errors="replace")
+
+
 def parse_logs(paths: Iterable[str | Path]) -> list[StartupPhases]:
     out = []
     for path in paths:
         path = Path(path)
-        parsed = parse_startup(path.read_text(errors="replace"), log_path=str(path))
+        parsed = parse_startup(_read_log(path), log_path=str(path))
         if parsed is not None:
             out.append(parsed)
     return out

@@ -107,3 +107,11 @@ def test_canaries_share_the_baseline_and_the_pair_of_their_clean_cell():
     assert last.cell_id == plain.cell_id + "-last"
     # any other env is part of what the baseline runs
     assert Cell(model="m", extra_env=(("VLLM_X", "1"),)).baseline_key != real.baseline_key
+
+
+def test_two_host_network_is_in_the_id_but_shares_the_baseline():
+    local = Cell(model="m")
+    netns = Cell(model="m", network="netns")
+    assert netns.cell_id == local.cell_id + "-netns"
+    assert "netns" not in local.cell_id
+    assert netns.baseline_key == local.baseline_key    # the baseline runs on one host either way
