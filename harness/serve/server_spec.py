@@ -175,6 +175,12 @@ def build_env(spec: ServerSpec, features: Features = Features(),
         # over CUDA IPC buffers, without multicast.
         env.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                     "NVSHMEM_DISABLE_NVLS": "1", "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm"})
+        # Start-up: the harness decodes greedily, so top-k/top-p sampling never runs, but
+        # vLLM warms FlashInfer's sampler up anyway, and on a fresh H200 that JIT-compiles it:
+        # 80 s between "Graph capturing finished" and "Kernel JIT monitor activated" on every
+        # FLASH_ATTN/TRITON_ATTN server of the first wave (gpu-h200-20261201-s5, 8 s once the
+        # cache was warm). PyTorch's sampler instead; the KV path is not involved.
+        env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     if spec.hybrid:
         env["VLLM_SSM_CONV_STATE_LAYOUT"] = "DS"
     if spec.fault == BY_REQUEST and spec.role == "decode":

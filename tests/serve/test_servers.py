@@ -221,3 +221,13 @@ def test_internal_port_becomes_vllm_port_only_when_planned():
     env = build_env(spec("prefill", internal_port=25010, extra_env=(("VLLM_PORT", "30000"),)),
                     base_env={})
     assert env["VLLM_PORT"] == "30000"
+
+
+def test_cuda_env_skips_the_flashinfer_sampler_unless_the_user_asks_for_it():
+    # greedy decoding never samples; its warm-up JIT cost 80 s per cold server on the H200
+    assert build_env(spec("decode", "cuda", gpu_ids=(0,)), base_env={})[
+        "VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    env = build_env(spec("decode", "cuda", gpu_ids=(0,)),
+                    base_env={"VLLM_USE_FLASHINFER_SAMPLER": "1"})
+    assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "1"
+    assert "VLLM_USE_FLASHINFER_SAMPLER" not in build_env(spec("decode", "cpu"), base_env={})
