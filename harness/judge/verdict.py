@@ -156,6 +156,10 @@ def transfer_checks(cmp: Comparison) -> list[Check]:
               f"failed transfers={c.nixl_failed_transfers:.0f}, "
               f"failed notifications={c.nixl_failed_notifications:.0f}"),
     ]
+    if t.byte_account is not None:
+        # last, so a canary that already fails an earlier check keeps its reason
+        checks.append(Check("nixl-bytes-exact", bool(t.byte_account["exact"]),
+                            str(t.byte_account["detail"])))
     return checks
 
 

@@ -18,7 +18,7 @@ from harness.eval.metrics import scrape_all
 from harness.judge.compare import compare
 from harness.judge.verdict import ReferenceAccuracy, decide, fail
 from harness.run.stages import StagedRun
-from harness.run.transfer_evidence import read_proxy_records, transfer_proof
+from harness.run.transfer_evidence import ByteGeometry, read_proxy_records, transfer_proof
 from harness.serve.deploy import Deployment, ProxyDeployment
 from harness.serve.plugins.fault_spec import request_tag_for
 from harness.serve.process import most_decisive_line
@@ -48,6 +48,9 @@ def evaluate_cell(runner: Any, cell: Cell, pair: Deployment, rnd: Any, task: str
     port = runner.allocator.reserve(1, owner=f"proxy:{cell.cell_id}")[0]
     decode_urls = pair.urls("decode")
     decode_logs = [str(pair.processes[s.name].log_path) for s in pair.specs if s.role == "decode"]
+    prefill = next(s for s in pair.specs if s.role == "prefill")
+    geometry = ByteGeometry.of_pair(prefill.model_path, prefill.dtype, prefill.block_size,
+                                    prefill.extra_args)
     artifacts = {"baseline_samples": str(rnd.samples_path),
                  "logs": {**baseline_logs, **pair.logs()}, "proxy_records": str(records_path)}
     # every evaluation on a shared pair in its own prefix-cache space; a server-side canary's
@@ -73,7 +76,8 @@ def evaluate_cell(runner: Any, cell: Cell, pair: Deployment, rnd: Any, task: str
                 runner.progress(f"evaluating P/D {cell.cell_id} ({n} questions)")
                 pd_run, base_run = pd.up_to(n), rnd.staged.up_to(n)
                 proof = transfer_proof(read_proxy_records(str(records_path)),
-                                       scrape_all(decode_urls).delta(before), hybrid, decode_logs)
+                                       scrape_all(decode_urls).delta(before), hybrid, decode_logs,
+                                       geometry)
                 cmp = compare(base_run, pd_run, proof, baseline_aa=rnd.aa,
                               alpha=runner.policy.alpha)
                 verdict = decide(cmp, policy, cell.expected_failure, reference=reference,

@@ -4,8 +4,12 @@ fault lines the canary plugin wrote to the decode servers' logs."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Iterable
+
+from harness.core.kv_geometry import GeometryUnknown, KvGeometry, geometry_from_config
+from harness.judge.byte_accounting import account
 
 from harness.eval.metrics import TransferCounters
 from harness.judge.compare import TransferProof
@@ -47,16 +51,77 @@ def count_fault_lines(log_paths: Iterable[str], request_ids: Iterable[str] | Non
     return n
 
 
+# vLLM (0.26 GPU, 0.32 CPU) logs each hybrid decode worker's per-layer recurrent state bytes when
+# it registers its caches with NIXL: "Hybrid SSM registration: ... mamba_ssm_size=(3264, 32768)"
+_STATE_SIZE_RE = re.compile(r"mamba_ssm_size=\((\d+),\s*(\d+)\)")
+
+
+def state_bytes_from_logs(decode_logs: Iterable[str]) -> int | None:
+    """Bytes of one recurrent layer's state (conv + SSM) as the decode server logged them."""
+    for p in decode_logs:
+        try:
+            m = _STATE_SIZE_RE.search(Path(p).read_text(errors="replace"))
+        except OSError:
+            continue
+        if m:
+            return int(m.group(1)) + int(m.group(2))
+    return None
+
+
+class ByteGeometry:
+    """What exact byte accounting needs of a pair: the model's KV geometry, the prefill block
+    size, and (hybrids) the state bytes the decode logged; or why it cannot be computed."""
+
+    def __init__(self, geometry: KvGeometry | None, prefill_block_size: int,
+                 skipped: str | None = None) -> None:
+        self.geometry, self.prefill_block_size, self.skipped = geometry, prefill_block_size, skipped
+
+    @classmethod
+    def of_pair(cls, model_path: str, dtype: str, prefill_block_size: int,
+                extra_args: tuple[str, ...] = ()) -> "ByteGeometry":
+        try:
+            config = json.loads((Path(model_path) / "config.json").read_text())
+            return cls(geometry_from_config(config, dtype, extra_args), prefill_block_size)
+        except (OSError, json.JSONDecodeError) as exc:
+            return cls(None, prefill_block_size, f"model config not readable: {exc}")
+        except GeometryUnknown as exc:
+            return cls(None, prefill_block_size, str(exc))
+
+
+def _byte_account(records: list[dict], delta: TransferCounters, geometry: ByteGeometry | None,
+                  decode_logs: list[str]) -> tuple[dict | None, str | None]:
+    if geometry is None:
+        return None, "no geometry given (not a harness-started pair)"
+    if geometry.geometry is None:
+        return None, geometry.skipped
+    state = 0
+    if geometry.geometry.state_layers:
+        logged = state_bytes_from_logs(decode_logs)
+        if logged is None:
+            return None, "hybrid: the decode log has no 'mamba_ssm_size' line to size its state"
+        state = logged
+    # what the proxy sent decode is what decode was asked to read (a foreign-params canary sends
+    # another request's; a dropped transfer sends none)
+    acc = account((r.get("sent_kv_transfer_params") for r in records), geometry.geometry,
+                  geometry.prefill_block_size, delta.nixl_bytes, state_bytes_per_layer=state,
+                  cache_hit_tokens=delta.prompt_tokens_cache_hit)
+    return acc.to_dict(), None
+
+
 def transfer_proof(records: list[dict], delta: TransferCounters, hybrid: bool,
-                   decode_logs: Iterable[str]) -> TransferProof:
+                   decode_logs: Iterable[str], geometry: ByteGeometry | None = None
+                   ) -> TransferProof:
     """The TransferProof of one P/D evaluation: its proxy `records`, the decode servers'
-    /metrics `delta` over it, and the fault lines in `decode_logs`."""
+    /metrics `delta` over it, the fault lines in `decode_logs`, and (with `geometry`) the exact
+    byte account."""
+    decode_logs = list(decode_logs)
     def usable(params: dict | None) -> bool:
         return bool(params) and bool(params.get("remote_block_ids") is not None
                                      or params.get("remote_engine_id"))
 
     with_params = sum(usable(r.get("received_kv_transfer_params")) for r in records)
     sent = sum(usable(r.get("sent_kv_transfer_params")) for r in records)
+    byte_account, skipped = _byte_account(records, delta, geometry, decode_logs)
     own = sum(usable(r.get("sent_kv_transfer_params"))
               and r.get("sent_kv_transfer_params") == r.get("received_kv_transfer_params")
               for r in records)
@@ -66,7 +131,9 @@ def transfer_proof(records: list[dict], delta: TransferCounters, hybrid: bool,
                          fault_lines=count_fault_lines(
                              decode_logs, [r["request_id"] for r in records
                                            if r.get("request_id")] or None),
-                         requests_sent_params=sent)
+                         requests_sent_params=sent,
+                         byte_account=byte_account, byte_account_skipped=skipped)
 
 
-__all__ = ["count_fault_lines", "read_proxy_records", "transfer_proof"]
+__all__ = ["ByteGeometry", "count_fault_lines", "read_proxy_records", "state_bytes_from_logs",
+           "transfer_proof"]

@@ -1,0 +1,90 @@
+"""How many bytes of KV cache one prompt token occupies, read from a model's HF config.json.
+
+Used for exact NIXL byte accounting (harness.judge.byte_accounting): on every cell measured so far
+(CPU vLLM 0.32 and H200 vLLM 0.26; dense, Granite/Mamba2, Qwen3Next/GDN; blocks 16/32/64/128,
+P64->D128, TP1->TP2, host buffer) the decode's ``vllm:nixl_bytes_transferred`` equals, to the byte,
+
+    sum over requests of (attention blocks read x prefill block size x attention bytes per token)
+                       + (state layers x state bytes per layer)
+
+where the attention bytes per token are ``2 (K and V) x KV heads x head dim x dtype bytes`` summed
+over the attention layers, whatever the backend's physical layout or kernel block size (the bytes
+of one logical block are the same however it is split). A recurrent layer's state bytes are not
+derivable from config.json alone (vLLM keeps the SSM state in float32 on CPU and in the model
+dtype on the H200), so they come from the decode server's own log line (harness.serve.logscan).
+
+Pure: no vLLM import. Models whose geometry this does not model (MLA, an FP8 KV cache, sliding
+windows whose transfer is clipped) raise GeometryUnknown with the reason, and the check is
+skipped with that reason in the record rather than guessed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
+ATTENTION_KINDS = ("attention", "full_attention", "full")
+STATE_KINDS = ("mamba", "linear_attention", "mamba2", "ssm", "linear")
+
+
+class GeometryUnknown(ValueError):
+    """The model's KV bytes per token cannot be stated exactly from its config."""
+
+
+@dataclass(frozen=True)
+class KvGeometry:
+    attention_layers: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int
+    state_layers: int = 0           # SSM / linear-attention layers (one state per request each)
+
+    @property
+    def attention_bytes_per_token(self) -> int:
+        """K and V of one token in every attention layer, all KV heads (summed over TP ranks)."""
+        return self.attention_layers * 2 * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    def to_dict(self) -> dict[str, int]:
+        return {"attention_layers": self.attention_layers, "kv_heads": self.kv_heads,
+                "head_dim": self.head_dim, "dtype_bytes": self.dtype_bytes,
+                "state_layers": self.state_layers,
+                "attention_bytes_per_token": self.attention_bytes_per_token}
+
+
+def _layer_kinds(config: Mapping[str, Any]) -> list[str] | None:
+    kinds = config.get("layer_types") or config.get("layers_block_type")
+    return [str(k).lower() for k in kinds] if kinds else None
+
+
+def geometry_from_config(config: Mapping[str, Any], dtype: str,
+                         extra_args: tuple[str, ...] = ()) -> KvGeometry:
+    """The geometry of `config` (an HF config.json) served with `dtype`; GeometryUnknown if not
+    exact. `extra_args` are the servers' extra vLLM arguments (an FP8 KV cache changes bytes)."""
+    if any(a.startswith("--kv-cache-dtype") for a in extra_args):
+        raise GeometryUnknown("the servers set --kv-cache-dtype: bytes per token not modelled")
+    if config.get("kv_lora_rank") or config.get("use_mla"):
+        raise GeometryUnknown("MLA (latent KV) geometry is not modelled")
+    if config.get("sliding_window") and config.get("use_sliding_window", True):
+        raise GeometryUnknown("sliding-window attention: the transfer may be clipped to the window")
+    dtype_bytes = DTYPE_BYTES.get(str(dtype).lower())
+    if dtype_bytes is None:
+        raise GeometryUnknown(f"dtype {dtype!r}: bytes per element not known")
+    try:
+        heads = int(config["num_attention_heads"])
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+        layers = int(config["num_hidden_layers"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise GeometryUnknown(f"config.json lacks {exc} for the KV geometry") from None
+    kinds = _layer_kinds(config)
+    if kinds is None:
+        return KvGeometry(layers, kv_heads, head_dim, dtype_bytes)
+    attention = sum(k in ATTENTION_KINDS for k in kinds)
+    state = sum(k in STATE_KINDS for k in kinds)
+    if attention + state != len(kinds):
+        other = sorted({k for k in kinds if k not in ATTENTION_KINDS + STATE_KINDS})
+        raise GeometryUnknown(f"layer kinds {other} not modelled")
+    return KvGeometry(attention, kv_heads, head_dim, dtype_bytes, state_layers=state)
+
+
+__all__ = ["DTYPE_BYTES", "GeometryUnknown", "KvGeometry", "geometry_from_config"]

@@ -1,0 +1,76 @@
+"""Exact NIXL byte accounting: the bytes the decode should have read, request by request, against
+the bytes its /metrics say it read.
+
+Why: the transfer checks before this only asked for bytes > 0. A fault that skipped the last
+block pair of every READ moved 39,321,600 bytes instead of 52,428,800 (75 %) while the scheduler
+still counted every prompt token as external, and passed them (issue #16).
+
+Expected bytes, per request of the proxy's records (the kv_transfer_params decode received):
+``attention blocks x prefill block size x attention bytes per token`` (the attention groups all
+list the same blocks; a recurrent-state group lists one, so the longest list is the attention
+one) plus ``state layers x state bytes per layer`` for a hybrid. Prompt tokens the decode found in
+its own prefix cache are not read, so they are taken off (whole blocks, as vLLM caches them).
+The geometry comes from harness.core.kv_geometry; the formula matched NIXL's own count to the
+byte on every committed CPU and H200 record (see that module).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable
+
+from harness.core.kv_geometry import KvGeometry
+
+
+@dataclass(frozen=True)
+class ByteAccount:
+    expected: int            # bytes the decode should have read over the evaluation
+    actual: int              # vllm:nixl_bytes_transferred over the same window
+    requests: int            # requests counted (those that received transfer params)
+    attention_blocks: int    # prefill blocks listed for the attention layers, summed
+    state_bytes: int         # recurrent-state bytes included in `expected`
+    cache_hit_bytes: int     # bytes not read because decode held them in its prefix cache
+
+    @property
+    def exact(self) -> bool:
+        return self.expected == self.actual
+
+    def detail(self) -> str:
+        if self.exact:
+            return (f"NIXL read exactly the expected {self.actual:,} bytes for {self.requests} "
+                    f"requests ({self.attention_blocks} prefill blocks)")
+        gap = self.actual - self.expected
+        share = 100.0 * self.actual / self.expected if self.expected else float("inf")
+        return (f"NIXL read {self.actual:,} bytes, expected {self.expected:,} for "
+                f"{self.requests} requests ({self.attention_blocks} prefill blocks): "
+                f"{'short by' if gap < 0 else 'excess of'} {abs(gap):,} bytes ({share:.1f} %)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "exact": self.exact, "detail": self.detail()}
+
+
+def attention_blocks(params: dict) -> int:
+    """Blocks of the attention layers in one request's kv_transfer_params (0 without any)."""
+    groups = params.get("remote_block_ids") or []
+    return max((len(g) for g in groups), default=0)
+
+
+def account(params_per_request: Iterable[dict | None], geometry: KvGeometry,
+            prefill_block_size: int, actual_bytes: float, state_bytes_per_layer: int = 0,
+            cache_hit_tokens: float = 0.0) -> ByteAccount:
+    """The ByteAccount of one evaluation window: the decode requests' received transfer params,
+    the model's geometry, the prefill server's (logical) block size, the NIXL bytes delta."""
+    per_token = geometry.attention_bytes_per_token
+    requests = blocks = 0
+    for params in params_per_request:
+        if not params:
+            continue
+        requests += 1
+        blocks += attention_blocks(params)
+    state = requests * geometry.state_layers * state_bytes_per_layer
+    hit = int(cache_hit_tokens) * per_token
+    expected = blocks * prefill_block_size * per_token + state - hit
+    return ByteAccount(expected=expected, actual=int(actual_bytes), requests=requests,
+                       attention_blocks=blocks, state_bytes=state, cache_hit_bytes=hit)
+
+
+__all__ = ["ByteAccount", "account", "attention_blocks"]

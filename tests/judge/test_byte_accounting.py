@@ -1,0 +1,51 @@
+"""Exact NIXL byte accounting against numbers measured on real CPU and H200 pairs."""
+from __future__ import annotations
+
+from harness.core.kv_geometry import KvGeometry
+from harness.judge.byte_accounting import account, attention_blocks
+
+LLAMA = KvGeometry(attention_layers=4, kv_heads=2, head_dim=64, dtype_bytes=2)
+GRANITE = KvGeometry(attention_layers=2, kv_heads=2, head_dim=64, dtype_bytes=2, state_layers=1)
+
+
+def params(*groups: int) -> dict:
+    return {"remote_block_ids": [list(range(n)) for n in groups]}
+
+
+def test_dense_p128_request_of_four_blocks_reads_one_mebibyte():
+    # measured: 50 requests, 200 blocks of 128 -> 52,428,800 NIXL bytes (CPU smoke, 2026-12-01)
+    acc = account([params(4)] * 50, LLAMA, 128, 52_428_800)
+    assert acc.exact and acc.expected == 52_428_800 and acc.attention_blocks == 200
+    assert "exactly the expected 52,428,800 bytes" in acc.detail()
+
+
+def test_a_short_transfer_is_named_with_both_numbers():
+    # the fault of issue #16: the last block pair of each READ skipped, 75 % of the bytes
+    acc = account([params(4)] * 50, LLAMA, 128, 39_321_600)
+    assert not acc.exact
+    assert acc.detail().endswith("short by 13,107,200 bytes (75.0 %)")
+    assert "excess of" in account([params(4)], LLAMA, 128, 1_048_577).detail()
+
+
+def test_heterogeneous_blocks_count_the_prefill_blocks():
+    # P64 -> D128: 383 prefill blocks of 64 for 50 requests, 50,200,576 bytes (CPU, 2026-12-01)
+    acc = account([params(8)] * 33 + [params(7)] * 17, LLAMA, 64, 50_200_576)
+    assert acc.attention_blocks == 383 and acc.exact
+
+
+def test_hybrid_adds_one_state_per_request_and_uses_the_attention_group():
+    # Granite on CPU: groups [1 state block, 4, 4]; state (3264 + 32768) bytes as vLLM logged it;
+    # 200 requests -> 112,064,000 bytes. On the H200 the state is bf16: (3264 + 16384).
+    cpu = account([params(1, 4, 4)] * 200, GRANITE, 128, 112_064_000,
+                  state_bytes_per_layer=3264 + 32768)
+    assert cpu.exact and cpu.state_bytes == 200 * 36_032
+    gpu = account([params(1, 4, 4)] * 100, GRANITE, 128, 54_393_600,
+                  state_bytes_per_layer=3264 + 16384)
+    assert gpu.exact
+
+
+def test_requests_without_params_and_prefix_cache_hits_are_not_expected_to_be_read():
+    acc = account([None, {}, params(4)], LLAMA, 128, 1_048_576 - 128 * 2048,
+                  cache_hit_tokens=128)
+    assert acc.requests == 1 and acc.cache_hit_bytes == 128 * 2048 and acc.exact
+    assert attention_blocks({}) == 0 and attention_blocks(params(1, 3, 3)) == 3

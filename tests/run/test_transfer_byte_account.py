@@ -1,0 +1,49 @@
+"""The byte account of a pair: geometry from the model, state bytes from the decode's log."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.eval.metrics import TransferCounters
+from harness.run.transfer_evidence import ByteGeometry, state_bytes_from_logs, transfer_proof
+
+ZOO = Path(__file__).resolve().parents[2] / "harness" / "zoo" / "checkpoints"
+LINE = ("(Worker pid=30126) INFO 12-01 14:35:21 [base_worker.py:1761] Hybrid SSM registration: "
+        "num_blocks=16384, ratio=1, mamba_ssm_size=(3264, 32768), block_len_per_layer={65536}\n")
+
+
+def record(blocks: list[int]) -> dict:
+    p = {"remote_block_ids": [list(range(n)) for n in blocks], "remote_engine_id": "e"}
+    return {"request_id": "r", "received_kv_transfer_params": p, "sent_kv_transfer_params": p}
+
+
+def test_state_bytes_come_from_the_decode_log(tmp_path):
+    log = tmp_path / "decode.log"
+    log.write_text("noise\n" + LINE)
+    assert state_bytes_from_logs([str(tmp_path / "missing.log"), str(log)]) == 36_032
+    assert state_bytes_from_logs([]) is None
+
+
+def test_hybrid_pair_is_accounted_exactly_with_the_logged_state(tmp_path):
+    log = tmp_path / "decode.log"
+    log.write_text(LINE)
+    geo = ByteGeometry.of_pair(str(ZOO / "tiny-granite-hybrid-gsm"), "bfloat16", 128)
+    delta = TransferCounters(nixl_bytes=2 * 560_320.0, prompt_tokens_external=900.0)
+    proof = transfer_proof([record([1, 4, 4])] * 2, delta, True, [str(log)], geo)
+    assert proof.byte_account["exact"] and proof.byte_account_skipped is None
+
+
+def test_without_the_state_line_or_geometry_the_account_is_skipped_with_its_reason(tmp_path):
+    geo = ByteGeometry.of_pair(str(ZOO / "tiny-granite-hybrid-gsm"), "bfloat16", 128)
+    delta = TransferCounters(nixl_bytes=1.0)
+    proof = transfer_proof([record([1, 4, 4])], delta, True, [], geo)
+    assert proof.byte_account is None and "mamba_ssm_size" in proof.byte_account_skipped
+    missing = ByteGeometry.of_pair(str(tmp_path), "bfloat16", 128)
+    assert "not readable" in transfer_proof([], delta, False, [], missing).byte_account_skipped
+    assert "not a harness-started pair" in transfer_proof([], delta, False, []).byte_account_skipped
+
+
+def test_a_dense_pair_short_of_bytes_is_not_exact():
+    geo = ByteGeometry.of_pair(str(ZOO / "tiny-llama-gsm"), "bfloat16", 128)
+    delta = TransferCounters(nixl_bytes=39_321_600.0)
+    proof = transfer_proof([record([4])] * 50, delta, False, [], geo)
+    assert not proof.byte_account["exact"] and proof.byte_account["expected"] == 52_428_800
