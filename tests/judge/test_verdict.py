@@ -357,3 +357,18 @@ def test_an_expected_failure_xfails_only_for_its_declared_reason():
                   expected_failure_match=declared)
     assert env.outcome == ERROR                                   # the environment: retry
     assert replace(no_kv, expected_failure_match=None).outcome == "XFAIL"   # no pattern: any FAIL
+
+
+# ---- exact byte accounting ------------------------------------------------------------------
+def test_byte_shortfall_fails_the_transfer_proof_with_both_numbers():
+    from harness.judge.byte_accounting import account
+    from harness.core.kv_geometry import KvGeometry
+    geo = KvGeometry(attention_layers=4, kv_heads=2, head_dim=64, dtype_bytes=2)
+    short = account([{"remote_block_ids": [[0, 1, 2, 3]]}] * N, geo, 128, 0.75 * N * 1_048_576)
+    v = decide(comparison(aa=True, transfer=proof(byte_account=short.to_dict())))
+    assert v.status == FAIL and "nixl-bytes-exact" in v.reason and "short by" in v.reason
+    exact = account([{"remote_block_ids": [[0, 1, 2, 3]]}] * N, geo, 128, N * 1_048_576)
+    v = decide(comparison(aa=True, transfer=proof(byte_account=exact.to_dict())))
+    assert v.status == PASS and check(v, "nixl-bytes-exact").passed
+    # no account (geometry not modelled): no check, nothing passed in its name
+    assert "nixl-bytes-exact" not in {c.name for c in decide(comparison(aa=True)).checks}
