@@ -61,6 +61,18 @@ timeout --signal=INT --kill-after=30 "$remaining" xargs -P "$PAR" -I{} bash -c '
     --startup-timeout 420 > "'"$res"'/console/$name.log" 2>&1
   echo "group $name exit $?: $ids"' _ {} < "$res/groups.txt"
 echo "wall: $(( $(date +%s) - started )) s"
+# where each group's start-up went (imports, engine init, weights, compile, KV cache, ready)
+for run in "$res"/records/*/; do
+  [ -d "$run/logs" ] && python3 -m harness.cli.main bench --from "$run" --json "$run/bench.json" > /dev/null 2>&1
+done
+python3 - "$res/records" <<'PY'
+import json, pathlib, statistics, sys
+totals = [s["total_s"] for p in pathlib.Path(sys.argv[1]).glob("*/bench.json")
+          for s in json.loads(p.read_text())["servers"] if s.get("total_s")]
+if totals:
+    print(f"server start-up: {len(totals)} servers, median {statistics.median(totals):.0f} s, "
+          f"range {min(totals):.0f}-{max(totals):.0f} s")
+PY
 mkdir -p "$OUT"
 tar czf "$OUT/$TAG.tgz" -C "$PWD/results/gpu" "$TAG"
 python3 - "$res/records" <<'PY'
