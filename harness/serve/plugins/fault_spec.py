@@ -10,15 +10,20 @@ The decode server's environment picks the fault (:func:`parse_fault_env`):
 * ``PD_ACCURACY_FAULT_BLOCK=first|last|<int>`` picks the block by its position in the request's
   received (kernel) block list; an int is 0-based, negative counts from the end. Default first
   (:func:`select_block_positions`).
+* ``PD_ACCURACY_FAULT=fail-transfer``: the KV arrives intact, but the decode's NIXL worker
+  reports the request's read as *failed* (:mod:`harness.serve.plugins.fail_transfer`), so vLLM's
+  own failure path runs: the failed-transfer counter, the scheduler's load-failure policy and
+  what the client is answered. Block and value do not apply.
 
-``PD_ACCURACY_FAULT=by-request`` arms the same hook without a fault of its own: a request is
+``PD_ACCURACY_FAULT=by-request`` arms the same hooks without a fault of their own: a request is
 broken only when its id carries a fault tag (:func:`request_fault_tag`, put there by the harness's
 proxy for a canary's requests; :func:`parse_request_fault` reads it back), so canaries share the
 clean cell's servers and every other request passes untouched.
 
-Each corrupted request gives one WARNING line starting with :data:`APPLIED_PREFIX`; a request
-the fault could not be applied to gives one line starting with :data:`SKIPPED_PREFIX`
-(:func:`format_fault_line`). :func:`parse_fault_log` reads them back for the harness.
+Each broken request (corrupted KV, or a read reported failed) gives one WARNING line starting
+with :data:`APPLIED_PREFIX`; a request the fault could not be applied to gives one line starting
+with :data:`SKIPPED_PREFIX` (:func:`format_fault_line`). :func:`parse_fault_log` reads them back
+for the harness.
 """
 from __future__ import annotations
 
@@ -31,7 +36,9 @@ FAULT_ENV = "PD_ACCURACY_FAULT"
 BLOCK_ENV = "PD_ACCURACY_FAULT_BLOCK"
 VALUE_ENV = "PD_ACCURACY_FAULT_VALUE"
 SHARE_ENV = "PD_ACCURACY_FAULT_SHARE"   # by-request only: break this share of the questions
-FAULT_KINDS = ("corrupt-block", "swap-blocks")
+KV_FAULT_KINDS = ("corrupt-block", "swap-blocks")    # break the received KV itself
+FAIL_TRANSFER = "fail-transfer"                      # report an intact read as failed
+FAULT_KINDS = KV_FAULT_KINDS + (FAIL_TRANSFER,)
 BY_REQUEST = "by-request"          # PD_ACCURACY_FAULT value: the fault comes with each request
 FAULT_VALUES = ("zero", "noise")
 BLOCK_NAMES = ("first", "last")
@@ -173,15 +180,18 @@ def _compact(value: Any) -> str:
 def format_fault_line(request_id: str, spec: FaultSpec, outcome: FaultOutcome) -> str:
     """The one log line for a request; applied and skipped lines have distinct prefixes."""
     blocks = _compact([list(ids) for ids in outcome.block_ids])
+    # block and value only steer the KV faults; a failed transfer names the blocks vLLM is told
+    # did not load (layers=0: no cache was touched)
+    selector = f" selector={spec.block}" if spec.kind in KV_FAULT_KINDS else ""
     if outcome.applied:
         value = f" value={spec.value}" if spec.kind == "corrupt-block" else ""
         return (
             f"{APPLIED_PREFIX} fault={spec.kind} request={request_id} block_ids={blocks} "
-            f"layers={outcome.num_layers} selector={spec.block}{value}"
+            f"layers={outcome.num_layers}{selector}{value}"
         )
     return (
-        f"{SKIPPED_PREFIX} fault={spec.kind} request={request_id} "
-        f"selector={spec.block} reason={outcome.reason or 'unknown'}"
+        f"{SKIPPED_PREFIX} fault={spec.kind} request={request_id}{selector} "
+        f"reason={outcome.reason or 'unknown'}"
     )
 
 

@@ -22,9 +22,11 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
+from harness.serve.plugins import fail_transfer
 from harness.serve.plugins.fault_spec import (
     ARMED_PREFIX,
     BY_REQUEST,
+    KV_FAULT_KINDS,
     SETUP_PREFIX,
     SKIPPED_PREFIX,
     FaultOutcome,
@@ -283,8 +285,8 @@ def _wrap_completion(original: Callable, spec: FaultSpec) -> Callable:
             for request_id in sorted(received_request_ids(results)):
                 meta = pending.get(request_id)
                 wanted = parse_request_fault(request_id) if spec.kind == BY_REQUEST else spec
-                if meta is None or wanted is None:
-                    continue    # by-request: a request without a fault tag is left alone
+                if meta is None or wanted is None or wanted.kind not in KV_FAULT_KINDS:
+                    continue    # untagged, or not a KV fault (fail-transfer: its own hook)
                 try:
                     outcome = apply_fault(self, meta, wanted, generator)
                 except Exception as error:  # a canary must never take the server down
@@ -343,6 +345,8 @@ def register() -> None:
 
     Cheap, idempotent and never raises: the patch is applied when vLLM imports the NIXL worker
     module (a post-import hook), so processes that never load the connector stay untouched.
+    The KV faults wrap the completion call (this module); fail-transfer wraps the poll of the
+    read handles (:mod:`harness.serve.plugins.fail_transfer`); by-request arms both.
     """
     global _registered
     if _registered:
@@ -354,7 +358,9 @@ def register() -> None:
             return
         import wrapt
 
-        for module_name, class_name in WORKER_TARGETS:
-            wrapt.register_post_import_hook(_make_hook(spec, class_name), module_name)
+        if spec.kind in KV_FAULT_KINDS or spec.kind == BY_REQUEST:
+            for module_name, class_name in WORKER_TARGETS:
+                wrapt.register_post_import_hook(_make_hook(spec, class_name), module_name)
+        fail_transfer.arm(spec)
     except Exception:
         logger.exception("%s register() failed; no fault injected", ARMED_PREFIX)
