@@ -3,7 +3,9 @@ per-question records (doc id, prompt hash, generated text, extracted answer, cor
 generated tokens' top-k logprobs).
 
 The baseline and the P/D proxy are evaluated with identical settings (task, few-shot seed,
-question subset), so their records pair up by doc id and prompt hash.
+question subset), so their records pair up by doc id and prompt hash. A request answered with
+an error (an HTTP error status, or finish_reason "error") is never counted as a wrong answer:
+the evaluation asks every question, then raises RequestsFailed.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import logging
 import os
 import tempfile
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,20 @@ log = logging.getLogger(__name__)
 
 class DatasetNotFound(RuntimeError):
     pass
+
+
+class RequestsFailed(RuntimeError):
+    """Requests of an evaluation were answered with an error: an HTTP error status, or a
+    completion whose finish_reason is "error" (vLLM's answer to a failed KV load). Raised once
+    every question was asked; the message says on how many questions and with what."""
+
+    def __init__(self, failures: "list[str] | tuple[str, ...]", questions: int) -> None:
+        self.failures = tuple(failures)
+        self.questions = questions
+        counts = Counter(self.failures).most_common()
+        kinds = ", ".join(f"{kind} x{count}" for kind, count in counts)
+        super().__init__(f"requests failed on {len(self.failures)} of {questions} questions: "
+                         f"{kinds}")
 
 
 def prompt_hash(prompt: str) -> str:
@@ -131,7 +148,9 @@ class EvalRun:
 
 def _capturing_lm_class():
     """An lm-eval local-completions model that also keeps each generation's raw choice
-    (text, finish_reason, logprobs), keyed by the prompt's hash."""
+    (text, finish_reason, logprobs), keyed by the prompt's hash, and each error answer
+    (``request_failures``, one entry per question) instead of stopping at the first one."""
+    import aiohttp
     from lm_eval.models.openai_completions import LocalCompletionsAPI
 
     current_prompts: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
@@ -143,6 +162,22 @@ def _capturing_lm_class():
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.captured: dict[str, dict] = {}
+            self.request_failures: list[str] = []
+
+        async def amodel_call(self, session, sem, messages, *, generate=True, **kwargs):
+            # lm-eval ends the evaluation at the first HTTP error while the other requests still
+            # run on the servers (a shared P/D pair's next cell would count their transfers as
+            # its own): keep the error, answer the request's questions with "", and let
+            # evaluate_endpoint raise RequestsFailed once every question was asked
+            try:
+                return await super().amodel_call(session, sem, messages, generate=generate,
+                                                  **kwargs)
+            except aiohttp.ClientResponseError as exc:
+                if not generate:
+                    raise
+                size = len(messages) if isinstance(messages, (list, tuple)) else 1
+                self.request_failures += [f"HTTP {exc.status} {exc.message}"] * size
+                return [""] * size
 
         def _create_payload(self, messages, generate=False, gen_kwargs=None, seed=1234,
                             eos=None, **kwargs):
@@ -159,6 +194,10 @@ def _capturing_lm_class():
 
         def parse_generations(self, outputs, **kwargs):  # type: ignore[override]
             texts = LocalCompletionsAPI.parse_generations(outputs, **kwargs)
+            for out in outputs if isinstance(outputs, list) else [outputs]:
+                self.request_failures += ['finish_reason "error"'
+                                          for choice in out.get("choices", [])
+                                          if choice.get("finish_reason") == "error"]
             prompts = current_prompts.get()
             if prompts:
                 for out in outputs if isinstance(outputs, list) else [outputs]:
@@ -233,6 +272,8 @@ def evaluate_endpoint(
     samples = results["samples"][task]
     questions = _questions_from_samples(samples, lm.captured)
     n = len(questions)
+    if lm.request_failures:
+        raise RequestsFailed(lm.request_failures, n)
     acc = sum(q.correct for q in questions) / n if n else 0.0
     acc_flex = sum(q.correct_flexible for q in questions) / n if n else 0.0
     return EvalRun(role=role, base_url=base_url, task=task, n=n, accuracy=acc,
