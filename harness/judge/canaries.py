@@ -16,6 +16,13 @@ CANARY_REASONS = {
     "foreign-params": r"another request's transfer parameters",
     "corrupt-block": r"P/D (logprobs diverge|accuracy is lower|generations diverge)",
     "swap-blocks": r"P/D (logprobs diverge|accuracy is lower|generations diverge)",
+    # a read reported failed must reach the verdict as a failure: vLLM's error answer
+    # (kv_load_failure_policy "fail": finish_reason "error", HTTP 500; lm-eval's RequestsFailed)
+    # or NIXL's failed-transfer counter (any policy; "recompute" answers correctly) — never an
+    # accuracy drop, never a silent success
+    "fail-transfer": (r"transfer proof failed \[no-failed-transfers\]|P/D evaluation failed: "
+                      r"RequestsFailed: requests failed on \d+ of \d+ questions: "
+                      r".*(HTTP 500|finish_reason \"error\")"),
 }
 
 

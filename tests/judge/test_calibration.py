@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 from harness.cli.main import main
+from harness.core.cell import FAULTS
 from harness.core.outcomes import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 from harness.judge.calibration import record_paths, summarize
 from harness.judge.canaries import CANARY_REASONS
@@ -53,7 +54,7 @@ def test_wrong_reason_is_a_miss_and_clean_runs_pass(tmp_path):
         _record(clean, r, "real", "PASS", "ok")
         _record(clean, r, "canary", "FAIL", "another request's transfer parameters", "foreign-params")
     assert main(["calibration", str(clean)]) == EXIT_OK
-    assert set(CANARY_REASONS) == {"drop-transfer", "foreign-params", "corrupt-block", "swap-blocks"}
+    assert set(CANARY_REASONS) == set(FAULTS)   # every fault says what catching it means
 
 
 def test_no_records_is_a_usage_error(tmp_path, capsys):
