@@ -11,6 +11,7 @@ import dataclasses
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -119,6 +120,18 @@ def visible_devices(devices: Iterable[GpuDevice], cuda_visible: str | None) -> l
     return chosen
 
 
+def netns_unavailable_reason() -> str | None:
+    """Why this machine cannot make the two-host topology (harness.serve.netns), or None: network
+    namespaces and veth links need Linux, root and iproute2's `ip`."""
+    if not sys.platform.startswith("linux"):
+        return "network namespaces (network: netns) are Linux only"
+    if os.geteuid() != 0:
+        return f"network: netns needs root to create network namespaces (running as uid {os.geteuid()})"
+    if shutil.which("ip") is None:
+        return "network: netns needs iproute2's `ip`, not found on PATH"
+    return None
+
+
 def detect_gpus() -> list[GpuDevice]:
     """The one home of GPU detection: nvidia-smi (physical indices, honouring
     CUDA_VISIBLE_DEVICES), torch as a fallback; [] on a machine without GPUs."""
@@ -138,12 +151,15 @@ class PlatformInfo:
     gpu_memory_bytes: tuple[int, ...] = ()
     gpu_indices: tuple[int, ...] = ()         # physical indices (for CUDA_VISIBLE_DEVICES)
     vllm: VllmFeatures | None = None
+    # why this machine cannot run network=netns cells (None: it can, or a pretend machine)
+    netns_unavailable: str | None = None
 
     @classmethod
     def detect(cls, vllm: VllmFeatures | None = None) -> "PlatformInfo":
         """This machine's GPUs (`detect_gpus`); `vllm` is what the caller probed, if anything
         (`harness.serve.vllm_features.detect_platform` probes it)."""
-        return cls.from_devices(detect_gpus(), vllm=vllm)
+        return dataclasses.replace(cls.from_devices(detect_gpus(), vllm=vllm),
+                                   netns_unavailable=netns_unavailable_reason())
 
     @classmethod
     def from_devices(cls, devices: Iterable[GpuDevice], vllm: VllmFeatures | None = None) -> "PlatformInfo":

@@ -33,6 +33,10 @@ class TransferProof:
     # the reason it was not computed in `byte_account_skipped` (geometry not modelled, say)
     byte_account: dict | None = None
     byte_account_skipped: str | None = None
+    # network: netns cells: the bytes the decode's P<->D link received over the evaluation, the
+    # namespaces' addresses and the UCX transports each server ran with (harness.serve.netns
+    # TwoHostTopology.evidence); None for a cell on one host
+    link: dict | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if k != "counters"}

@@ -145,11 +145,6 @@ def transfer_checks(cmp: Comparison) -> list[Check]:
               if foreign else
               f"{t.requests_own_params}/{t.requests} decode requests carried their own "
               f"prefill's parameters"),
-        # before the recompute checks: a read that failed makes the decode recompute (policy
-        # "recompute"), and the failed read is the cause to name
-        Check("no-failed-transfers", c.nixl_failed_transfers == 0 and c.nixl_failed_notifications == 0,
-              f"failed transfers={c.nixl_failed_transfers:.0f}, "
-              f"failed notifications={c.nixl_failed_notifications:.0f}"),
         Check("kv-arrived-externally", c.prompt_tokens_external > 0 and c.nixl_bytes > 0,
               f"external_kv_transfer={c.prompt_tokens_external:.0f} tokens, "
               f"nixl_bytes={c.nixl_bytes:.0f}"),
@@ -157,12 +152,32 @@ def transfer_checks(cmp: Comparison) -> list[Check]:
               f"decode computed {c.prompt_tokens_local:.0f} prompt tokens itself "
               f"(allowed {allowance}: {t.recompute_allowance}/request by design); "
               f"external={c.prompt_tokens_external:.0f}, cache_hit={c.prompt_tokens_cache_hit:.0f}"),
+        Check("no-failed-transfers", c.nixl_failed_transfers == 0 and c.nixl_failed_notifications == 0,
+              f"failed transfers={c.nixl_failed_transfers:.0f}, "
+              f"failed notifications={c.nixl_failed_notifications:.0f}"),
     ]
     if t.byte_account is not None:
         # last, so a canary that already fails an earlier check keeps its reason
         checks.append(Check("nixl-bytes-exact", bool(t.byte_account["exact"]),
                             str(t.byte_account["detail"])))
+    if t.link is not None:
+        checks.append(link_check(t.link, c.nixl_bytes))
     return checks
+
+
+def link_check(link: dict, nixl_bytes: float) -> Check:
+    """network: netns: the decode's P<->D link received at least the bytes NIXL says it moved
+    (else they went another way: shared memory is not isolated by network namespaces)."""
+    rx = link.get("decode_rx_bytes")
+    ucx = ", ".join(f"{name} UCX_TLS={env.get('UCX_TLS')}"
+                    for name, env in sorted((link.get("ucx") or {}).items()))
+    where = f"the decode's {link.get('device')} ({link.get('decode_netns')})"
+    if rx is None:
+        return Check("kv-crossed-the-link", False,
+                     f"{where} byte counter could not be read: the KV's path is unproven")
+    return Check("kv-crossed-the-link", rx >= nixl_bytes,
+                 f"{where} received {rx:,} bytes over the evaluation, NIXL moved "
+                 f"{nixl_bytes:,.0f}; {ucx or 'UCX settings unknown'}")
 
 
 def _pct(x: float) -> str:
@@ -241,6 +256,8 @@ def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | N
         first = bad_transfer[0]
         if first.name in ("decode-got-params", "kv-arrived-externally", "decode-did-not-recompute"):
             reason = f"decode recomputed the prompt: no KV crossed ({first.detail})"
+        elif first.name == "kv-crossed-the-link":
+            reason = f"the KV did not cross the network link: {first.detail}"
         else:
             reason = f"transfer proof failed [{first.name}]: {first.detail}"
         return Verdict(FAIL, reason, tuple(checks), expected_failure, tuple(path))

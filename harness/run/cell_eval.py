@@ -18,7 +18,8 @@ from harness.eval.metrics import scrape_all
 from harness.judge.compare import compare
 from harness.judge.verdict import ReferenceAccuracy, decide, fail
 from harness.run.stages import StagedRun
-from harness.run.transfer_evidence import ByteGeometry, read_proxy_records, transfer_proof
+from harness.run.transfer_evidence import (ByteGeometry, link_evidence, link_start,
+                                           read_proxy_records, transfer_proof)
 from harness.serve.deploy import Deployment, ProxyDeployment
 from harness.serve.plugins.fault_spec import request_tag_for
 from harness.serve.process import most_decisive_line
@@ -70,14 +71,14 @@ def evaluate_cell(runner: Any, cell: Cell, pair: Deployment, rnd: Any, task: str
             endpoint = proxy.endpoint()
             pd = StagedRun(lambda docs, n: runner.evaluate(endpoint, "pd", task, data_dir,
                                                            sample=docs, limit=n), rnd.order)
-            before = scrape_all(decode_urls)
+            before, link_before = scrape_all(decode_urls), link_start(pair)
             previous_n = None
             for n in plan.stages:
                 runner.progress(f"evaluating P/D {cell.cell_id} ({n} questions)")
                 pd_run, base_run = pd.up_to(n), rnd.staged.up_to(n)
                 proof = transfer_proof(read_proxy_records(str(records_path)),
                                        scrape_all(decode_urls).delta(before), hybrid, decode_logs,
-                                       geometry)
+                                       geometry, link_evidence(pair, link_before))
                 cmp = compare(base_run, pd_run, proof, baseline_aa=rnd.aa,
                               alpha=runner.policy.alpha)
                 verdict = decide(cmp, policy, cell.expected_failure, reference=reference,

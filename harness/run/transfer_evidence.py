@@ -1,6 +1,8 @@
 """A cell's transfer evidence, read from what its P/D evaluation left on disk: the proxy's
 per-request records (which kv_transfer_params prefill returned and decode received) and the
-fault lines the canary plugin wrote to the decode servers' logs."""
+fault lines the canary plugin wrote to the decode servers' logs; for a network: netns pair, the
+bytes its decode's P<->D link received (harness.serve.netns) and the UCX settings its servers
+ran with."""
 from __future__ import annotations
 
 import json
@@ -13,6 +15,8 @@ from harness.judge.byte_accounting import account
 
 from harness.eval.metrics import TransferCounters
 from harness.judge.compare import TransferProof
+from harness.serve.deploy import Deployment
+from harness.serve.netns import process_env
 from harness.serve.plugins.fault_spec import APPLIED_PREFIX, parse_fault_log
 
 
@@ -108,12 +112,25 @@ def _byte_account(records: list[dict], delta: TransferCounters, geometry: ByteGe
     return acc.to_dict(), None
 
 
+def link_start(pair: Deployment) -> tuple[int, int] | None:
+    """A netns pair's decode P<->D link counters (rx, tx) before an evaluation; None else."""
+    return None if pair.topology is None else pair.topology.link_bytes("decode")
+
+
+def link_evidence(pair: Deployment, before: tuple[int, int] | None) -> dict | None:
+    """A netns pair's link evidence since `before` (TransferProof.link); None for one host."""
+    if pair.topology is None:
+        return None
+    ucx = {name: process_env(proc.pid) for name, proc in sorted(pair.processes.items())}
+    return pair.topology.evidence(before, ucx)
+
+
 def transfer_proof(records: list[dict], delta: TransferCounters, hybrid: bool,
-                   decode_logs: Iterable[str], geometry: ByteGeometry | None = None
-                   ) -> TransferProof:
+                   decode_logs: Iterable[str], geometry: ByteGeometry | None = None,
+                   link: dict | None = None) -> TransferProof:
     """The TransferProof of one P/D evaluation: its proxy `records`, the decode servers'
-    /metrics `delta` over it, the fault lines in `decode_logs`, and (with `geometry`) the exact
-    byte account."""
+    /metrics `delta` over it, the fault lines in `decode_logs`, (with `geometry`) the exact
+    byte account and (netns pairs) the `link` evidence."""
     decode_logs = list(decode_logs)
     def usable(params: dict | None) -> bool:
         return bool(params) and bool(params.get("remote_block_ids") is not None
@@ -132,8 +149,8 @@ def transfer_proof(records: list[dict], delta: TransferCounters, hybrid: bool,
                              decode_logs, [r["request_id"] for r in records
                                            if r.get("request_id")] or None),
                          requests_sent_params=sent,
-                         byte_account=byte_account, byte_account_skipped=skipped)
+                         byte_account=byte_account, byte_account_skipped=skipped, link=link)
 
 
-__all__ = ["ByteGeometry", "count_fault_lines", "read_proxy_records", "state_bytes_from_logs",
-           "transfer_proof"]
+__all__ = ["ByteGeometry", "count_fault_lines", "link_evidence", "link_start",
+           "read_proxy_records", "state_bytes_from_logs", "transfer_proof"]

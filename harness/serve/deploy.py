@@ -5,7 +5,8 @@ baseline server, or a P/D pair (prefill server(s) + decode server(s)) plus the h
 It reserves ports, plans every server's command (harness.serve.server_spec), starts them concurrently in
 their own process groups, waits for health with a deadline, and stops them on every exit path.
 With host-wide start slots (harness.serve.start_slots) a server starts only when it holds a slot, and
-its deadline counts from then.
+its deadline counts from then. A pair of a `network: netns` cell runs in a two-host topology
+(harness.serve.netns) created at launch and removed after its servers stopped.
 The proxy is separate (`ProxyDeployment`) so that cells differing only in a proxy-side fault
 reuse one P/D pair.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Sequence
 
 from harness.core.cell import Cell
+from harness.serve.netns import TwoHostTopology
 from harness.serve.ports import PortAllocator
 from harness.serve.process import ManagedProcess, ServerStartTimeout
 from harness.serve.plugins.fault_spec import BY_REQUEST
@@ -113,7 +115,7 @@ def pair_key(cell: Cell) -> tuple:
     cell's pair (proxy faults act in the proxy, server faults arrive with each request)."""
     return (cell.baseline_key, cell.runner, cell.prefill_block_size, cell.decode_block_size,
             cell.prefill_tp, cell.decode_tp, cell.num_prefill, cell.num_decode,
-            cell.kv_buffer_device)
+            cell.kv_buffer_device, cell.network)
 
 
 class Deployment:
@@ -122,8 +124,10 @@ class Deployment:
     def __init__(self, name: str, specs: Sequence[ServerSpec], *, log_dir: Path,
                  features: Features = Features(), startup_timeout_s: float = 300.0,
                  allocator: PortAllocator | None = None, reserved_ports: Sequence[int] = (),
-                 start_slots: StartSlots | None = None) -> None:
+                 start_slots: StartSlots | None = None,
+                 topology: TwoHostTopology | None = None) -> None:
         self.name = name
+        self.topology = topology           # created at launch, removed after the servers stopped
         self.specs = list(specs)
         self.log_dir = Path(log_dir)
         self.features = features
@@ -152,6 +156,8 @@ class Deployment:
         """Start every server (concurrently, each in its own process group); don't wait.
         With start slots, each server starts from a thread of its own once it holds a slot."""
         self._launched_at = time.monotonic()
+        if self.topology is not None:
+            self.topology.create()         # NetnsError (one line) when it cannot be made
         if self.start_slots is not None:
             self._cancel.clear()
             self._starters = [_SlotStarter(self, spec) for spec in self.specs]
@@ -219,6 +225,8 @@ class Deployment:
             proc.stop(term_timeout_s=SERVER_TERM_TIMEOUT_S)
         for starter in self._starters:  # each ends once its server is gone (and frees its slot)
             starter.thread.join(timeout=SERVER_TERM_TIMEOUT_S + 5)
+        if self.topology is not None:
+            self.topology.remove()
         if self.allocator and self.reserved_ports:
             self.allocator.release(self.reserved_ports)
             self.reserved_ports = []
@@ -353,6 +361,8 @@ def plan_pair(cell: Cell, *, model_path: str, hybrid: bool, allocator: PortAlloc
               startup_timeout_s: float, kv_cache_bytes: int | None = None,
               start_slots: StartSlots | None = None, arm_faults: bool = False) -> Deployment:
     specs, reserved = [], []
+    topology = (TwoHostTopology.reserve(f"{log_dir}/{cell.cell_id}")
+                if cell.network == "netns" else None)
     for role, count, tp in (("prefill", cell.num_prefill, cell.prefill_tp),
                             ("decode", cell.num_decode, cell.decode_tp)):
         for index in range(count):
@@ -365,9 +375,12 @@ def plan_pair(cell: Cell, *, model_path: str, hybrid: bool, allocator: PortAlloc
                                      port=port, side_channel_port=side[0], placement=placement,
                                      kv_cache_bytes=kv_cache_bytes, internal_port=internal[0],
                                      arm_faults=arm_faults))
+            if topology is not None:
+                specs[-1] = topology.place(specs[-1])
     name = "pair-" + "-".join(str(x) for x in (cell.baseline_key, cell.prefill_block_size,
                                                cell.decode_block_size, cell.prefill_tp,
                                                cell.decode_tp, "armed" if arm_faults else "ok"))
+    name += f"-{topology.tag}" if topology is not None else ""
     return Deployment(name, specs, log_dir=log_dir, features=features,
                       startup_timeout_s=startup_timeout_s, allocator=allocator, reserved_ports=reserved,
-                      start_slots=start_slots)
+                      start_slots=start_slots, topology=topology)

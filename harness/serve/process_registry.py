@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any, Protocol
 
+from harness.serve.netns import sweep_orphan_topologies
 from harness.serve.process_ledger import Orphan, default_ledger
 from harness.serve.watchdog import default_watchdog
 
@@ -71,9 +72,12 @@ def prepare_start() -> Callable[[], None] | None:
 
 
 def sweep_orphans() -> list[Orphan]:
-    """Stop every server group on this host whose harness is dead (``process_ledger``); returns
-    those that were still running."""
-    return default_ledger().sweep()
+    """Stop every server group on this host whose harness is dead (``process_ledger``), then
+    remove the network namespaces of dead runs (``netns``); returns the groups that were still
+    running."""
+    orphans = default_ledger().sweep()
+    sweep_orphan_topologies()
+    return orphans
 
 
 def register(process: Registered) -> None:

@@ -79,6 +79,11 @@ class ServerSpec:
     fault: str | None = None                   # server-side fault (decode only)
     fault_block: str = "first"
     python: str = field(default_factory=lambda: sys.executable)
+    # where it runs (harness.serve.netns): the address it binds and is reached at, the NIXL side
+    # channel's address, and what runs it (``ip netns exec NS``); by default this host's loopback
+    host: str = "127.0.0.1"
+    side_channel_host: str | None = None       # None: `host`
+    launch_prefix: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -86,7 +91,7 @@ class ServerSpec:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
 
 def kv_transfer_config(spec: ServerSpec, features: Features) -> dict | None:
@@ -103,10 +108,10 @@ def build_argv(spec: ServerSpec, features: Features = Features()) -> list[str]:
     if spec.role not in ROLES:
         raise ValueError(f"unknown server role {spec.role!r}")
     argv = [
-        spec.python, "-m", "vllm.entrypoints.openai.api_server",
+        *spec.launch_prefix, spec.python, "-m", "vllm.entrypoints.openai.api_server",
         "--model", spec.model_path,
         "--served-model-name", spec.served_model_name,
-        "--host", "127.0.0.1",
+        "--host", spec.host,
         "--port", str(spec.port),
         "--dtype", spec.dtype,
         "--max-model-len", str(spec.max_model_len),
@@ -144,7 +149,7 @@ def build_env(spec: ServerSpec, features: Features = Features(),
     if not features.attention_backend_flag:
         env["VLLM_ATTENTION_BACKEND"] = spec.backend
     if spec.role != "baseline":
-        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = "127.0.0.1"
+        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = spec.side_channel_host or spec.host
         if spec.side_channel_port is not None:
             env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(spec.side_channel_port)
     if spec.internal_port is not None:
