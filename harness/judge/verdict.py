@@ -145,6 +145,11 @@ def transfer_checks(cmp: Comparison) -> list[Check]:
               if foreign else
               f"{t.requests_own_params}/{t.requests} decode requests carried their own "
               f"prefill's parameters"),
+        # before the recompute checks: a read that failed makes the decode recompute (policy
+        # "recompute"), and the failed read is the cause to name
+        Check("no-failed-transfers", c.nixl_failed_transfers == 0 and c.nixl_failed_notifications == 0,
+              f"failed transfers={c.nixl_failed_transfers:.0f}, "
+              f"failed notifications={c.nixl_failed_notifications:.0f}"),
         Check("kv-arrived-externally", c.prompt_tokens_external > 0 and c.nixl_bytes > 0,
               f"external_kv_transfer={c.prompt_tokens_external:.0f} tokens, "
               f"nixl_bytes={c.nixl_bytes:.0f}"),
@@ -152,9 +157,6 @@ def transfer_checks(cmp: Comparison) -> list[Check]:
               f"decode computed {c.prompt_tokens_local:.0f} prompt tokens itself "
               f"(allowed {allowance}: {t.recompute_allowance}/request by design); "
               f"external={c.prompt_tokens_external:.0f}, cache_hit={c.prompt_tokens_cache_hit:.0f}"),
-        Check("no-failed-transfers", c.nixl_failed_transfers == 0 and c.nixl_failed_notifications == 0,
-              f"failed transfers={c.nixl_failed_transfers:.0f}, "
-              f"failed notifications={c.nixl_failed_notifications:.0f}"),
     ]
     if t.byte_account is not None:
         # last, so a canary that already fails an earlier check keeps its reason
