@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Sequence
 
-from harness.core.cell import COMPILE_MODES, Cell
+from harness.core.cell import COMPILE_MODES, NETWORKS, Cell
 from harness.report.junit import write_junit
 from harness.core.options import GPU_LAYOUTS, RunOptions, UsageError
 from harness.serve.start_slots import StartSlots
@@ -44,6 +44,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                        help="a server-side canary breaks this share of the questions only (0-1)")
     adhoc.add_argument("--compile", choices=COMPILE_MODES, default=_CELL.compile,
                        help="default: vLLM's (torch.compile, CUDA graphs); eager: --enforce-eager")
+    adhoc.add_argument("--network", choices=NETWORKS, default=_CELL.network,
+                       help="local: one host; netns: prefill and decode in network namespaces of "
+                            "their own, UCX over TCP on a veth link (root; docs/two-host.md)")
     adhoc.add_argument("--server-arg", action="append", default=[], help="extra vLLM argument")
     ev = p.add_argument_group("evaluation")
     ev.add_argument("--limit", type=int, default=None, help=f"questions per cell (default {_OPT.limit})")
@@ -108,7 +111,8 @@ def adhoc_cell(args: argparse.Namespace, platform, catalog) -> Cell:
                 decode_block_size=db, device=device,
                 kv_buffer_device=args.kv_buffer_device or ("cpu" if device == "cpu" else "cuda"),
                 prefill_tp=ptp, decode_tp=dtp, dtype=args.dtype, max_model_len=args.max_model_len,
-                compile=args.compile, extra_args=tuple(args.server_arg), fault=args.fault,
+                compile=args.compile, network=args.network, extra_args=tuple(args.server_arg),
+                fault=args.fault,
                 extra_env=tuple((k, v) for k, v in (("PD_ACCURACY_FAULT_BLOCK", args.fault_block),
                                                     ("PD_ACCURACY_FAULT_SHARE", args.fault_share))
                                 if v))

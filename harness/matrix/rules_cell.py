@@ -5,7 +5,7 @@ Registered in the order they are checked (harness.matrix.rules runs this list fi
 from __future__ import annotations
 
 from harness.core.cell import (BACKENDS, COMPILE_MODES, CPU_BACKENDS, DEVICES, FAULTS, GPU_BACKENDS,
-                               KV_BUFFER_DEVICES, RUNNERS, Cell)
+                               KV_BUFFER_DEVICES, NETWORKS, RUNNERS, Cell)
 from harness.matrix.rule_types import RuleContext, RuleList, blocks
 
 DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float")
@@ -62,6 +62,16 @@ def _known_compile(cell: Cell, ctx: RuleContext) -> str | None:
     """Compilation is vLLM's default (torch.compile, CUDA graphs on GPU) or eager."""
     if cell.compile not in COMPILE_MODES:
         return f"unknown compile mode {cell.compile!r}; use one of {', '.join(COMPILE_MODES)}"
+    return None
+
+
+@rule("known-network", "invalid")
+def _known_network(cell: Cell, ctx: RuleContext) -> str | None:
+    """The network is local or netns; netns runs on CPU only for now (the tested path)."""
+    if cell.network not in NETWORKS:
+        return f"unknown network {cell.network!r}; use one of {', '.join(NETWORKS)}"
+    if cell.network == "netns" and (cell.device, cell.kv_buffer_device) != ("cpu", "cpu"):
+        return "network netns is tested on CPU only (kv_buffer_device cpu, UCX over TCP); use device cpu"
     return None
 
 

@@ -1,4 +1,4 @@
-"""Validity rules about this machine: its GPU count and the installed vLLM. They stay silent
+"""Validity rules about this machine: its GPU count, network namespaces and the installed vLLM. They stay silent
 when the cell is checked for any machine (no platform); their kind is "unavailable".
 
 Registered in the order they are checked (harness.matrix.rules runs these last).
@@ -20,6 +20,14 @@ def _gpu_count(cell: Cell, ctx: RuleContext) -> str | None:
     need = cell.gpus_needed["min_shared"]
     if need > ctx.platform.gpu_count:
         return f"needs {need} GPU(s), this machine has {ctx.platform.gpu_count}"
+    return None
+
+
+@rule("netns-host", "unavailable")
+def _netns_host(cell: Cell, ctx: RuleContext) -> str | None:
+    """A network: netns cell needs a machine that can make network namespaces (root, `ip`)."""
+    if cell.network == "netns" and ctx.platform is not None and ctx.platform.netns_unavailable:
+        return ctx.platform.netns_unavailable
     return None
 
 

@@ -217,6 +217,22 @@ def test_extra_args_and_env_variants(tmp_path):
     assert {c.extra_env for c in cells} == {(), (("A", "1"),)}
 
 
+def test_network_axis_puts_netns_in_the_id_and_shares_the_baseline(tmp_path):
+    text = """
+    profiles:
+      p:
+        grids:
+          - {model: d, network: [local, netns]}
+    """
+    local, netns = expand(load_matrix(write(tmp_path, text)), "p", CPU).cells
+    assert (local.network, netns.network) == ("local", "netns")
+    assert netns.cell_id == local.cell_id + "-netns"
+    assert netns.baseline_key == local.baseline_key
+    root_less = PlatformInfo(netns_unavailable="network: netns needs root")
+    excluded = expand(load_matrix(write(tmp_path, text)), "p", root_less)
+    assert [c.network for c in excluded.cells] == ["local"]
+
+
 def test_duplicate_ids_of_different_cells_are_an_error(tmp_path):
     text = """
     profiles:

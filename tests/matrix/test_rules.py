@@ -58,6 +58,8 @@ CASES = [
     ("known-kv-buffer-device", cpu_cell(), cpu_cell(kv_buffer_device="disk"), CPU),
     ("known-fault", cpu_cell(fault="drop-transfer"), cpu_cell(fault="melt-gpu"), CPU),
     ("known-compile", cpu_cell(compile="eager"), cpu_cell(compile="jit"), CPU),
+    ("known-network", cpu_cell(network="netns"), cpu_cell(network="wan"), CPU),
+    ("known-network", cpu_cell(network="netns"), gpu_cell(network="netns"), GPU2),
     ("known-dtype", cpu_cell(dtype="float16"), cpu_cell(dtype="int3"), CPU),
     ("positive-sizes", cpu_cell(num_prefill=2), cpu_cell(num_prefill=0), CPU),
     ("backend-device", cpu_cell(backend="CPU_ATTN"), cpu_cell(backend="FLASH_ATTN"), CPU),
@@ -88,6 +90,7 @@ CASES = [
     ("max-model-len", cpu_cell(max_model_len=1024), cpu_cell(max_model_len=2048), CPU),
     # servers may share GPUs: TP2 pairs fit on 2 GPUs, a TP4 server does not
     ("gpu-count", gpu_cell(prefill_tp=2, decode_tp=2), gpu_cell(prefill_tp=4, decode_tp=4), GPU2),
+    ("netns-host", cpu_cell(network="netns"), cpu_cell(network="netns"), None),
     ("vllm-device", cpu_cell(), gpu_cell(), None),
     ("vllm-v2-runner", gpu_cell(runner="v1"), gpu_cell(runner="v2"), None),
     ("vllm-backend", gpu_cell(backend="FLASH_ATTN"), gpu_cell(backend="TRITON_ATTN"), None),
@@ -103,6 +106,8 @@ def _platform_for(rule: str, violating: bool, platform: PlatformInfo | None) -> 
         return PlatformInfo(device="cuda", gpu_count=2, vllm=features(v2_runner_env=not violating))
     if rule == "vllm-backend":
         return PlatformInfo(device="cuda", gpu_count=2, vllm=features(attention_backends=("FLASH_ATTN",)))
+    if rule == "netns-host":
+        return PlatformInfo(netns_unavailable="network: netns needs root" if violating else None)
     if rule == "vllm-nixl":
         return PlatformInfo(vllm=features(platform="cpu", nixl_available=not violating))
     return platform or GPU2
@@ -202,7 +207,7 @@ def test_rules_are_checked_and_listed_by_subject_in_a_fixed_order():
     assert [name for name, _, _ in describe_rules()] == [
         # the cell alone (rules_cell)
         "known-runner", "known-backend", "known-device", "known-kv-buffer-device", "known-fault",
-        "known-compile", "known-dtype", "positive-sizes", "backend-device", "kv-buffer-on-cpu", "v2-runner-not-on-cpu",
+        "known-compile", "known-network", "known-dtype", "positive-sizes", "backend-device", "kv-buffer-on-cpu", "v2-runner-not-on-cpu",
         "cpu-attn-block-multiple-32", "flash-attn-block-multiple-16", "triton-attn-block-multiple-16",
         "flashinfer-kernel-block", "flashinfer-logical-block", "heterogeneous-block-divisible",
         "heterogeneous-block-host-buffer",
@@ -211,7 +216,7 @@ def test_rules_are_checked_and_listed_by_subject_in_a_fixed_order():
         "hybrid-tp-multiple", "granite-hybrid-cpu-prefix-caching", "tp-divides-kv-heads",
         "backend-head-size", "max-model-len",
         # this machine (rules_machine)
-        "gpu-count", "vllm-device", "vllm-v2-runner", "vllm-backend", "vllm-nixl",
+        "gpu-count", "netns-host", "vllm-device", "vllm-v2-runner", "vllm-backend", "vllm-nixl",
     ]
 
 
