@@ -1,5 +1,8 @@
 """`pd-accuracy run`: expand a profile (or one ad-hoc cell), validate everything before any server
-starts, run the cells, print the verdict table, write records (and JUnit XML)."""
+starts, run the cells, print the verdict table, write records (and JUnit XML). With
+`--deployment FILE`: judge a running deployment the harness did not start, as one cell
+(harness.run.external), after every endpoint answered the pre-flight checks."""
+
 from __future__ import annotations
 
 import argparse
@@ -21,6 +24,9 @@ _CELL = Cell(model="-")
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     sel = p.add_argument_group("which cells")
+    sel.add_argument("--deployment", metavar="FILE", default=None,
+                     help="judge a running P/D deployment described by FILE (docs/deployment.md) "
+                          "instead of starting servers; no --profile or cell flags with it")
     sel.add_argument("--profile", help="matrix profile (smoke, cpu-full, pr, nightly)")
     sel.add_argument("--matrix", help="matrix YAML (default: harness/matrix/default.yaml)")
     sel.add_argument("--only", help="comma-separated cell ids")
@@ -229,6 +235,8 @@ def run_command(args: argparse.Namespace, on_runner=None) -> int:
     run directory and peak RSS afterwards)."""
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if getattr(args, "deployment", None):
+        return deployment_command(args, on_runner)
     try:
         options = options_from(args)
         cells, catalog = select_cells(args)
@@ -259,6 +267,45 @@ def run_command(args: argparse.Namespace, on_runner=None) -> int:
         on_runner(runner)
     print(f"run {runner.run_id}: {len(cells)} cell(s), results in {runner.run_dir}", flush=True)
     results = runner.run(cells)
+    return finish(results, args, runner, started)
+
+
+def deployment_command(args: argparse.Namespace, on_runner=None) -> int:
+    """`pd-accuracy run --deployment FILE`: refuse other cell flags, load the file and ask every
+    endpoint (each problem one line, exit 2, no question sent), then judge it as one cell."""
+    from harness.cli import run_deployment as deployment
+
+    try:
+        deployment.refuse_cell_flags(args, run_parser())
+        options = options_from(args)
+        dep, facts = deployment.preflight(args.deployment, options)
+    except UsageError as exc:
+        for line in getattr(exc, "lines", None) or [str(exc)]:
+            print(f"pd-accuracy: error: {line}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.dry_run:
+        deployment.describe(dep, facts)
+        return 0
+    from harness.judge.verdict import Policy
+    from harness.run.external import run_external
+    from harness.run.runner import Runner
+    from harness.serve.process import install_signal_handlers
+
+    install_signal_handlers()
+    started = time.monotonic()
+    runner = Runner(options, Policy.from_options(options), progress=lambda m: print(m, flush=True))
+    if on_runner is not None:
+        on_runner(runner)
+    print(f"run {runner.run_id}: deployment {dep.name} ({dep.source}), results in "
+          f"{runner.run_dir}", flush=True)
+    results = run_external(dep, runner, facts=facts)
+    for line in dict.fromkeys(x for r in results for x in r.verdict.not_available):
+        print(f"not checked: {line}")
+    return finish(results, args, runner, started)
+
+
+def finish(results, args: argparse.Namespace, runner, started: float) -> int:
+    """The verdict table, JUnit XML, the canaries missed and the summary line; the exit code."""
     print_table(results)
     if args.junit_xml:
         write_junit(args.junit_xml, results, runner.run_id)

@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 TASKS_DIR = Path(__file__).parent / "tasks"
 DATA_DIR_TOKEN = "@DATA_DIR@"
@@ -230,8 +230,11 @@ def evaluate_endpoint(
     timeout_s: float = 300.0,
     work_dir: Path | None = None,
     sample_indices: list[int] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> EvalRun:
-    """Run lm-eval against `base_url` (an OpenAI server or the P/D proxy) and return the EvalRun."""
+    """Run lm-eval against `base_url` (an OpenAI server or the P/D proxy) and return the EvalRun.
+    `headers` (e.g. an external deployment's Authorization) go with every request; they are
+    never logged or kept in the EvalRun."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
@@ -250,6 +253,7 @@ def evaluate_endpoint(
             timeout=int(timeout_s),
             seed=seed,
             **({"max_gen_toks": max_gen_toks} if max_gen_toks else {}),
+            **({"header": dict(headers)} if headers else {}),
         )
         lm.top_logprobs = top_logprobs
         results = lm_eval.simple_evaluate(

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from harness.core.outcomes import (CONTINUE, ERROR, EXIT_CODES, FAIL, INCONCLUSIVE, PASS, XFAIL,
                                    XPASS)
@@ -72,6 +72,9 @@ class Verdict:
     canary: str | None = None          # the injected fault of a canary cell
     look: dict | None = None           # the sequential look that decided (LookDecision.to_dict)
     expected_failure_match: str | None = None   # the declared failure's reason regex (None: any)
+    # checks this deployment cannot support, one line each ("<check>: not available with an
+    # external router (why)"): neither passed nor failed, and said so in the record
+    not_available: tuple[str, ...] = ()
 
     @property
     def outcome(self) -> str:
@@ -111,6 +114,7 @@ class Verdict:
             "checks": [asdict(c) for c in self.checks],
             "decision_path": list(self.decision_path),
             "look": self.look,
+            "not_available": list(self.not_available),
         }
 
 
@@ -196,11 +200,16 @@ def baseline_health(cmp: Comparison, reference: ReferenceAccuracy, policy: Polic
 
 
 def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | None = None,
-           reference: ReferenceAccuracy | None = None, previous_n: int | None = None) -> Verdict:
+           reference: ReferenceAccuracy | None = None, previous_n: int | None = None,
+           not_available: Mapping[str, str] | None = None) -> Verdict:
     """The verdict at this look (cmp holds every question so far; `previous_n`: the questions
-    of the look before, when it was not made at its planned stage). CONTINUE: ask more."""
+    of the look before, when it was not made at its planned stage). CONTINUE: ask more.
+    `not_available`: transfer check name -> the line saying why this deployment cannot support
+    it (an external router keeps no proxy records); those checks are left out, not passed."""
     checks: list[Check] = []
     path: list[str] = []
+    skipped = dict(not_available or {})
+    na = tuple(skipped.values())
 
     # 0. the baseline itself: a non-disaggregated server far below the model's known accuracy is
     #    broken on this configuration (backend, TP, build) and nothing can be said about P/D
@@ -210,11 +219,15 @@ def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | N
         path.append("baseline-health")
         if not health.passed:
             return Verdict(ERROR, f"the baseline itself is broken here: {health.detail}",
-                           tuple(checks), expected_failure, tuple(path))
+                           tuple(checks), expected_failure, tuple(path), not_available=na)
 
     # 1. transfer proof: a P/D pair that moved no KV is a FAIL whatever its accuracy. All checks
     #    are computed (the record shows every one); the first failing one in this order decides.
     tchecks = transfer_checks(cmp)
+    unknown = set(skipped) - {c.name for c in tchecks}
+    if unknown:
+        raise ValueError(f"not_available names no transfer check: {sorted(unknown)}")
+    tchecks = [c for c in tchecks if c.name not in skipped]
     checks += tchecks
     path.append("transfer")
 
@@ -262,7 +275,8 @@ def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | N
             reason = f"the KV did not cross the network link: {first.detail}"
         else:
             reason = f"transfer proof failed [{first.name}]: {first.detail}"
-        return Verdict(FAIL, reason, tuple(checks), expected_failure, tuple(path))
+        return Verdict(FAIL, reason, tuple(checks), expected_failure, tuple(path),
+                       not_available=na)
 
     failed = [c for c in checks if not c.passed]
     if failed:
@@ -277,7 +291,7 @@ def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | N
             reason += (f"; e.g. doc {ex['doc_id']}: baseline {ex['baseline_answer']!r} vs "
                        f"P/D {ex['pd_answer']!r}")
         return Verdict(FAIL, reason, tuple(checks), expected_failure, tuple(path),
-                       look=look.to_dict())
+                       look=look.to_dict(), not_available=na)
 
     # 5. nothing failed: the accuracy gate decides (the MDE stays in the record for reading)
     t = cmp.transfer.counters
@@ -285,4 +299,4 @@ def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | N
              f"{t.prompt_tokens_external:.0f} prompt tokens arrived over NIXL")
     status = {PASS: PASS, CONTINUE: CONTINUE}.get(look.decision, INCONCLUSIVE)
     return Verdict(status, f"{look.text}; {found}", tuple(checks), expected_failure, tuple(path),
-                   look=look.to_dict())
+                   look=look.to_dict(), not_available=na)

@@ -105,6 +105,12 @@ class ExternalDeployment:
     def uses_harness_proxy(self) -> bool:
         return self.router is None
 
+    @property
+    def pd_endpoint(self) -> Endpoint:
+        """What the P/D questions go to: the user's router, or (its auth_env) the harness proxy in
+        front of the first decode server, which forwards the Authorization header."""
+        return self.router if self.router is not None else self.decode[0]
+
 
 def known_tasks() -> list[str]:
     return sorted(p.stem for p in TASKS_DIR.glob("*.yaml"))
@@ -255,13 +261,18 @@ def _check_metrics(role: str, endpoint: Endpoint, wanted: tuple[str, ...], what:
 
 
 # ---- what the verdict and the record can say ---------------------------------------------
-def checks_not_available(dep: ExternalDeployment) -> list[str]:
-    """One line per verdict check a user's router cannot support (none with the harness proxy,
-    whose records the checks read)."""
+def not_available_checks(dep: ExternalDeployment) -> dict[str, str]:
+    """Check name -> its line, for each verdict check a user's router cannot support (none with
+    the harness proxy, whose records the checks read); harness.judge.verdict.decide takes it."""
     if dep.uses_harness_proxy:
-        return []
-    return [f"{name}: not available with an external router ({why})"
-            for name, why in PROXY_ONLY_CHECKS.items()]
+        return {}
+    return {name: f"{name}: not available with an external router ({why})"
+            for name, why in PROXY_ONLY_CHECKS.items()}
+
+
+def checks_not_available(dep: ExternalDeployment) -> list[str]:
+    """One line per verdict check a user's router cannot support."""
+    return list(not_available_checks(dep).values())
 
 
 def to_record(dep: ExternalDeployment) -> dict[str, Any]:
