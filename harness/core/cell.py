@@ -29,6 +29,13 @@ COMPILE_MODES = ("default", "eager")
 # veth link, UCX restricted to TCP, so the KV must cross a real network path). The baseline is
 # the same either way, so the network is in the cell id but not in the baseline key.
 NETWORKS = ("local", "netns")
+# Engine settings behind the P/D bugs of 2026 (docs/matrix.md names the bug class of each). The
+# default of each is what vLLM does unasked; a cell's id names the ones it sets, and its baseline
+# key those the baseline server runs too (every one but kv_layout, which only the decode sets).
+ASYNC_SCHEDULING = ("default", "on", "off")     # --async-scheduling / --no-async-scheduling
+SPEC_DECODE_METHODS = ("ngram",)                # --speculative-config on decode and baseline
+CUDAGRAPH_MODES = ("default", "FULL", "PIECEWISE", "NONE")   # --compilation-config cudagraph_mode
+KV_LAYOUTS = ("default", "HND", "NHD")          # VLLM_KV_CACHE_LAYOUT of the decode server
 FAULT_ENV_PREFIX = "PD_ACCURACY_FAULT"   # extra_env keys that tune a fault (block, value)
 
 
@@ -51,6 +58,12 @@ class Cell:
     max_model_len: int = 2048
     compile: str = "default"        # see COMPILE_MODES; in the id (and the baseline) when not default
     network: str = "local"          # see NETWORKS; in the id when not local
+    async_scheduling: str = "default"   # see ASYNC_SCHEDULING; every server
+    spec_decode: str | None = None      # see SPEC_DECODE_METHODS; decode and baseline
+    prefix_reuse: bool = False          # prompts share a prefix the decode holds in its own cache
+    chunked_prefill: int | None = None  # token budget per step (--max-num-batched-tokens); every server
+    cudagraph_mode: str = "default"     # see CUDAGRAPH_MODES; every server
+    kv_layout: str = "default"          # see KV_LAYOUTS; the decode server only
     extra_args: tuple[str, ...] = ()                 # appended to every server's argv
     extra_env: tuple[tuple[str, str], ...] = ()      # added to every server's env
     fault: str | None = None        # canary fault mode (see FAULTS); None for a real cell
@@ -83,6 +96,7 @@ class Cell:
             parts.append(self.compile)
         if self.network != "local":
             parts.append(self.network)
+        parts += self._engine_parts()
         if self.extra_args or self.plain_env:
             parts.append(self._extras_hash(self.plain_env))
         if self.fault:
@@ -90,6 +104,32 @@ class Cell:
             # PD_ACCURACY_FAULT_BLOCK=last -> "...-fault-corrupt-block-last"
             parts += [v for _, v in self.fault_env]
         return "-".join(parts)
+
+    def _engine_parts(self) -> list[str]:
+        """One id token per engine setting the cell sets (no "-" inside: one token each)."""
+        parts = []
+        if self.async_scheduling != "default":
+            parts.append(f"async_{self.async_scheduling}")
+        if self.spec_decode:
+            parts.append(f"spec_{self.spec_decode}")
+        if self.prefix_reuse:
+            parts.append("prefix_reuse")
+        if self.chunked_prefill is not None:
+            parts.append(f"chunk{self.chunked_prefill}")
+        if self.cudagraph_mode != "default":
+            parts.append(f"cg_{self.cudagraph_mode}")
+        if self.kv_layout != "default":
+            parts.append(f"dlayout_{self.kv_layout}")
+        return parts
+
+    def _baseline_engine_settings(self) -> dict[str, Any]:
+        """The engine settings the baseline server runs too (absent when default, so cells that
+        set none keep the keys they always had)."""
+        settings = {"async_scheduling": self.async_scheduling, "spec_decode": self.spec_decode,
+                    "prefix_reuse": self.prefix_reuse, "chunked_prefill": self.chunked_prefill,
+                    "cudagraph_mode": self.cudagraph_mode}
+        defaults = {name: Cell.__dataclass_fields__[name].default for name in settings}
+        return {k: v for k, v in settings.items() if v != defaults[k]}
 
     def _extras_hash(self, env: tuple[tuple[str, str], ...]) -> str:
         blob = json.dumps([list(self.extra_args), [list(e) for e in env]])
@@ -117,6 +157,8 @@ class Cell:
             "dtype": self.dtype,
             "max_model_len": self.max_model_len,
             **({"compile": self.compile} if self.compile != "default" else {}),
+            # kv_layout is the decode's alone: the baseline (no connector) keeps vLLM's own
+            **self._baseline_engine_settings(),
             "extra_args": list(self.extra_args),
             # the fault switches only act on a decode server: a canary shares the real baseline
             "extra_env": [list(e) for e in self.plain_env],

@@ -25,7 +25,7 @@ from harness.serve.netns import TwoHostTopology
 from harness.serve.ports import PortAllocator
 from harness.serve.process import ManagedProcess, ServerStartTimeout
 from harness.serve.plugins.fault_spec import BY_REQUEST
-from harness.serve.server_spec import Features, ServerSpec, build_argv, build_env
+from harness.serve.server_spec import Features, ServerSpec, build_argv, build_env, engine_settings
 from harness.serve.start_slots import StartSlots
 
 # Size of the CPU KV cache per server: tiny models need little; never let one server take all RAM.
@@ -106,7 +106,7 @@ def plan_server(cell: Cell, role: str, index: int, *, model_path: str, hybrid: b
         hybrid=hybrid,
         extra_args=cell.extra_args, extra_env=cell.extra_env,
         fault=BY_REQUEST if (role == "decode" and arm_faults) else None,
-        python=python,
+        python=python, **engine_settings(cell, role),
     )
 
 
@@ -115,7 +115,7 @@ def pair_key(cell: Cell) -> tuple:
     cell's pair (proxy faults act in the proxy, server faults arrive with each request)."""
     return (cell.baseline_key, cell.runner, cell.prefill_block_size, cell.decode_block_size,
             cell.prefill_tp, cell.decode_tp, cell.num_prefill, cell.num_decode,
-            cell.kv_buffer_device, cell.network)
+            cell.kv_buffer_device, cell.kv_layout, cell.network)
 
 
 class Deployment:

@@ -11,8 +11,9 @@ import os
 import shlex
 import sys
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
+from harness.core.cell import Cell
 from harness.serve.plugins.fault_spec import BY_REQUEST
 from harness.serve.plugins.fault_spec import FAULT_KINDS as SERVER_FAULTS
 
@@ -21,6 +22,18 @@ KV_ROLE_FOR = {"prefill": "kv_producer", "decode": "kv_consumer"}
 # SERVER_FAULTS: the faults that live inside the decode server (the fault plugin's kinds); the
 # others are the proxy's (harness.serve.proxy_hops.PROXY_FAULTS)
 DEFAULT_CPU_KV_CACHE_BYTES = 256 * 1024 * 1024
+# Cell.spec_decode -> vLLM's --speculative-config. ngram proposes the next tokens by matching the
+# last 2-4 generated tokens in the prompt: GSM8K-style answers quote the prompt, so drafts are
+# accepted often and the decode verifies several tokens per step against the received KV.
+SPEC_DECODE_CONFIGS = {
+    "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+              "prompt_lookup_min": 2},
+}
+# vLLM requires max_num_batched_tokens >= max_num_seqs (CPU's default max_num_seqs is 128 per
+# rank): a chunked-prefill budget below it lowers max_num_seqs with it, still far above the
+# evaluation's concurrency
+MAX_NUM_SEQS_CAP = 128
+ROLES_GENERATING = ("baseline", "decode")   # where speculative decoding runs
 
 
 @dataclass(frozen=True)
@@ -78,6 +91,13 @@ class ServerSpec:
     extra_env: tuple[tuple[str, str], ...] = ()
     fault: str | None = None                   # server-side fault (decode only)
     fault_block: str = "first"
+    # engine settings (harness.core.cell; `engine_settings` says which role runs which)
+    async_scheduling: str = "default"          # on: --async-scheduling, off: --no-async-scheduling
+    spec_decode: str | None = None             # SPEC_DECODE_CONFIGS key: --speculative-config
+    prefix_caching: bool = False               # --enable-prefix-caching (vLLM's default, made explicit)
+    max_num_batched_tokens: int | None = None  # chunked prefill at this token budget per step
+    cudagraph_mode: str = "default"            # --compilation-config {"cudagraph_mode": ...}
+    kv_layout: str = "default"                 # VLLM_KV_CACHE_LAYOUT (HND | NHD)
     python: str = field(default_factory=lambda: sys.executable)
     # where it runs (harness.serve.netns): the address it binds and is reached at, the NIXL side
     # channel's address, and what runs it (``ip netns exec NS``); by default this host's loopback
@@ -94,14 +114,62 @@ class ServerSpec:
         return f"http://{self.host}:{self.port}"
 
 
+def engine_settings(cell: Cell, role: str) -> dict[str, Any]:
+    """The ServerSpec fields that `cell`'s engine settings give its server of `role`.
+
+    Scheduling, prefix caching, the chunked-prefill budget and the CUDA-graph mode apply to every
+    server (P/D is compared with a baseline that runs the same engine). Speculative decoding runs
+    where tokens are generated: the decode and the baseline, which generates like the decode;
+    the prefill produces one token and hands its KV over. The KV layout is the decode's alone:
+    its prefill keeps the layout NIXL picks for P/D (HND), so an NHD decode receives HND blocks.
+    """
+    if role not in ROLES:
+        raise ValueError(f"unknown server role {role!r}")
+    return {
+        "async_scheduling": cell.async_scheduling,
+        "spec_decode": cell.spec_decode if role in ROLES_GENERATING else None,
+        "prefix_caching": cell.prefix_reuse,
+        "max_num_batched_tokens": cell.chunked_prefill,
+        "cudagraph_mode": cell.cudagraph_mode,
+        "kv_layout": cell.kv_layout if role == "decode" else "default",
+    }
+
+
 def kv_transfer_config(spec: ServerSpec, features: Features) -> dict | None:
     if spec.role == "baseline":
         return None
-    return {
+    config: dict[str, Any] = {
         "kv_connector": "NixlConnector",
         "kv_role": features.kv_role(spec.role),
         "kv_buffer_device": spec.kv_buffer_device,
     }
+    if spec.role == "decode" and spec.kv_layout == "NHD":
+        # NIXL's own P/D layout is HND; an NHD decode refuses HND blocks at the handshake
+        # ("expects same kv_cache_layout") unless told to permute them on receipt
+        config["enable_permute_local_kv"] = True
+    return config
+
+
+def engine_argv(spec: ServerSpec) -> list[str]:
+    """The vLLM flags of the spec's engine settings (empty when all are vLLM's defaults)."""
+    argv: list[str] = []
+    if spec.async_scheduling == "on":
+        argv.append("--async-scheduling")
+    elif spec.async_scheduling == "off":
+        argv.append("--no-async-scheduling")
+    if spec.spec_decode:
+        argv += ["--speculative-config",
+                 json.dumps(SPEC_DECODE_CONFIGS[spec.spec_decode], separators=(",", ":"))]
+    if spec.prefix_caching:
+        argv.append("--enable-prefix-caching")
+    if spec.max_num_batched_tokens is not None:
+        budget = spec.max_num_batched_tokens
+        argv += ["--enable-chunked-prefill", "--max-num-batched-tokens", str(budget),
+                 "--max-num-seqs", str(min(budget, MAX_NUM_SEQS_CAP))]
+    if spec.cudagraph_mode != "default":
+        argv += ["--compilation-config",
+                 json.dumps({"cudagraph_mode": spec.cudagraph_mode}, separators=(",", ":"))]
+    return argv
 
 
 def build_argv(spec: ServerSpec, features: Features = Features()) -> list[str]:
@@ -127,6 +195,7 @@ def build_argv(spec: ServerSpec, features: Features = Features()) -> list[str]:
         argv += ["--gpu-memory-utilization", f"{spec.gpu_memory_utilization:.4f}"]
     if spec.compile == "eager":
         argv.append("--enforce-eager")
+    argv += engine_argv(spec)
     ktc = kv_transfer_config(spec, features)
     if ktc is not None:
         argv += ["--kv-transfer-config", json.dumps(ktc, separators=(",", ":"))]
@@ -188,6 +257,8 @@ def build_env(spec: ServerSpec, features: Features = Features(),
         env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     if spec.hybrid:
         env["VLLM_SSM_CONV_STATE_LAYOUT"] = "DS"
+    if spec.kv_layout != "default":
+        env["VLLM_KV_CACHE_LAYOUT"] = spec.kv_layout
     if spec.fault == BY_REQUEST and spec.role == "decode":
         env["PD_ACCURACY_FAULT"] = BY_REQUEST   # armed; each canary request names its fault
     elif spec.fault in SERVER_FAULTS and spec.role == "decode":

@@ -115,3 +115,66 @@ def test_two_host_network_is_in_the_id_but_shares_the_baseline():
     assert netns.cell_id == local.cell_id + "-netns"
     assert "netns" not in local.cell_id
     assert netns.baseline_key == local.baseline_key    # the baseline runs on one host either way
+
+
+# ---- engine settings (async scheduling, speculative decoding, prefix reuse, chunked prefill,
+# CUDA-graph mode, decode KV layout) ----------------------------------------------------------
+
+@pytest.mark.parametrize("changes,token", [
+    ({"async_scheduling": "on"}, "async_on"),
+    ({"async_scheduling": "off"}, "async_off"),
+    ({"spec_decode": "ngram"}, "spec_ngram"),
+    ({"prefix_reuse": True}, "prefix_reuse"),
+    ({"chunked_prefill": 64}, "chunk64"),
+    ({"cudagraph_mode": "FULL"}, "cg_FULL"),
+    ({"cudagraph_mode": "PIECEWISE"}, "cg_PIECEWISE"),
+    ({"cudagraph_mode": "NONE"}, "cg_NONE"),
+    ({"kv_layout": "HND"}, "dlayout_HND"),
+    ({"kv_layout": "NHD"}, "dlayout_NHD"),
+])
+def test_engine_settings_are_one_id_token_each_when_set(changes, token):
+    cell = SMOKE.replace(**changes)
+    assert cell.cell_id == f"{SMOKE.cell_id}-{token}"
+    assert "-" not in token          # one token: report variants split ids on "-"
+
+
+def test_engine_settings_at_their_defaults_leave_ids_and_baseline_keys_alone():
+    explicit = SMOKE.replace(async_scheduling="default", spec_decode=None, prefix_reuse=False,
+                             chunked_prefill=None, cudagraph_mode="default", kv_layout="default")
+    assert explicit == SMOKE and explicit.cell_id == SMOKE.cell_id
+    # the keys recorded before these axes existed (pd-accuracy list --profile smoke, 2026-12-01)
+    assert Cell(model="tiny-llama-gsm", compile="eager").baseline_key.startswith("303697f9")
+    assert Cell(model="tiny-llama-gsm", compile="eager", prefill_block_size=32,
+                decode_block_size=32).baseline_key.startswith("c6eb5a96")
+
+
+def test_engine_settings_order_in_the_id_and_before_extras_and_fault():
+    cell = SMOKE.replace(compile="eager", spec_decode="ngram", prefix_reuse=True, chunked_prefill=64,
+                         extra_args=("--x",), fault="corrupt-block")
+    parts = cell.cell_id.split("-")
+    i = parts.index("eager")
+    assert parts[i + 1:i + 4] == ["spec_ngram", "prefix_reuse", "chunk64"]
+    assert parts[i + 4].startswith("x") and parts[i + 5:] == ["fault", "corrupt", "block"]
+
+
+@pytest.mark.parametrize("changes", [
+    {"async_scheduling": "off"}, {"spec_decode": "ngram"}, {"prefix_reuse": True},
+    {"chunked_prefill": 64}, {"cudagraph_mode": "NONE"},
+])
+def test_engine_settings_the_baseline_runs_are_in_its_key(changes):
+    assert SMOKE.replace(**changes).baseline_key != SMOKE.baseline_key
+
+
+def test_the_decode_kv_layout_shares_the_baseline_but_not_the_pair():
+    from harness.serve.deploy import pair_key
+
+    nhd = SMOKE.replace(kv_layout="NHD")
+    assert nhd.baseline_key == SMOKE.baseline_key
+    assert pair_key(nhd) != pair_key(SMOKE) != pair_key(SMOKE.replace(kv_layout="HND"))
+
+
+def test_engine_settings_round_trip_through_json():
+    cell = SMOKE.replace(async_scheduling="on", spec_decode="ngram", prefix_reuse=True,
+                         chunked_prefill=64, cudagraph_mode="PIECEWISE", kv_layout="NHD")
+    back = Cell.from_dict(json.loads(json.dumps(cell.to_dict())))
+    assert back == cell and back.cell_id == cell.cell_id

@@ -1,0 +1,130 @@
+"""The engine settings' argv and env: which server of a cell runs which setting (engine_settings)
+and the exact vLLM flags of each value (engine_argv, build_argv, build_env)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.core.cell import Cell
+from harness.serve.deploy import Placement, plan_server
+from harness.serve.server_spec import (ROLES, SPEC_DECODE_CONFIGS, ServerSpec, build_argv, build_env,
+                                       engine_argv, engine_settings, kv_transfer_config, Features)
+
+
+def spec(role: str = "decode", device: str = "cuda", **kw) -> ServerSpec:
+    defaults = dict(role=role, index=0, model_path="/models/tiny", served_model_name="tiny",
+                    port=8100, backend="CPU_ATTN" if device == "cpu" else "FLASH_ATTN",
+                    block_size=128, device=device, python="/venv/bin/python")
+    if role != "baseline":
+        defaults["side_channel_port"] = 5600
+    defaults.update(kw)
+    return ServerSpec(**defaults)
+
+
+def flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def served(cell: Cell, role: str) -> ServerSpec:
+    """The ServerSpec deploy plans for `role` of `cell` (no process, no port taken)."""
+    return plan_server(cell, role, 0, model_path="/m", hybrid=False, port=8100,
+                       side_channel_port=None if role == "baseline" else 5600,
+                       placement=Placement(cpu_cores=(0, 1)), python="/py")
+
+
+# ---- one flag per value ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("value,flags", [
+    ("default", []), ("on", ["--async-scheduling"]), ("off", ["--no-async-scheduling"]),
+])
+def test_async_scheduling_flags(value, flags):
+    assert engine_argv(spec(async_scheduling=value)) == flags
+
+
+def test_spec_decode_ngram_is_one_speculative_config():
+    argv = build_argv(spec(spec_decode="ngram"))
+    config = json.loads(flag(argv, "--speculative-config"))
+    assert config == SPEC_DECODE_CONFIGS["ngram"]
+    assert config["method"] == "ngram" and config["num_speculative_tokens"] >= 1
+    assert "--speculative-config" not in build_argv(spec())
+
+
+def test_prefix_reuse_turns_prefix_caching_on_explicitly():
+    assert engine_argv(spec(prefix_caching=True)) == ["--enable-prefix-caching"]
+    assert "--enable-prefix-caching" not in build_argv(spec())
+
+
+@pytest.mark.parametrize("budget,max_seqs", [(64, "64"), (16, "16"), (512, "128")])
+def test_chunked_prefill_budget_and_the_max_num_seqs_it_allows(budget, max_seqs):
+    argv = engine_argv(spec(max_num_batched_tokens=budget))
+    assert argv[0] == "--enable-chunked-prefill"
+    assert flag(argv, "--max-num-batched-tokens") == str(budget)
+    # vLLM: max_num_batched_tokens must be >= max_num_seqs (CPU default 128)
+    assert flag(argv, "--max-num-seqs") == max_seqs and int(max_seqs) <= budget
+
+
+@pytest.mark.parametrize("mode", ["FULL", "PIECEWISE", "NONE"])
+def test_cudagraph_mode_is_a_compilation_config(mode):
+    argv = build_argv(spec(cudagraph_mode=mode))
+    assert json.loads(flag(argv, "--compilation-config")) == {"cudagraph_mode": mode}
+    assert "--compilation-config" not in build_argv(spec())
+
+
+def test_engine_flags_come_before_the_cells_extra_args():
+    argv = build_argv(spec(async_scheduling="off", extra_args=("--async-scheduling",)))
+    assert argv.index("--no-async-scheduling") < argv.index("--async-scheduling")  # the cell's last word
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+def test_kv_layout_is_the_decode_env(layout):
+    env = build_env(spec(kv_layout=layout), base_env={})
+    assert env["VLLM_KV_CACHE_LAYOUT"] == layout
+    assert "VLLM_KV_CACHE_LAYOUT" not in build_env(spec(), base_env={})
+
+
+def test_an_nhd_decode_permutes_the_hnd_blocks_it_receives():
+    nhd = kv_transfer_config(spec(kv_layout="NHD"), Features())
+    assert nhd["enable_permute_local_kv"] is True and nhd["kv_role"] == "kv_consumer"
+    for same in (spec(kv_layout="HND"), spec(), spec("prefill", kv_layout="NHD")):
+        assert "enable_permute_local_kv" not in kv_transfer_config(same, Features())
+
+
+def test_default_settings_add_nothing():
+    assert engine_argv(spec()) == []
+    plain = served(Cell(model="m"), "decode")
+    assert build_argv(plain) == build_argv(served(Cell(model="m", kv_layout="default"), "decode"))
+
+
+# ---- which role runs which setting ----------------------------------------------------------
+
+ALL_SET = Cell(model="m", device="cuda", kv_buffer_device="cuda", backend="FLASH_ATTN",
+               async_scheduling="off", spec_decode="ngram", prefix_reuse=True, chunked_prefill=64,
+               cudagraph_mode="PIECEWISE", kv_layout="NHD")
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_every_server_runs_scheduling_prefix_caching_chunking_and_cuda_graphs(role):
+    argv = build_argv(served(ALL_SET, role))
+    assert "--no-async-scheduling" in argv and "--enable-prefix-caching" in argv
+    assert flag(argv, "--max-num-batched-tokens") == "64"
+    assert json.loads(flag(argv, "--compilation-config")) == {"cudagraph_mode": "PIECEWISE"}
+
+
+@pytest.mark.parametrize("role,drafts", [("baseline", True), ("prefill", False), ("decode", True)])
+def test_speculative_decoding_runs_where_tokens_are_generated(role, drafts):
+    """The baseline generates like the decode (the verdict pairs their answers); the prefill
+    makes one token and hands its KV over."""
+    assert ("--speculative-config" in build_argv(served(ALL_SET, role))) is drafts
+    assert (engine_settings(ALL_SET, role)["spec_decode"] == "ngram") is drafts
+
+
+@pytest.mark.parametrize("role,layout", [("baseline", None), ("prefill", None), ("decode", "NHD")])
+def test_the_kv_layout_is_the_decodes_alone(role, layout):
+    env = build_env(served(ALL_SET, role), base_env={})
+    assert env.get("VLLM_KV_CACHE_LAYOUT") == layout
+
+
+def test_engine_settings_reject_an_unknown_role():
+    with pytest.raises(ValueError, match="unknown server role"):
+        engine_settings(ALL_SET, "router")
