@@ -3,23 +3,29 @@ from __future__ import annotations
 
 from harness.eval.lmeval import default_gsm8k_dir
 from harness.serve.models import ResolvedModel
-from harness.zoo import registry
+from harness.zoo import registry, shared_prefix
+
+# a task -> its shared-prefix variant (the matrix's prefix_reuse cells: every prompt opens with
+# the same long prefix, so the P/D decode holds it in its own prefix cache)
+SHARED_PREFIX_TASKS = {"gsm_synth": shared_prefix.SHARED_TASK_NAME, "gsm8k_local": "gsm8k_local_shared"}
+GSM8K_TASKS = ("gsm8k_local", "gsm8k_local_shared")
 
 
-def default_task(model: ResolvedModel) -> str:
-    """The zoo's trained models answer the synthetic task; anything else gets GSM8K."""
+def default_task(model: ResolvedModel, prefix_reuse: bool = False) -> str:
+    """The zoo's trained models answer the synthetic task; anything else gets GSM8K; with
+    `prefix_reuse`, the task's shared-prefix variant."""
     task = registry.task_for(model.name)
-    if task:
-        return task
-    if model.name in registry.zoo_names():
-        return "gsm_synth"
-    return "gsm8k_local"
+    if not task:
+        task = "gsm_synth" if model.name in registry.zoo_names() else "gsm8k_local"
+    return SHARED_PREFIX_TASKS.get(task, task) if prefix_reuse else task
 
 
 def default_data_dir(task: str) -> str | None:
     """Where `task`'s documents live: the local GSM8K copy, else the zoo task's data (KeyError
     for a task that is neither)."""
-    if task == "gsm8k_local":
+    if task in GSM8K_TASKS:
         d = default_gsm8k_dir()
         return str(d) if d else None
+    if task == shared_prefix.SHARED_TASK_NAME:
+        return str(shared_prefix.write_shared_splits())
     return str(registry.task_data_dir(task))

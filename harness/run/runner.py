@@ -216,7 +216,9 @@ class Runner:
         first = cells[0]
         model = resolve(first.model)
         hybrid = model.hybrid or first.model in self.hybrid_models
-        task = self.options.task if self.options.task != "auto" else default_task(model)
+        # prefix_reuse is in the baseline key: the whole group asks the shared-prefix variant
+        task = (self.options.task if self.options.task != "auto"
+                else default_task(model, prefix_reuse=first.prefix_reuse))
         data_dir = self.options.dataset_dir or default_data_dir(task)
         reference = reference_accuracy(model, task)
         deploy_args = dict(model_path=model.path, hybrid=hybrid, allocator=self.allocator,
