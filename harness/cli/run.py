@@ -11,7 +11,8 @@ import sys
 import time
 from typing import Sequence
 
-from harness.core.cell import COMPILE_MODES, NETWORKS, Cell
+from harness.core.cell import (ASYNC_SCHEDULING, COMPILE_MODES, CUDAGRAPH_MODES, KV_LAYOUTS, NETWORKS,
+                               SPEC_DECODE_METHODS, Cell)
 from harness.report.junit import write_junit
 from harness.core.options import GPU_LAYOUTS, RunOptions, UsageError
 from harness.serve.start_slots import StartSlots
@@ -53,6 +54,18 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     adhoc.add_argument("--network", choices=NETWORKS, default=_CELL.network,
                        help="local: one host; netns: prefill and decode in network namespaces of "
                             "their own, UCX over TCP on a veth link (root; docs/two-host.md)")
+    adhoc.add_argument("--async-scheduling", choices=ASYNC_SCHEDULING, default=_CELL.async_scheduling,
+                       help="on: --async-scheduling, off: --no-async-scheduling, every server (GPU)")
+    adhoc.add_argument("--spec-decode", choices=SPEC_DECODE_METHODS, default=_CELL.spec_decode,
+                       help="speculative decoding on the decode and the baseline (--speculative-config)")
+    adhoc.add_argument("--prefix-reuse", action="store_true",
+                       help="prompts share a long prefix that the decode holds in its own prefix cache")
+    adhoc.add_argument("--chunked-prefill", type=int, default=_CELL.chunked_prefill, metavar="TOKENS",
+                       help="prefill at most TOKENS per step on every server (--max-num-batched-tokens)")
+    adhoc.add_argument("--cudagraph-mode", choices=CUDAGRAPH_MODES, default=_CELL.cudagraph_mode,
+                       help="--compilation-config cudagraph_mode, every server (GPU)")
+    adhoc.add_argument("--kv-layout", choices=KV_LAYOUTS, default=_CELL.kv_layout,
+                       help="VLLM_KV_CACHE_LAYOUT of the decode server only (GPU)")
     adhoc.add_argument("--server-arg", action="append", default=[], help="extra vLLM argument")
     ev = p.add_argument_group("evaluation")
     ev.add_argument("--limit", type=int, default=None, help=f"questions per cell (default {_OPT.limit})")
@@ -119,6 +132,9 @@ def adhoc_cell(args: argparse.Namespace, platform, catalog) -> Cell:
                 prefill_tp=ptp, decode_tp=dtp, dtype=args.dtype, max_model_len=args.max_model_len,
                 compile=args.compile, network=args.network, extra_args=tuple(args.server_arg),
                 fault=args.fault,
+                async_scheduling=args.async_scheduling, spec_decode=args.spec_decode,
+                prefix_reuse=args.prefix_reuse, chunked_prefill=args.chunked_prefill,
+                cudagraph_mode=args.cudagraph_mode, kv_layout=args.kv_layout,
                 extra_env=tuple((k, v) for k, v in (("PD_ACCURACY_FAULT_BLOCK", args.fault_block),
                                                     ("PD_ACCURACY_FAULT_SHARE", args.fault_share))
                                 if v))

@@ -11,8 +11,10 @@ Problems. The Problem's `kind` decides what happens:
 - ``xfail``       the cell runs, but is known to fail upstream: it is kept with `expected_failure`.
 - ``note``        the cell runs as asked, with something worth knowing (e.g. logical ≠ kernel block).
 
-The rules are defined by what they look at: rules_cell (the cell alone), rules_models (the
-model's facts), rules_machine (this machine); they are checked and listed in that order.
+The rules are defined by what they look at: rules_cell (the cell alone), rules_engine (the
+engine settings: async scheduling, speculative decoding, prefix reuse, chunked prefill, CUDA
+graphs, the decode's KV layout), rules_models (the model's facts), rules_machine (this machine);
+they are checked and listed in that order.
 
 Hybrid SSM models need ``VLLM_SSM_CONV_STATE_LAYOUT=DS`` on every server. The matrix does not ask
 the YAML author to remember it: `normalize_cell` adds it to the cell's extra_env (so it is part of
@@ -30,7 +32,7 @@ from typing import Iterable
 from harness.core.catalog import ModelCatalog
 from harness.core.cell import Cell
 from harness.core.platform import PlatformInfo
-from harness.matrix import rules_cell, rules_machine, rules_models
+from harness.matrix import rules_cell, rules_engine, rules_machine, rules_models
 from harness.matrix.rule_types import EXCLUDING_KINDS, Problem, ProblemKind, Rule, RuleContext
 from harness.matrix.rules_models import SSM_LAYOUT_ENV, SSM_LAYOUT_REQUIRED
 
@@ -39,7 +41,8 @@ __all__ = [
     "check_cell", "describe_rules", "normalize_cell", "validate_or_die",
 ]
 
-RULES: tuple[Rule, ...] = (*rules_cell.RULES, *rules_models.RULES, *rules_machine.RULES)
+RULES: tuple[Rule, ...] = (*rules_cell.RULES, *rules_engine.RULES, *rules_models.RULES,
+                           *rules_machine.RULES)
 
 
 def normalize_cell(cell: Cell, catalog: ModelCatalog) -> Cell:

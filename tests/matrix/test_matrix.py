@@ -22,6 +22,7 @@ from harness.matrix import (
     shard,
 )
 from harness.core.platform import PlatformInfo
+from harness.matrix.rules import RULES
 
 CPU = PlatformInfo()
 GPU2 = PlatformInfo.from_spec("cuda:2")
@@ -145,9 +146,13 @@ def test_nightly_profile_content():
     assert gdn and all("GDN" in c.expected_failure for c in gdn)
     small = expand(load_matrix(), "nightly", PlatformInfo.from_spec("cuda:1"))
     assert any(x.rule == "gpu-count" for x in small.excluded)
-    # no platform (pipeline generation on a CPU agent): nothing is dropped for lack of GPUs
+    # no platform (pipeline generation on a CPU agent): nothing is dropped for lack of GPUs; what
+    # is dropped is invalid anywhere (the engine-setting grids list their impossible cells)
     anywhere = expand(load_matrix(), "nightly", None)
-    assert not anywhere.excluded and {c.cell_id for c in anywhere.cells} == set(e.by_id())
+    assert {c.cell_id for c in anywhere.cells} == set(e.by_id())
+    kinds = {r.name: r.kind for r in RULES}
+    assert anywhere.excluded and all(kinds[x.rule] == "invalid" for x in anywhere.excluded)
+    assert {x.cell.cell_id for x in anywhere.excluded} == {x.cell.cell_id for x in e.excluded}
 
 
 # ---- axis forms, includes, selectors --------------------------------------------------------
@@ -379,7 +384,7 @@ def test_cli_list_any_platform(capsys):
     assert cli_main(["list", "--profile", "pr", "--platform", "any", "--json"]) == 0
     import json
     payload = json.loads(capsys.readouterr().out)
-    assert payload["platform"] == "any machine" and len(payload["cells"]) == 25
+    assert payload["platform"] == "any machine" and len(payload["cells"]) == 27
 
 
 @pytest.mark.parametrize("shard_arg", ["5/2", "x"])

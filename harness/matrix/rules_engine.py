@@ -1,0 +1,182 @@
+"""Validity rules for a cell's engine settings: async scheduling, speculative decoding, prefix
+reuse, chunked prefill, the CUDA-graph mode and the decode's KV layout (harness.core.cell).
+
+They look at the cell and, where an upstream limit depends on it, at the model's facts (hybrid or
+not). Every exclusion names the vLLM code that makes the setting impossible or a no-op, read in
+vLLM 0.32 (the CPU build this repository runs) unless it says otherwise; a cell that would only
+repeat the default cell's servers is excluded too, with that reason, rather than run twice.
+
+Registered in the order they are checked (harness.matrix.rules runs these after rules_cell).
+"""
+from __future__ import annotations
+
+from harness.core.cell import ASYNC_SCHEDULING, CUDAGRAPH_MODES, KV_LAYOUTS, SPEC_DECODE_METHODS, Cell
+from harness.matrix.rule_types import RuleContext, RuleList
+from harness.matrix.rules_models import NO_PREFIX_CACHING
+MIN_CHUNK_TOKENS = 16     # the smallest chunked-prefill budget a cell may ask for (see the rule)
+
+RULES = RuleList()
+rule = RULES.rule
+
+
+# ---- vocabulary -----------------------------------------------------------------------------
+
+@rule("known-async-scheduling", "invalid")
+def _known_async(cell: Cell, ctx: RuleContext) -> str | None:
+    """Async scheduling is vLLM's default, on (--async-scheduling) or off (--no-async-scheduling)."""
+    if cell.async_scheduling not in ASYNC_SCHEDULING:
+        return (f"unknown async_scheduling {cell.async_scheduling!r}; "
+                f"use one of {', '.join(ASYNC_SCHEDULING)}")
+    return None
+
+
+@rule("known-spec-decode", "invalid")
+def _known_spec(cell: Cell, ctx: RuleContext) -> str | None:
+    """Speculative decoding is off (null) or a method the harness configures (ngram)."""
+    if cell.spec_decode is not None and cell.spec_decode not in SPEC_DECODE_METHODS:
+        return (f"unknown spec_decode {cell.spec_decode!r}; use null or one of "
+                f"{', '.join(SPEC_DECODE_METHODS)}")
+    return None
+
+
+@rule("known-cudagraph-mode", "invalid")
+def _known_cudagraph(cell: Cell, ctx: RuleContext) -> str | None:
+    """The CUDA-graph mode is vLLM's default or one of FULL, PIECEWISE, NONE."""
+    if cell.cudagraph_mode not in CUDAGRAPH_MODES:
+        return (f"unknown cudagraph_mode {cell.cudagraph_mode!r}; "
+                f"use one of {', '.join(CUDAGRAPH_MODES)}")
+    return None
+
+
+@rule("known-kv-layout", "invalid")
+def _known_layout(cell: Cell, ctx: RuleContext) -> str | None:
+    """The decode's KV layout is vLLM's default, HND or NHD."""
+    if cell.kv_layout not in KV_LAYOUTS:
+        return f"unknown kv_layout {cell.kv_layout!r}; use one of {', '.join(KV_LAYOUTS)}"
+    return None
+
+
+@rule("chunked-prefill-budget", "invalid")
+def _chunk_budget(cell: Cell, ctx: RuleContext) -> str | None:
+    """A chunked-prefill budget is an integer from 16 to below max_model_len (it must split a prompt)."""
+    budget = cell.chunked_prefill
+    if budget is None:
+        return None
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < MIN_CHUNK_TOKENS:
+        return (f"chunked_prefill {budget!r} must be an integer >= {MIN_CHUNK_TOKENS} tokens per step "
+                "(vLLM needs the decode's draft slots inside the budget; smaller budgets only add "
+                "engine steps), e.g. 64")
+    if budget >= cell.max_model_len:
+        return (f"chunked_prefill {budget} splits no prompt: it is not below max_model_len "
+                f"{cell.max_model_len} (vLLM CPU's own budget is 2048 per step); use e.g. 64")
+    return None
+
+
+# ---- where a setting exists -----------------------------------------------------------------
+
+@rule("async-scheduling-not-on-cpu", "invalid")
+def _async_cpu(cell: Cell, ctx: RuleContext) -> str | None:
+    """vLLM CPU forces async scheduling off, so on/off are GPU settings."""
+    if cell.device == "cpu" and cell.async_scheduling != "default":
+        return ("vLLM CPU always schedules synchronously (vllm/platforms/cpu.py "
+                "check_and_update_config sets scheduler_config.async_scheduling = False): "
+                f"async_scheduling {cell.async_scheduling} would run the default cell; use device cuda")
+    return None
+
+
+@rule("async-scheduling-spec-decode", "invalid")
+def _async_spec(cell: Cell, ctx: RuleContext) -> str | None:
+    """Explicit async scheduling rejects ngram speculative decoding (EAGLE/MTP/draft/ngram_gpu only)."""
+    if cell.async_scheduling == "on" and cell.spec_decode == "ngram":
+        return ("vLLM refuses --async-scheduling with ngram speculative decoding ('Currently, async "
+                "scheduling is only supported with EAGLE/MTP/Draft Model/NGram GPU/...', "
+                "vllm/config/vllm.py); by default it turns async off for ngram: use "
+                "async_scheduling default with spec_decode ngram")
+    return None
+
+
+@rule("cudagraph-mode-cuda-only", "invalid")
+def _cudagraph_cpu(cell: Cell, ctx: RuleContext) -> str | None:
+    """CUDA graphs exist only on GPU."""
+    if cell.device == "cpu" and cell.cudagraph_mode != "default":
+        return ("vLLM CPU captures no CUDA graphs (CPUModelRunner sets use_cuda_graph = False; "
+                "vllm/platforms/cpu.py empties cudagraph_capture_sizes and the mode resolves to NONE): "
+                f"cudagraph_mode {cell.cudagraph_mode} would run the default cell; use device cuda")
+    return None
+
+
+@rule("cudagraph-mode-needs-compile", "invalid")
+def _cudagraph_eager(cell: Cell, ctx: RuleContext) -> str | None:
+    """--enforce-eager sets the CUDA-graph mode to NONE, so a mode needs compile default."""
+    if cell.compile == "eager" and cell.cudagraph_mode != "default":
+        return ("--enforce-eager overrides cudagraph_mode to NONE (vllm/config/vllm.py: 'Cudagraph is "
+                f"disabled under eager mode'): cudagraph_mode {cell.cudagraph_mode} with compile eager "
+                "would run the eager cell; use compile default")
+    return None
+
+
+@rule("cudagraph-full-downgraded", "invalid")
+def _cudagraph_full(cell: Cell, ctx: RuleContext) -> str | None:
+    """FULL needs attention that graphs every batch; FLASHINFER and hybrid models fall back to the default."""
+    if cell.cudagraph_mode != "FULL":
+        return None
+    if cell.backend == "FLASHINFER" or ctx.model.is_hybrid:
+        what = ("FLASHINFER graphs only uniform decode batches" if cell.backend == "FLASHINFER"
+                else f"the {ctx.model.ssm or 'SSM'} layers of {cell.model} graph only uniform batches")
+        return (f"{what} (AttentionCGSupport below ALWAYS), so vLLM downgrades FULL to "
+                "FULL_AND_PIECEWISE, its default (CompilationConfig.resolve_cudagraph_mode_and_sizes): "
+                "the cell would run the default cell; use PIECEWISE or NONE, or FULL with "
+                "FLASH_ATTN (FA3 on Hopper) or TRITON_ATTN on a dense model")
+    return None
+
+
+@rule("kv-layout-cuda-only", "invalid")
+def _layout_cpu(cell: Cell, ctx: RuleContext) -> str | None:
+    """CPU_ATTN reads only HND blocks: the decode layout is a GPU setting."""
+    if cell.device == "cpu" and cell.kv_layout != "default":
+        return ("CPU_ATTN supports only the HND layout (cpu_attn.py supported_kv_cache_layouts = "
+                "(LBHNC,)): NHD fails at start-up ('VLLM_KV_CACHE_LAYOUT=NHD does not satisfy every "
+                "supported set') and HND is what every CPU server runs anyway; use device cuda")
+    return None
+
+
+@rule("kv-layout-nhd-not-hybrid", "invalid")
+def _layout_hybrid(cell: Cell, ctx: RuleContext) -> str | None:
+    """Receiving HND blocks into an NHD decode needs a permute that hybrid models' KV manager refuses."""
+    if cell.kv_layout == "NHD" and ctx.model.is_hybrid:
+        return (f"an NHD decode permutes the HND blocks it receives (enable_permute_local_kv), and "
+                f"NIXL asserts 'HMA does not support block size post processing' for a hybrid model "
+                f"such as {cell.model} (its Mamba/GDN groups need the hybrid KV cache manager); "
+                "use kv_layout default or a dense model")
+    return None
+
+
+@rule("kv-layout-hnd-is-nixl-default", "note")
+def _layout_hnd(cell: Cell, ctx: RuleContext) -> str | None:
+    """HND on the decode is what NIXL already picks for P/D: the cell pins it."""
+    if cell.kv_layout == "HND":
+        return ("NixlConnector already asks for HND (LBHNC) on both sides (get_required_kvcache_layout); "
+                "this cell pins it on the decode so a change of that default cannot pass unseen")
+    return None
+
+
+# ---- prefix reuse ---------------------------------------------------------------------------
+
+@rule("prefix-reuse-needs-prefix-caching", "invalid")
+def _prefix_caching(cell: Cell, ctx: RuleContext) -> str | None:
+    """Prefix reuse needs the decode's prefix cache, so it cannot run with prefix caching off."""
+    if cell.prefix_reuse and NO_PREFIX_CACHING in cell.extra_args:
+        return (f"prefix_reuse needs the decode's own prefix cache and {NO_PREFIX_CACHING} turns it "
+                "off: the decode would fetch every block; drop one of the two")
+    return None
+
+
+@rule("prefix-reuse-evidence", "note")
+def _prefix_evidence(cell: Cell, ctx: RuleContext) -> str | None:
+    """Prefix reuse: from the second question on, the decode's /metrics count local cache hits."""
+    if cell.prefix_reuse:
+        return ("the cell asks the task's shared-prefix variant (gsm_synth_shared: one price list; "
+                "gsm8k_local_shared: 5 fixed shots); from its second question on the decode's "
+                "vllm:prompt_tokens_by_source_total grows in source=local_cache_hit (the shared "
+                "blocks) besides source=external_kv_transfer (the rest, over NIXL)")
+    return None
