@@ -124,7 +124,9 @@ def test_pr_profile_content():
     # upstream failures measured on the H200 are declared, and still run
     xfails = sorted(c.cell_id for c in e.cells if c.expected_failure)
     # (Granite V2 x FLASH_ATTN passed on both layouts in session 4: only V1 stays declared)
+    # (an NHD decode scrambles intact KV in vLLM 0.26's local permute: gpu-h200-20261201-s7)
     assert xfails == ["v1-FLASH_ATTN-p128d128-tiny-granite-hybrid-gsm-tp1x1-xa3ac39",
+                      "v1-FLASH_ATTN-p128d128-tiny-llama-gsm-tp1x1-dlayout_NHD",
                       "v1-FLASH_ATTN-p16d64-tiny-llama-gsm-tp1x1"]
     assert "logical block 128" in " ".join(e.notes["v2-FLASHINFER-p128d128-tiny-llama-gsm-tp1x1"])
     assert sum(c.prefill_block_size != c.decode_block_size for c in e.cells) >= 1
