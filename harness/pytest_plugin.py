@@ -58,6 +58,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "pd_accuracy: a real P/D pair against a real baseline (starts vLLM servers)")
     config.addinivalue_line("markers", "slow: starts real processes; takes more than a few seconds")
+    config.addinivalue_line(
+        "markers", "extended: a real multi-process scenario beyond the smoke matrix (an external "
+                   "deployment, two hosts in network namespaces); `./pd test` deselects it unless "
+                   "PD_ACCURACY_EXTENDED=1 (the nightly step), and pytest's summary counts it")
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None and RUN_ID_KEY in workerinput:
         config.stash[_RUN_ID] = workerinput[RUN_ID_KEY]

@@ -29,7 +29,7 @@ from harness.judge.canaries import CANARY_REASONS
 from harness.run.deployment_file import PROXY_ONLY_CHECKS
 from harness.serve.plugins.fault_spec import APPLIED_PREFIX
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 REPO = Path(__file__).resolve().parents[1]
 READY_TIMEOUT_S = 1200     # three servers starting together on a loaded 2-core machine: <= 7 min

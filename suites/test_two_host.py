@@ -24,7 +24,7 @@ from harness.serve.ports import default_lock_dir
 from harness.serve.process_ledger import LEDGER_NAME as PROCESS_LEDGER
 
 REASON = netns_unavailable_reason()
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.extended,
               pytest.mark.skipif(REASON is not None, reason=f"needs root and `ip`: {REASON}")]
 
 CELL_ID = "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-netns"
