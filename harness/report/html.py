@@ -124,12 +124,20 @@ def _figure(width: float, height: float):
     return Figure(figsize=(width, height), dpi=100, layout="constrained")
 
 
+def _square(row: Mapping[str, Any]) -> tuple[str, str]:
+    """(row, column) of one cell: "runner backend" and its variant; a deployment the harness did
+    not start (`run --deployment`) has neither, so it gets the row "external" and its own name."""
+    if row.get("runner") is None and row.get("backend") is None:
+        return "external", str(row["cell_id"]).removeprefix("external-")
+    return f"{row['runner']} {row['backend']}", variant_of(row)
+
+
 def heatmap_squares(latest: Sequence[Mapping[str, Any]]):
     """(rows, columns, {(row, column): history row}) of one model's heatmap: rows are
     "runner backend", columns variant_of; canaries are left out. Runner, backend and variant
     are the whole cell id but the model, so a square never holds two cells."""
     cells = [r for r in latest if not is_canary(str(r["cell_id"]))]
-    squares = {(f"{r['runner']} {r['backend']}", variant_of(r)): r for r in cells}
+    squares = {_square(r): r for r in cells}
     rows = sorted({row for row, _ in squares})
     cols = sorted({col for _, col in squares}, key=variant_sort_key)
     return rows, cols, squares

@@ -174,3 +174,13 @@ def test_annotation_of_canaries_only():
     markdown = render_markdown([old_caught_canary()])
     assert "No real cells ran, only canaries." in markdown
     assert "No result records were found" not in markdown and "1 canary: 1 caught" in markdown
+
+
+def test_an_external_deployment_gets_its_own_heatmap_row_named_after_it():
+    rows = [{"cell_id": "external-llm-d-2node", "runner": None, "backend": None,
+             "p_block": None, "d_block": None, "outcome": "PASS"},
+            {"cell_id": REAL, "runner": "v1", "backend": "CPU_ATTN", "outcome": "PASS"}]
+    row_labels, cols, squares = heatmap_squares(rows)
+    assert row_labels == ["external", "v1 CPU_ATTN"]
+    assert squares[("external", "llm-d-2node")]["cell_id"] == "external-llm-d-2node"
+    assert "pNonedNone" not in cols
