@@ -50,7 +50,8 @@ def test_fail_transfer_is_a_server_fault_with_a_request_tag():
     (OTHER_CANARY, BY_REQUEST_SPEC, False),          # a KV canary's request: not this hook's
     (CLEAN, FaultSpec(FAIL_TRANSFER), True),         # per-server mode: every request
     (TAGGED, FaultSpec("corrupt-block"), False),
-])
+], ids=["tagged-by-request", "clean-by-request", "other-canary-by-request", "clean-per-server",
+        "tagged-kv-fault"])   # stable ids: the request ids are random, pytest-xdist compares ids
 def test_which_requests_fail(request_id, spec, wanted):
     assert fail_transfer.wants_failure(request_id, spec) is wanted
 
