@@ -38,6 +38,18 @@ def decisive_pair_lines(pair: Deployment) -> list[str]:
     return lines
 
 
+def evaluation_salt(run_id: str, cell_id: str) -> str:
+    """The cache_salt of one cell's P/D evaluation: its own prefix-cache space on shared servers."""
+    return hashlib.sha256(f"{run_id}/{cell_id}".encode()).hexdigest()[:16]
+
+
+def round_policy(runner: Any, rnd: Any) -> tuple[Any, Any]:
+    """(plan, policy) of one baseline round: the runner's sequential plan cut to the questions
+    the round's order holds, and the policy that looks at those stages."""
+    plan = runner.policy.plan.limited_to(rnd.order.capped(runner.policy.plan.budget))
+    return plan, replace(runner.policy, stages=plan.stages)
+
+
 def evaluate_cell(runner: Any, cell: Cell, pair: Deployment, rnd: Any, task: str,
                   data_dir: str | None, hybrid: bool, *, timings: dict,
                   reference: ReferenceAccuracy | None = None, baseline_logs: dict) -> Any:
@@ -56,9 +68,8 @@ def evaluate_cell(runner: Any, cell: Cell, pair: Deployment, rnd: Any, task: str
                  "logs": {**baseline_logs, **pair.logs()}, "proxy_records": str(records_path)}
     # every evaluation on a shared pair in its own prefix-cache space; a server-side canary's
     # requests name their fault for the decode's plugin (no other request is touched)
-    salt = hashlib.sha256(f"{rnd.run_id}/{cell.cell_id}".encode()).hexdigest()[:16]
-    plan = runner.policy.plan.limited_to(rnd.order.capped(runner.policy.plan.budget))
-    policy = replace(runner.policy, stages=plan.stages)
+    salt = evaluation_salt(rnd.run_id, cell.cell_id)
+    plan, policy = round_policy(runner, rnd)
     baseline_asked_s = rnd.staged.wall_s
     started = time.monotonic()
     looks: list[dict] = []

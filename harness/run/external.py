@@ -19,7 +19,6 @@ Authorization header; no record, log line or reason holds its value.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 import tempfile
@@ -41,6 +40,7 @@ from harness.judge.compare import TransferProof, compare
 from harness.judge.verdict import Verdict, decide, error, fail
 from harness.run.deployment_file import (AUTO_TASK, Endpoint, ExternalDeployment,
                                          not_available_checks, to_record)
+from harness.run.cell_eval import evaluation_salt, round_policy
 from harness.run.runner import BaselineRound, CellResult, Runner
 from harness.run.stages import QuestionOrder, StagedRun
 from harness.run.transfer_evidence import read_proxy_records, transfer_proof
@@ -266,9 +266,8 @@ class ExternalRun:
         cell_dir = runner.results_root / rnd.run_id / cell.cell_id
         records_path = cell_dir / "proxy-records.jsonl"
         artifacts: dict[str, Any] = {"baseline_samples": str(rnd.samples_path), "logs": {}}
-        salt = hashlib.sha256(f"{rnd.run_id}/{cell.cell_id}".encode()).hexdigest()[:16]
-        plan = runner.policy.plan.limited_to(rnd.order.capped(runner.policy.plan.budget))
-        policy = replace(runner.policy, stages=plan.stages)
+        salt = evaluation_salt(rnd.run_id, cell.cell_id)
+        plan, policy = round_policy(runner, rnd)
         baseline_asked_s = rnd.staged.wall_s
         started = time.monotonic()
         looks: list[dict] = []
