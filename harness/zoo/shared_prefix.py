@@ -15,12 +15,10 @@ Everything is a pure function of the seeds, like harness.zoo.task.
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 from pathlib import Path
 
-from harness.core.atomic import atomic_write_text
 from harness.zoo import task
 
 SHARED_TASK_NAME = "gsm_synth_shared"
@@ -52,14 +50,9 @@ def write_shared_splits(data_dir: str | os.PathLike[str] | None = None, *,
                         test_size: int = task.TEST_SIZE, train_size: int = task.TRAIN_FILE_SIZE) -> Path:
     """Write train.jsonl/test.jsonl (deterministic) into `data_dir` and return it; files that
     already hold the same content are left alone."""
-    out = Path(data_dir) if data_dir is not None else default_data_dir()
-    out.mkdir(parents=True, exist_ok=True)
-    for split, seed, size in (("train", task.TRAIN_SEED, train_size), ("test", task.TEST_SEED, test_size)):
-        text = "".join(json.dumps(make_shared_doc(seed, i), sort_keys=True) + "\n" for i in range(size))
-        path = out / f"{split}.jsonl"
-        if not path.exists() or path.read_text() != text:
-            atomic_write_text(path, text)
-    return out
+    return task.write_splits(
+        data_dir if data_dir is not None else default_data_dir(), test_size=test_size,
+        train_size=train_size, docs=lambda seed, size: (make_shared_doc(seed, i) for i in range(size)))
 
 
 if __name__ == "__main__":

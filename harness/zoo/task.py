@@ -223,14 +223,17 @@ def default_data_dir() -> Path:
 
 
 def write_splits(data_dir: str | os.PathLike[str] | None = None, *, test_size: int = TEST_SIZE,
-                 train_size: int = TRAIN_FILE_SIZE) -> Path:
+                 train_size: int = TRAIN_FILE_SIZE, docs=None) -> Path:
     """Write train.jsonl/test.jsonl (deterministic) into `data_dir` and return it.
 
-    Existing files with the same content are left alone, so concurrent callers are safe."""
+    `docs(seed, size)` yields a split's documents (default: this task's, iter_docs); a variant of
+    the task (harness.zoo.shared_prefix) passes its own. Existing files with the same content
+    are left alone, so concurrent callers are safe."""
     out = Path(data_dir) if data_dir is not None else default_data_dir()
     out.mkdir(parents=True, exist_ok=True)
+    docs = docs or (lambda seed, size: iter_docs(seed, 0, size))
     for split, seed, size in (("train", TRAIN_SEED, train_size), ("test", TEST_SEED, test_size)):
-        text = "".join(json.dumps(d, sort_keys=True) + "\n" for d in iter_docs(seed, 0, size))
+        text = "".join(json.dumps(d, sort_keys=True) + "\n" for d in docs(seed, size))
         path = out / f"{split}.jsonl"
         if not path.exists() or path.read_text() != text:
             atomic_write_text(path, text)
