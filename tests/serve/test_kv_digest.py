@@ -14,16 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.serve.plugins.kv_layout import KVLayout, canonical_kv, kernel_block_ids
 from harness.serve.plugins.kv_digest import (
     DigestMismatch,
     KVDigest,
-    KVLayout,
-    canonical_kv,
     compare_digests,
     digest,
     digest_layer,
     digest_state,
-    kernel_block_ids,
     merge_heads,
     merge_tp_ranks,
 )
@@ -337,9 +335,32 @@ def test_bad_layouts_and_short_block_lists_are_refused():
 
 
 def test_module_imports_without_torch_or_vllm():
-    code = ("import sys, harness.serve.plugins.kv_digest; "
+    code = ("import sys, harness.serve.plugins.kv_digest, harness.serve.plugins.kv_layout; "
             "print(sorted(m for m in ('torch', 'vllm') if m in sys.modules))")
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_token_ranges_are_aligned_to_absolute_prompt_positions():
+    from harness.serve.plugins.kv_digest import chunk_bounds
+
+    assert chunk_bounds(0, 70, 32) == [(0, 32), (32, 64), (64, 70)]
+    assert chunk_bounds(48, 40, 32) == [(48, 64), (64, 88)]
+    kv = logical_kv(3)
+    whole = digest(kv, 32)
+    tail = digest(kv[:, :, 64:], 32, token_offset=64)
+    assert tail.token_range(0) == (64, 96)
+    assert {k: v for k, v in whole.entries().items() if k[2][0] >= 64} == tail.entries()
+    assert compare_digests({"l": whole}, {"l": tail}, received_only=True) is None
+    assert compare_digests({"l": whole}, {"l": tail}) is not None   # all positions: differ
+    # a tail starting off a chunk boundary: its short first chunk is left out, the rest compared
+    odd = digest(kv[:, :, 48:], 32, token_offset=48)
+    assert compare_digests({"l": whole}, {"l": odd}, received_only=True) is None
+    changed = kv.copy()
+    changed[1, 2, 150, 0] += 1
+    found = compare_digests({"l": whole}, {"l": digest(changed[:, :, 48:], 32, token_offset=48)},
+                            received_only=True)
+    assert (found.kv, found.head, found.token_range, found.differing) == ("V", 2, (128, 160), 1)
+    assert KVDigest.from_dict(json.loads(json.dumps(tail.to_dict()))) == tail

@@ -2,198 +2,28 @@
 
 The prefill server hashes each request's prompt KV after its forward pass; the decode server
 hashes what it holds once NIXL has finished receiving (after host-buffer sync and block-size /
-layout post-processing). The two caches may differ in physical layout, block size, block ids and
-TP head split, so both sides first map one attention layer's blocks into a CANONICAL array
-
-    canonical[kv, head, token, dim]   shape [2 (K, V), num_kv_heads, num_tokens, head_dim]
-
-holding the request's prompt tokens only (never the unused tail of the last block), then hash it
-per (K/V, head, token range): blake2b over the raw little-endian bytes, so equal bits give equal
-digests and any change, even -0.0 for 0.0, shows. Pure: numpy at import time; a torch cache is
-gathered with torch (on its device, only the request's blocks) and read as same-width raw bits
-where numpy lacks the dtype (bfloat16 -> int16, fp8 -> uint8). vLLM is never imported.
+layout post-processing). Both first read one attention layer's blocks into the canonical
+``[2 (K, V), heads, tokens, head_dim]`` array (harness.serve.plugins.kv_layout), then hash it per
+(K/V, head, token range): blake2b over the raw little-endian bytes, so equal bits give equal
+digests and any change, even -0.0 for 0.0, shows. Token ranges are aligned to absolute prompt
+positions, so a decode that received only the tail of a prompt (a local prefix-cache hit) lines
+up with the prefill's whole-prompt digest. Pure: numpy at import time; vLLM is never imported.
 """
 from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, Mapping, Sequence, Union
+from typing import Any, Mapping, Sequence, Union
 
 import numpy as np
 
-KVSplit = Literal["content", "head_pages", "stacked_outer", "stacked_inner", "separate"]
-KV_SPLITS = ("content", "head_pages", "stacked_outer", "stacked_inner", "separate")
+from harness.serve.plugins.kv_layout import KVLayout, gather_rows, to_numpy, canonical_kv
+
 KV_NAMES = ("K", "V")
 STATE = "state"
 DIGEST_BYTES = 8  # 64-bit blake2b per entry: a chance collision is ~2**-64 per compared entry
 DEFAULT_TOKEN_CHUNK = 128
 LayerKey = Union[str, int]
-
-# vLLM KVCacheLayout names (vllm/v1/kv_cache_layout.py) whose per-layer memory order keeps the
-# block axis first: name -> heads before tokens. NHD/HND are vLLM's legacy aliases.
-_MEMORY_ORDER_HEADS_FIRST = {"LBHNC": True, "BLHNC": True, "HND": True,
-                             "LBNHC": False, "BLNHC": False, "NHD": False}
-
-
-@dataclass(frozen=True)
-class PageOrder:
-    """Element order of one ``[N, D]`` half (K or V) of a CPU_ATTN (block, head) page: the
-    ``[N, D]`` values split as ``[N / token_tile, token_tile, D / dim_tile, dim_tile]``, stored
-    with those four axes in ``axes`` order."""
-
-    token_tile: int = 1
-    dim_tile: int = 1
-    axes: tuple[int, int, int, int] = (0, 1, 2, 3)
-
-
-TOKEN_MAJOR = PageOrder()
-DIM_MAJOR = PageOrder(axes=(2, 3, 0, 1))
-# Measured by writing coded K/V through vLLM 0.32's ops.cpu_attn_reshape_and_cache (the kernel
-# behind CPU_ATTN's do_kv_cache_update): "vec" / "vec16" (fp32, fp16, bf16, fp8 caches) keep K
-# dim-major and V token-major; "amx" (bf16 and fp8 caches; _get_attn_isa picks it for bf16
-# only) packs K as [N/16, D/2, 16, 2], V as [D/16, N/2, 16, 2]. The isa is the layer's ``isa``.
-CPU_ATTN_PAGE_ORDERS = {
-    "vec": (DIM_MAJOR, TOKEN_MAJOR),
-    "vec16": (DIM_MAJOR, TOKEN_MAJOR),
-    "amx": (PageOrder(16, 2, (0, 2, 1, 3)), PageOrder(2, 16, (2, 0, 3, 1))),
-}
-
-
-@dataclass(frozen=True)
-class KVLayout:
-    """How one attention layer's paged cache tensor is laid out, as the tensor's axes read.
-
-    ``kv_split`` says where K and V are (X, Y = H, N when ``heads_before_tokens`` else N, H):
-
-    * ``"content"``: ``[B, X, Y, 2*D]``, K = ``[..., :D]``, V = ``[..., D:]`` (vLLM 0.32 packed).
-    * ``"head_pages"``: ``[B, H, N, 2*D]`` whose ``2*N*D`` elements per (block, head) are the
-      K half then the V half, each in ``k_page`` / ``v_page`` order (vLLM 0.32 CPU_ATTN).
-    * ``"stacked_outer"``: ``[2, B, X, Y, D]``; ``"stacked_inner"``: ``[B, 2, X, Y, D]`` (the
-      pre-0.32 FLASH_ATTN / FLASHINFER shapes in memory order).
-    * ``"separate"``: the cache is a ``(K, V)`` pair, each ``[B, X, Y, D]``.
-
-    ``block_size`` is tokens per block of the tensor (the kernel block). ``ids_block_size`` is
-    tokens per block id passed in (the scheduler's manager block, a multiple of ``block_size``;
-    None = the same): manager block ``m`` is kernel blocks ``m * r .. m * r + r - 1``, ``r`` the
-    ratio, as NIXL's ``_logical_to_kernel_block_ids`` expands them.
-    """
-
-    kv_split: KVSplit
-    heads_before_tokens: bool
-    block_size: int
-    ids_block_size: int | None = None
-    k_page: PageOrder = TOKEN_MAJOR
-    v_page: PageOrder = TOKEN_MAJOR
-
-    def __post_init__(self) -> None:
-        if self.kv_split not in KV_SPLITS:
-            raise ValueError(f"kv_split must be one of {KV_SPLITS}, got {self.kv_split!r}")
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
-        if self.ids_block_size is not None and (
-            self.ids_block_size < self.block_size or self.ids_block_size % self.block_size
-        ):
-            raise ValueError(f"ids_block_size {self.ids_block_size} is not a multiple of "
-                             f"block_size {self.block_size}")
-        if self.kv_split == "head_pages" and not self.heads_before_tokens:
-            raise ValueError("head_pages are per (block, head): heads must come first")
-
-    @property
-    def blocks_per_id(self) -> int:
-        return (self.ids_block_size or self.block_size) // self.block_size
-
-    @classmethod
-    def flash_attn(cls, block_size: int, ids_block_size: int | None = None) -> "KVLayout":
-        """FLASH_ATTN's per-layer cache in vLLM 0.32: the logical ``[B, H, N, 2*D]`` view that
-        ``allocate_kv_cache`` (v1/worker/utils.py) builds and ``kv_caches`` / NIXL's
-        ``device_kv_caches`` hold; ``FlashAttentionImpl.forward`` splits it as
-        ``kv_cache.transpose(1, 2).split(head_size, dim=-1)`` (v1/attention/backends/flash_attn.py).
-        Memory order is VLLM_KV_CACHE_LAYOUT (default LBNHC = NHD), hidden by the view's strides.
-        FLASHINFER reads the same view (``kv_cache_permute.split(hs, dim=-1)``, flashinfer.py),
-        with HND memory (LBHNC / BLHNC) on SM100 per its ``supported_kv_cache_layouts``.
-        """
-        return cls("content", True, block_size, ids_block_size)
-
-    flashinfer = flash_attn
-
-    @classmethod
-    def cpu_attn(cls, block_size: int, ids_block_size: int | None = None, isa: str = "vec"
-                 ) -> "KVLayout":
-        """CPU_ATTN in vLLM 0.32 (v1/attention/backends/cpu_attn.py, ``do_kv_cache_update``):
-        ``[B, H, N, 2*D]`` viewed as ``[B, H, 2*N, D]`` and ``chunk(2, dim=2)`` into the K and
-        V halves of each (block, head) page, whose element order depends on ``isa``
-        (``_get_attn_isa``: "amx" for bf16 on AMX CPUs, else "vec" / "vec16" on x86)."""
-        if isa not in CPU_ATTN_PAGE_ORDERS:
-            raise ValueError(f"no known CPU_ATTN page order for isa {isa!r}; known: "
-                             f"{sorted(CPU_ATTN_PAGE_ORDERS)}")
-        k_page, v_page = CPU_ATTN_PAGE_ORDERS[isa]
-        return cls("head_pages", True, block_size, ids_block_size, k_page, v_page)
-
-    @classmethod
-    def memory_order(
-        cls, kv_cache_layout: str, block_size: int, ids_block_size: int | None = None
-    ) -> "KVLayout":
-        """A packed cache reshaped in its memory order, e.g. NIXL's host transfer buffer, which
-        ``initialize_host_xfer_buffer`` allocates as ``(B, N, H, 2*D)`` under LBNHC before viewing
-        it as logical ``(B, H, N, 2*D)`` (kv_connector/v1/nixl/base_worker.py). ``kv_cache_layout``
-        is a vLLM KVCacheLayout name with the block axis outermost within a layer."""
-        name = kv_cache_layout.upper()
-        if name not in _MEMORY_ORDER_HEADS_FIRST:
-            raise ValueError(f"no per-layer [B, ...] memory order for KV cache layout "
-                             f"{kv_cache_layout!r}; pass the logical view with flash_attn()")
-        return cls("content", _MEMORY_ORDER_HEADS_FIRST[name], block_size, ids_block_size)
-
-
-def kernel_block_ids(block_ids: Sequence[int], num_tokens: int, layout: KVLayout) -> np.ndarray:
-    """The kernel block ids holding the first ``num_tokens`` tokens, in token order."""
-    ids = np.asarray(block_ids, dtype=np.int64).reshape(-1)
-    ratio = layout.blocks_per_id
-    if ratio > 1:
-        ids = (ids[:, None] * ratio + np.arange(ratio, dtype=np.int64)).reshape(-1)
-    needed = -(-num_tokens // layout.block_size)
-    if num_tokens < 0 or needed > ids.size:
-        raise ValueError(f"{num_tokens} tokens need {needed} blocks of {layout.block_size} "
-                         f"tokens; the block ids give {ids.size}")
-    return ids[:needed]
-
-
-def canonical_kv(cache: Any, block_ids: Sequence[int], num_tokens: int, layout: KVLayout
-                 ) -> np.ndarray:
-    """One attention layer's prompt KV as ``[2 (K, V), num_kv_heads, num_tokens, head_dim]``.
-
-    ``cache`` is the layer's numpy array or torch tensor (a ``(K, V)`` pair for ``"separate"``)
-    read through ``layout``; ``block_ids`` are the request's blocks in token order, in units of
-    ``layout.ids_block_size``. Heads are those the tensor holds (a TP rank's share). The result
-    is a fresh C-contiguous numpy array; bfloat16 / fp8 come back as their raw bits.
-    """
-    ids = kernel_block_ids(block_ids, num_tokens, layout)
-    split = layout.kv_split
-    if split == "separate":
-        key, value = cache
-        blocks = np.stack([_gather(key, ids, 0), _gather(value, ids, 0)])
-    elif split == "stacked_outer":
-        blocks = _gather(cache, ids, 1)
-    elif split == "stacked_inner":
-        blocks = np.moveaxis(_gather(cache, ids, 0), 1, 0)
-    else:
-        packed = _gather(cache, ids, 0)
-        if packed.ndim != 4 or packed.shape[-1] % 2:
-            raise ValueError(f"a packed cache is [B, X, Y, 2*D]; got blocks {packed.shape}")
-        head_dim = packed.shape[-1] // 2
-        if split == "content":
-            blocks = np.stack([packed[..., :head_dim], packed[..., head_dim:]])
-        else:
-            n, heads, tokens, _ = packed.shape
-            pages = np.ascontiguousarray(packed).reshape(n, heads, 2, tokens * head_dim)
-            blocks = np.stack([_unpage(pages[:, :, kv], order, tokens, head_dim)
-                               for kv, order in enumerate((layout.k_page, layout.v_page))])
-    if not layout.heads_before_tokens:
-        blocks = blocks.swapaxes(2, 3)
-    _, n, heads, tokens, head_dim = blocks.shape
-    if tokens != layout.block_size:
-        raise ValueError(f"cache blocks hold {tokens} tokens, the layout says {layout.block_size}")
-    by_token = blocks.transpose(0, 2, 1, 3, 4).reshape(2, heads, n * tokens, head_dim)
-    return np.ascontiguousarray(by_token[:, :, :num_tokens])
 
 
 @dataclass(frozen=True)
@@ -201,7 +31,9 @@ class KVDigest:
     """Hashes of one attention layer's canonical KV: ``hashes[kv][local head][token chunk]``.
 
     Heads are ``head_offset .. head_offset + num_heads - 1`` in GLOBAL numbering, so a TP rank's
-    digest lines up with the full-head one; chunk ``c`` covers tokens ``token_range(c)``.
+    digest lines up with the full-head one. Tokens are prompt positions ``token_offset ..
+    token_offset + num_tokens - 1``; chunk boundaries fall on multiples of ``token_chunk`` in
+    that absolute numbering, chunk ``c`` covering ``token_range(c)``.
     """
 
     head_offset: int
@@ -209,6 +41,7 @@ class KVDigest:
     token_chunk: int
     dtype: str
     hashes: tuple[tuple[tuple[str, ...], ...], ...]
+    token_offset: int = 0
 
     @property
     def num_heads(self) -> int:
@@ -219,8 +52,8 @@ class KVDigest:
         return range(self.head_offset, self.head_offset + self.num_heads)
 
     def token_range(self, chunk: int) -> tuple[int, int]:
-        start = chunk * self.token_chunk
-        return start, min(start + self.token_chunk, self.num_tokens)
+        """Absolute prompt positions ``[start, end)`` of chunk ``chunk``."""
+        return chunk_bounds(self.token_offset, self.num_tokens, self.token_chunk)[chunk]
 
     def entries(self) -> dict[tuple[str, int, tuple[int, int]], str]:
         """``(K|V, global head, (start, end)) -> hash`` for every entry."""
@@ -238,39 +71,54 @@ class KVDigest:
         hashes = tuple(tuple(tuple(str(h) for h in chunks) for chunks in per_head)
                        for per_head in data["hashes"])
         return cls(int(data["head_offset"]), int(data["num_tokens"]), int(data["token_chunk"]),
-                   str(data["dtype"]), hashes)
+                   str(data["dtype"]), hashes, int(data.get("token_offset", 0)))
 
 
-def digest(canonical: Any, token_chunk: int = DEFAULT_TOKEN_CHUNK, head_offset: int = 0
-           ) -> KVDigest:
+def chunk_bounds(offset: int, num_tokens: int, token_chunk: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of each chunk of positions ``offset .. offset + num_tokens - 1`` when
+    boundaries fall on multiples of ``token_chunk``: the first chunk may be short."""
+    end = offset + num_tokens
+    starts = [offset] + list(range((offset // token_chunk + 1) * token_chunk, end, token_chunk))
+    return [(start, min(nxt, end)) for start, nxt in zip(starts, starts[1:] + [end])]
+
+
+def digest(canonical: Any, token_chunk: int = DEFAULT_TOKEN_CHUNK, head_offset: int = 0,
+           token_offset: int = 0) -> KVDigest:
     """Hash each ``[kv, head, token chunk]`` slice of a canonical ``[2, H, T, D]`` array;
-    ``head_offset`` is the global index of its first head (a TP rank's first KV head).
+    ``head_offset`` is the global index of its first head (a TP rank's first KV head),
+    ``token_offset`` the prompt position of its first token.
     """
     if token_chunk < 1:
         raise ValueError(f"token_chunk must be >= 1, got {token_chunk}")
-    array = _little_endian(_to_numpy(canonical))
+    array = _little_endian(to_numpy(canonical))
     if array.ndim != 4 or array.shape[0] != 2:
         raise ValueError(f"canonical KV is [2, heads, tokens, head_dim]; got {array.shape}")
     _, heads, tokens, _ = array.shape
-    starts = range(0, tokens, token_chunk)
-    hashes = tuple(tuple(tuple(_hash(array[kv, head, at:at + token_chunk]) for at in starts)
+    if token_offset < 0:
+        raise ValueError(f"token_offset must be >= 0, got {token_offset}")
+    spans = [(start - token_offset, end - token_offset)
+             for start, end in chunk_bounds(token_offset, tokens, token_chunk)] if tokens else []
+    hashes = tuple(tuple(tuple(_hash(array[kv, head, a:b]) for a, b in spans)
                          for head in range(heads)) for kv in range(2))
-    return KVDigest(head_offset, tokens, token_chunk, array.dtype.name, hashes)
+    return KVDigest(head_offset, tokens, token_chunk, array.dtype.name, hashes, token_offset)
 
 
 def digest_layer(cache: Any, block_ids: Sequence[int], num_tokens: int, layout: KVLayout, *,
-                 token_chunk: int = DEFAULT_TOKEN_CHUNK, head_offset: int = 0) -> KVDigest:
-    """``digest(canonical_kv(...))`` for one layer."""
-    return digest(canonical_kv(cache, block_ids, num_tokens, layout), token_chunk, head_offset)
+                 token_chunk: int = DEFAULT_TOKEN_CHUNK, head_offset: int = 0,
+                 token_offset: int = 0) -> KVDigest:
+    """``digest(canonical_kv(...))`` for one layer: ``block_ids`` hold prompt positions
+    ``token_offset .. token_offset + num_tokens - 1`` (the offset is a block boundary)."""
+    return digest(canonical_kv(cache, block_ids, num_tokens, layout), token_chunk, head_offset,
+                  token_offset)
 
 
 def digest_state(state: Any, block_ids: Sequence[int] | None = None) -> str:
     """Hash a hybrid model's conv / SSM state's bytes (C order, little-endian): with
     ``block_ids``, those rows of dim 0 (the state cache's block axis), in that order."""
     if block_ids is None:
-        array = _to_numpy(state)
+        array = to_numpy(state)
     else:
-        array = _gather(state, np.asarray(block_ids, dtype=np.int64).reshape(-1), 0)
+        array = gather_rows(state, np.asarray(block_ids, dtype=np.int64).reshape(-1), 0)
     return _hash(_little_endian(array))
 
 
@@ -279,13 +127,15 @@ def merge_heads(parts: Sequence[KVDigest]) -> KVDigest:
     ordered = sorted(parts, key=lambda part: part.head_offset)
     first, offset = ordered[0], ordered[0].head_offset
     for part in ordered:
-        if (part.num_tokens, part.token_chunk, part.dtype, part.head_offset) != (
-                first.num_tokens, first.token_chunk, first.dtype, offset):
+        if (part.num_tokens, part.token_chunk, part.dtype, part.head_offset,
+                part.token_offset) != (first.num_tokens, first.token_chunk, first.dtype, offset,
+                                       first.token_offset):
             raise ValueError(f"TP digests differ in tokens, chunk or dtype, or heads from "
                              f"{offset} are missing or repeated")
         offset += part.num_heads
     hashes = tuple(sum((part.hashes[kv] for part in ordered), ()) for kv in range(2))
-    return KVDigest(first.head_offset, first.num_tokens, first.token_chunk, first.dtype, hashes)
+    return KVDigest(first.head_offset, first.num_tokens, first.token_chunk, first.dtype, hashes,
+                    first.token_offset)
 
 
 def merge_tp_ranks(ranks: Sequence[Mapping[LayerKey, KVDigest | str]]
@@ -324,11 +174,15 @@ class DigestMismatch:
 
 def compare_digests(prefill: Mapping[LayerKey, KVDigest | str],
                     decode: Mapping[LayerKey, KVDigest | str], *,
-                    shared_heads_only: bool = False) -> DigestMismatch | None:
+                    shared_heads_only: bool = False, received_only: bool = False
+                    ) -> DigestMismatch | None:
     """The first difference between two sides' per-layer digests, or None when identical.
 
     An entry present on one side only counts as differing. ``shared_heads_only`` compares only
     the heads both sides hold in a layer (one decode TP rank against the full prefill side).
+    ``received_only`` compares only the prompt positions the decode side's digest covers (it
+    received the tail after a local prefix-cache hit); its first chunk, when that starts off a
+    chunk boundary, has no prefill counterpart and is left out.
     """
     first: tuple[Any, ...] | None = None
     differing = total = 0
@@ -343,6 +197,11 @@ def compare_digests(prefill: Mapping[LayerKey, KVDigest | str],
                 shared = set(ours.heads) & set(theirs.heads)
                 mine, other = ({k: v for k, v in e.items() if k[1] in shared}
                                for e in (mine, other))
+            if received_only and ours and theirs:
+                low, high = theirs.token_offset, theirs.token_offset + theirs.num_tokens
+                mine = {k: v for k, v in mine.items() if low <= k[2][0] and k[2][1] <= high}
+                if low % theirs.token_chunk:
+                    other = {k: v for k, v in other.items() if k[2][0] != low}
             keys = sorted(mine.keys() | other.keys(), key=lambda k: (KV_NAMES.index(k[0]), *k[1:]))
             pairs = [(key, mine.get(key), other.get(key)) for key in keys]
         for key, our_hash, their_hash in pairs:
@@ -355,45 +214,9 @@ def compare_digests(prefill: Mapping[LayerKey, KVDigest | str],
     return DigestMismatch(*first, differing=differing, total=total)
 
 
-def _unpage(pages: np.ndarray, order: PageOrder, tokens: int, head_dim: int) -> np.ndarray:
-    """``[..., tokens * head_dim]`` page halves in ``order`` -> ``[..., tokens, head_dim]``."""
-    if tokens % order.token_tile or head_dim % order.dim_tile:
-        raise ValueError(f"{order} does not tile {tokens} tokens x {head_dim} dims")
-    tiled = (tokens // order.token_tile, order.token_tile, head_dim // order.dim_tile,
-             order.dim_tile)
-    lead = pages.ndim - 1
-    stored = pages.reshape(*pages.shape[:-1], *(tiled[axis] for axis in order.axes))
-    inverse = [lead + int(axis) for axis in np.argsort(order.axes)]
-    return stored.transpose(*range(lead), *inverse).reshape(*pages.shape[:-1], tokens, head_dim)
-
-
 def _hash(array: np.ndarray) -> str:
     return hashlib.blake2b(np.ascontiguousarray(array).data, digest_size=DIGEST_BYTES).hexdigest()
 
 
 def _little_endian(array: np.ndarray) -> np.ndarray:
     return array.astype(array.dtype.newbyteorder("<"), copy=False)
-
-
-def _gather(cache: Any, ids: np.ndarray, axis: int) -> np.ndarray:
-    """Rows ``ids`` of ``cache`` along ``axis``: only those blocks leave a torch device."""
-    if not hasattr(cache, "index_select"):
-        return np.take(np.asarray(cache), ids, axis=axis)
-    import torch
-
-    index = torch.as_tensor(ids, dtype=torch.long, device=cache.device)
-    return _to_numpy(cache.detach().index_select(axis, index))
-
-
-def _to_numpy(array: Any) -> np.ndarray:
-    """A numpy array of ``array``'s values, or of its raw bits where numpy lacks the dtype."""
-    if not hasattr(array, "detach"):
-        return np.asarray(array)
-    import torch
-
-    tensor = array.detach().cpu().contiguous()
-    try:
-        return tensor.numpy()
-    except TypeError:  # bfloat16, float8_*: same-width integers keep the exact bits
-        bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-        return tensor.view(bits[tensor.element_size()]).numpy()

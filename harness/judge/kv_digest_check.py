@@ -1,0 +1,36 @@
+"""The kv-digest check: the decode held, byte for byte, the prompt KV its own prefill computed.
+
+Its input is the summary harness.run.kv_digest_evidence builds from both sides' digests. It
+fails on any request whose digests differ (naming the first differing layer, K/V, head, token
+range and decode block, and the share of requests affected), whose decode covered other prompt
+positions than the prefill computed, or that could not be compared at all (a side wrote no
+digest: the decode never received, say). What it cannot see: a decode that *reads* the right
+bytes through a wrong block table (harness README, "What each check catches").
+"""
+from __future__ import annotations
+
+
+def describe(evidence: dict) -> tuple[bool, str]:
+    """(passed, one line) of the kv-digest check."""
+    e = evidence
+    n, compared = e["requests"], e["compared"]
+    missing = (f"; no digest from prefill on {e['missing_prefill']}, from decode on "
+               f"{e['missing_decode']}" if e["missing_prefill"] or e["missing_decode"] else "")
+    if e["differing"]:
+        f = e["first_mismatch"]
+        if f.get("coverage"):
+            low, high, total = f["coverage"]
+            return False, (f"decode received prompt tokens {low}-{high - 1} of {total} on "
+                           f"{f['request_id']} ({e['differing']}/{compared} requests differ)"
+                           f"{missing}")
+        where = (f"layer {f['layer']} {f['kv']} head {f['head']} tokens "
+                 f"{f['token_range'][0]}-{f['token_range'][1] - 1} (decode block "
+                 f"{f['decode_block']})" if f["token_range"] else f"layer {f['layer']} state")
+        return False, (f"prompt KV differs on {e['differing']}/{compared} requests "
+                       f"({100 * e['differing'] / compared:.0f}%); first at {where} of "
+                       f"{f['request_id']}, {f['differing_entries']}/{f['entries']} entries "
+                       f"differ{missing}")
+    if compared == 0 or compared < n:
+        return False, (f"KV digests compared on {compared}/{n} requests only{missing}"
+                       + (f"; not digested: {e['not_digested']}" if e["not_digested"] else ""))
+    return True, f"identical on {compared}/{n} requests"

@@ -1,0 +1,117 @@
+"""A cell's KV digest evidence: did the decode hold, for every request, the prompt KV its own
+prefill computed? Read from the digest files the P/D servers wrote
+(harness.serve.plugins.kv_digest_hook) and joined through the proxy's records:
+
+* the prefill's line is the one of the request id its response named (``remote_request_id`` in
+  the kv_transfer_params the proxy *received*: the question's own prefill);
+* the decode's line is the one whose vLLM request id carries the proxy's id (``X-Request-Id``).
+
+So a decode that read another request's blocks (foreign params) differs from its question's
+prefill even though the bytes it read were intact. Per request the two sides' digests are
+compared on the prompt positions the decode received (harness.serve.plugins.kv_digest); the
+summary names the first differing layer, K/V, head, token range and decode block, and the share
+of requests affected. Servers share the digest files across cells: only this cell's records
+are looked at.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Iterable
+
+from harness.serve.plugins.kv_digest import KVDigest, compare_digests
+
+_UUID = re.compile(r"[0-9a-f]{32}")
+
+
+def read_digest_lines(paths: Iterable[str]) -> list[dict]:
+    """Every digest line of `paths` (missing files and cut-off lines skipped)."""
+    lines = []
+    for path in paths:
+        try:
+            text = Path(path).read_text(errors="replace")
+        except OSError:
+            continue
+        for raw in text.splitlines():
+            try:
+                lines.append(json.loads(raw))
+            except json.JSONDecodeError:
+                continue
+    return lines
+
+
+def _layers(line: dict) -> dict[str, KVDigest]:
+    return {name: KVDigest.from_dict(d) for name, d in (line.get("layers") or {}).items()}
+
+
+def _proxy_uuid(request_id: str) -> str | None:
+    found = _UUID.findall(request_id or "")
+    return found[-1] if found else None
+
+
+def digest_evidence(records: list[dict], prefill_files: Iterable[str],
+                    decode_files: Iterable[str], decode_block_size: int) -> dict:
+    """The kv-digest summary of one evaluation (TransferProof.kv_digest)."""
+    prefill_lines = [l for l in read_digest_lines(prefill_files) if l.get("side") == "prefill"]
+    decode_lines = [l for l in read_digest_lines(decode_files) if l.get("side") == "decode"]
+    by_prefill_id = {l["request_id"]: l for l in prefill_lines}
+    by_uuid: dict[str, dict] = {}
+    for line in decode_lines:
+        key = _proxy_uuid(line.get("request_id", ""))
+        if key:
+            by_uuid.setdefault(key, line)
+    counts: Counter = Counter()
+    skipped: Counter = Counter()
+    first: dict | None = None
+    cost = {"prefill_s": 0.0, "decode_s": 0.0}
+    for record in records:
+        counts["requests"] += 1
+        received = record.get("received_kv_transfer_params") or {}
+        ours = by_prefill_id.get(received.get("remote_request_id"))
+        theirs = by_uuid.get(_proxy_uuid(record.get("request_id", "")) or "")
+        if ours is None:
+            counts["missing_prefill"] += 1
+        if theirs is None:
+            counts["missing_decode"] += 1
+        if ours is None or theirs is None:
+            continue
+        cost["prefill_s"] += float(ours.get("elapsed_s") or 0)
+        cost["decode_s"] += float(theirs.get("elapsed_s") or 0)
+        for line in (ours, theirs):
+            skipped.update(set((line.get("skipped") or {}).values()))
+            if line.get("error"):
+                skipped[line["error"]] += 1
+        p_layers, d_layers = _layers(ours), _layers(theirs)
+        if not p_layers or not d_layers:
+            counts["not_digested"] += 1
+            continue
+        counts["compared"] += 1
+        mismatch = compare_digests(p_layers, d_layers, received_only=True)
+        covered = int(theirs.get("token_offset") or 0) + int(theirs.get("num_tokens") or 0)
+        if mismatch is None and covered != int(ours.get("num_tokens") or 0):
+            counts["differing"] += 1
+            first = first or {"request_id": record.get("request_id"), "layer": None,
+                              "kv": None, "head": None, "token_range": None,
+                              "coverage": [int(theirs.get("token_offset") or 0), covered,
+                                           int(ours.get("num_tokens") or 0)]}
+            continue
+        if mismatch is None:
+            counts["identical"] += 1
+            continue
+        counts["differing"] += 1
+        if first is None:
+            start = mismatch.token_range[0] if mismatch.token_range else None
+            first = {"request_id": record.get("request_id"), "layer": mismatch.layer,
+                     "kv": mismatch.kv, "head": mismatch.head,
+                     "token_range": list(mismatch.token_range) if mismatch.token_range else None,
+                     "decode_block": None if start is None else start // decode_block_size,
+                     "differing_entries": mismatch.differing, "entries": mismatch.total}
+    return {**{k: counts[k] for k in ("requests", "compared", "identical", "differing",
+                                      "missing_prefill", "missing_decode", "not_digested")},
+            "first_mismatch": first, "skipped_layers": dict(skipped),
+            "cost_s": {k: round(v, 4) for k, v in cost.items()}}
+
+
+__all__ = ["digest_evidence", "read_digest_lines"]

@@ -1,0 +1,182 @@
+"""The digest plugin's flow on a stand-in NIXL connector (numpy caches, no vLLM): the prefill
+side hashes at the bind after request_finished, the decode side when its read completes, and
+harness.run.kv_digest_evidence joins both through the proxy's records. Evidence that P/D works
+comes from the real cells (tests/suites); this checks the plugin's own bookkeeping."""
+from __future__ import annotations
+
+import json
+import types
+
+import numpy as np
+import pytest
+
+from harness.judge.kv_digest_check import describe
+from harness.run.kv_digest_evidence import digest_evidence
+from harness.serve.plugins import kv_digest_hook
+from harness.serve.plugins.kv_layout import layout_from_shape
+
+HEADS, DIM, TOKENS = 2, 8, 100
+LAYERS = ("layers.0.attn", "layers.1.attn")
+PROXY_ID = "pdacc-" + "ab" * 16
+
+
+class Meta:
+    """Stands in for NixlConnectorMetadata: plain attributes, pickled with the step."""
+
+    def __init__(self, reqs_to_recv=None):
+        self.reqs_to_recv = reqs_to_recv or {}
+
+
+def worker(block_size: int, num_blocks: int = 16, ratio: int = 1, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    caches = {name: rng.standard_normal((num_blocks, HEADS, block_size, 2 * DIM)).astype(
+        np.float32) for name in LAYERS}
+    group = types.SimpleNamespace(layer_names=list(LAYERS), kv_cache_spec=None)
+    return types.SimpleNamespace(
+        block_size=block_size, _physical_blocks_per_logical_kv_block=ratio,
+        backend_name="FLASH_ATTN", tp_rank=0, device_kv_caches=caches,
+        kv_cache_config=types.SimpleNamespace(transfer_groups=[group]))
+
+
+def write_prompt(w, ids, logical_bs, kv):
+    """Token t at kernel block ids[t // logical_bs] * ratio + ..., heads-first packed."""
+    ratio = logical_bs // w.block_size
+    for t in range(kv.shape[2]):
+        block = ids[t // logical_bs] * ratio + (t % logical_bs) // w.block_size
+        for name in LAYERS:
+            w.device_kv_caches[name][block, :, t % w.block_size] = np.concatenate(
+                [kv[0, :, t], kv[1, :, t]], axis=-1)
+
+
+def make_connector(w):
+    class Connector:
+        def __init__(self):
+            self.connector_worker = w
+
+        def request_finished(self, request, block_ids):
+            return True, {"do_remote_prefill": True, "remote_block_ids": [list(block_ids)],
+                          "remote_num_tokens": request.num_computed_tokens,
+                          "remote_request_id": request.request_id}
+
+        def get_num_new_matched_tokens(self, request, num_computed_tokens):
+            return TOKENS - num_computed_tokens, True
+
+        def build_connector_meta(self, scheduler_output):
+            return Meta(scheduler_output)
+
+        def bind_connector_metadata(self, metadata):
+            self.bound = metadata
+
+        def get_finished(self, finished_req_ids):
+            return set(), set(self.done)
+
+    kv_digest_hook.patch_connector_class(Connector, str(w.path))
+    return Connector()
+
+
+@pytest.fixture
+def kv():
+    return np.random.default_rng(7).standard_normal((2, HEADS, TOKENS, DIM)).astype(np.float32)
+
+
+def run_pair(tmp_path, kv, *, p_bs=32, d_bs=64, d_ratio=1, tamper=None, cached=0):
+    p, d = worker(p_bs, seed=1), worker(d_bs // d_ratio, ratio=d_ratio, seed=2)
+    p.path, d.path = tmp_path / "p.jsonl", tmp_path / "d.jsonl"
+    p_ids, d_ids = [5, 2, 9, 0], [3, 1]
+    write_prompt(p, p_ids, p_bs, kv)
+    write_prompt(d, d_ids, d_bs, kv)
+    if tamper:
+        tamper(d)
+    prefill, decode = make_connector(p), make_connector(d)
+    request = types.SimpleNamespace(request_id=f"cmpl-{PROXY_ID}-0-p", num_computed_tokens=TOKENS)
+    prefill.request_finished(request, p_ids)
+    prefill.bind_connector_metadata(prefill.build_connector_meta({}))
+    d_request = types.SimpleNamespace(request_id=f"cmpl-{PROXY_ID}-0-d",
+                                      kv_transfer_params={"do_remote_prefill": True})
+    decode.get_num_new_matched_tokens(d_request, cached)
+    received = types.SimpleNamespace(local_block_ids=[d_ids[cached // d_bs:]],
+                                     remote=types.SimpleNamespace(request_id=request.request_id))
+    decode.bind_connector_metadata(decode.build_connector_meta({d_request.request_id: received}))
+    decode.done = {d_request.request_id}
+    decode.get_finished(set())
+    records = [{"request_id": PROXY_ID,
+                "received_kv_transfer_params": {"remote_request_id": request.request_id}}]
+    return digest_evidence(records, [str(p.path)], [str(d.path)], d_bs), p.path, d.path
+
+
+def test_same_kv_across_block_sizes_is_identical(tmp_path, kv):
+    evidence, p_path, d_path = run_pair(tmp_path, kv, p_bs=32, d_bs=64)
+    assert describe(evidence) == (True, "identical on 1/1 requests")
+    line = json.loads(p_path.read_text())
+    assert line["side"] == "prefill" and line["num_tokens"] == TOKENS and not line["error"]
+    assert json.loads(d_path.read_text())["remote_request_id"] == line["request_id"]
+
+
+def test_kernel_blocks_under_a_logical_block_are_read_in_order(tmp_path, kv):
+    evidence, _, _ = run_pair(tmp_path, kv, p_bs=32, d_bs=64, d_ratio=2)   # D kernel 32 < 64
+    assert describe(evidence)[0], describe(evidence)
+
+
+def test_one_changed_value_is_found_at_its_layer_head_tokens_and_block(tmp_path, kv):
+    def tamper(d):   # token 70 = decode block id 1 (position 1), offset 6; head 1, a V value
+        d.device_kv_caches[LAYERS[1]][1, 1, 70 - 64, DIM + 3] += 1e-6
+
+    evidence, _, _ = run_pair(tmp_path, kv, tamper=tamper)
+    passed, line = describe(evidence)
+    assert not passed
+    first = evidence["first_mismatch"]
+    assert (first["layer"], first["kv"], first["head"]) == (LAYERS[1], "V", 1)
+    assert first["token_range"] == [64, 96] and first["decode_block"] == 1
+    assert first["differing_entries"] == 1
+    assert "layer layers.1.attn V head 1 tokens 64-95 (decode block 1)" in line
+
+
+def test_a_decode_prefix_hit_compares_the_received_tail_only(tmp_path, kv):
+    def tamper(d):   # garbage where the local prefix cache would be: not received, not compared
+        for name in LAYERS:
+            d.device_kv_caches[name][3] = 0
+    evidence, _, d_path = run_pair(tmp_path, kv, tamper=tamper, cached=64)
+    assert json.loads(d_path.read_text())["token_offset"] == 64
+    assert describe(evidence) == (True, "identical on 1/1 requests")
+
+
+def test_no_decode_digest_fails_the_check(tmp_path, kv):
+    evidence, _, d_path = run_pair(tmp_path, kv)
+    d_path.write_text("")
+    records = [{"request_id": PROXY_ID, "received_kv_transfer_params": {
+        "remote_request_id": json.loads((tmp_path / "p.jsonl").read_text())["request_id"]}}]
+    evidence = digest_evidence(records, [str(tmp_path / "p.jsonl")], [str(d_path)], 64)
+    passed, line = describe(evidence)
+    assert not passed and "compared on 0/1 requests only" in line and "from decode on 1" in line
+
+
+def test_patching_twice_wraps_once(tmp_path):
+    class Connector:
+        def build_connector_meta(self, scheduler_output):
+            return Meta()
+
+    kv_digest_hook.patch_connector_class(Connector, str(tmp_path / "x"))
+    wrapped = Connector.build_connector_meta
+    kv_digest_hook.patch_connector_class(Connector, str(tmp_path / "x"))
+    assert Connector.build_connector_meta is wrapped
+
+
+@pytest.mark.parametrize("shape, backend, expect", [
+    ((10, 2, 64, 16), "FLASH_ATTN", ("content", True, 64, 128)),
+    ((10, 64, 2, 16), "FLASH_ATTN", ("content", False, 64, 128)),
+    ((10, 2, 32, 16), "CPU_ATTN", ("head_pages", True, 32, 128)),
+    ((2, 10, 64, 2, 8), "FLASH_ATTN", ("stacked_outer", False, 64, 128)),
+    ((10, 2, 2, 128, 8), "FLASHINFER", ("stacked_inner", True, 128, None)),
+])
+def test_layout_is_read_off_the_tensor_shape(shape, backend, expect):
+    kernel = expect[2]
+    layout = layout_from_shape(shape, backend, kernel, 128)
+    assert (layout.kv_split, layout.heads_before_tokens, layout.block_size,
+            layout.ids_block_size) == expect
+
+
+def test_an_ambiguous_or_unknown_shape_is_refused():
+    with pytest.raises(ValueError, match="cannot tell tokens from heads"):
+        layout_from_shape((10, 64, 64, 16), "FLASH_ATTN", 64)
+    with pytest.raises(ValueError, match="no known paged KV layout"):
+        layout_from_shape((10, 64, 16), "FLASH_ATTN", 64)
