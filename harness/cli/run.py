@@ -76,6 +76,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     ev.add_argument("--seed", type=int, default=_OPT.seed)
     ev.add_argument("--max-gen-toks", type=int, default=None)
     ev.add_argument("--no-noise-floor", action="store_true", help="skip the A/A baseline re-run")
+    ev.add_argument("--no-kv-digest", action="store_true",
+                    help="P/D servers do not hash each request's prompt KV (no kv-digest check)")
     ev.add_argument("--repeats", type=int, default=_OPT.repeats,
                     help="evaluate every cell N times on different question samples, servers kept "
                          "up (calibration: false-alarm and canary rates); one record per repeat")
@@ -209,6 +211,7 @@ def options_from(args: argparse.Namespace) -> RunOptions:
         max_questions=args.max_questions,
         task=args.task, dataset_dir=args.dataset_dir, results_dir=args.results_dir,
         startup_timeout_s=args.startup_timeout, noise_floor=not args.no_noise_floor,
+        kv_digest=not args.no_kv_digest,
         num_fewshot=args.num_fewshot, max_gen_toks=args.max_gen_toks, gpu_layout=args.gpu_layout,
         kv_cache_bytes=args.kv_cache_bytes, repeats=args.repeats, sample_seed=args.sample_seed,
         max_starting=max_starting, profile=args.profile)

@@ -31,6 +31,7 @@ class RunOptions:
     top_logprobs: int = 5
     request_timeout_s: float = 300.0
     noise_floor: bool = True              # the A/A re-run of the baseline
+    kv_digest: bool = True                # P/D servers hash each request's prompt KV (both sides)
     # how they are judged
     alpha: float = 0.01                   # each error rate of the gate (false FAIL, false PASS)
     margin: float = 0.05                  # PASS: P/D is not worse by more than this (5 pts)

@@ -14,8 +14,12 @@ from harness.core.outcomes import CAUGHT, ERROR, FAIL, MISSED
 CANARY_REASONS = {
     "drop-transfer": r"decode recomputed the prompt: no KV crossed",
     "foreign-params": r"another request's transfer parameters",
-    "corrupt-block": r"P/D (logprobs diverge|accuracy is lower|generations diverge)",
-    "swap-blocks": r"P/D (logprobs diverge|accuracy is lower|generations diverge)",
+    # corrupted KV is named by the digest first (it decides before accuracy); a pair run without
+    # digests (--no-kv-digest) must still see it in the answers
+    "corrupt-block": r"\[kv-digest\]: prompt KV differs|P/D (logprobs diverge|accuracy is lower|generations diverge)",
+    "swap-blocks": r"\[kv-digest\]: prompt KV differs|P/D (logprobs diverge|accuracy is lower|generations diverge)",
+    # relative noise of 1e-3 on every received value: only the digest can see it
+    "perturb-kv": r"\[kv-digest\]: prompt KV differs",
     # a read reported failed must reach the verdict as a failure: vLLM's error answer
     # (kv_load_failure_policy "fail": finish_reason "error", HTTP 500; lm-eval's RequestsFailed)
     # or NIXL's failed-transfer counter (any policy; "recompute" answers correctly) — never an

@@ -37,6 +37,10 @@ class TransferProof:
     # namespaces' addresses and the UCX transports each server ran with (harness.serve.netns
     # TwoHostTopology.evidence); None for a cell on one host
     link: dict | None = None
+    # both sides' KV digests joined per request (harness.run.kv_digest_evidence), or None with
+    # the reason in `kv_digest_skipped` (digests off, or servers the harness did not start)
+    kv_digest: dict | None = None
+    kv_digest_skipped: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if k != "counters"}

@@ -28,6 +28,7 @@ from harness.core.outcomes import (CONTINUE, ERROR, EXIT_CODES, FAIL, INCONCLUSI
 from harness.core.reference import ReferenceAccuracy  # noqa: F401 (the judge's input type)
 from harness.judge.canaries import canary_outcome
 from harness.judge.compare import Comparison
+from harness.judge.kv_digest_check import describe as describe_digest
 from harness.judge.sequential import SequentialPlan, evaluate_look
 from harness.judge.stats import below_reference
 
@@ -231,6 +232,14 @@ def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | N
     checks += tchecks
     path.append("transfer")
 
+    # 1b. the bytes: both sides' KV digests, before any accuracy check (a wrong byte is a FAIL
+    #     even when the answers survive it); left out, and said why, where there are none
+    digest_check = None
+    if cmp.transfer.kv_digest is not None:
+        digest_check = Check("kv-digest", *describe_digest(cmp.transfer.kv_digest))
+        checks.append(digest_check)
+        path.append("kv-digest")
+
     # 2. accuracy: the sequential gate at this look — FAIL on the exact one-sided McNemar,
     #    PASS when the upper bound of the drop is within the margin, else more questions
     m = cmp.mcnemar
@@ -277,6 +286,10 @@ def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | N
             reason = f"transfer proof failed [{first.name}]: {first.detail}"
         return Verdict(FAIL, reason, tuple(checks), expected_failure, tuple(path),
                        not_available=na)
+    if digest_check is not None and not digest_check.passed:
+        return Verdict(FAIL, f"the decode's prompt KV is not the prefill's [kv-digest]: "
+                             f"{digest_check.detail}", tuple(checks), expected_failure,
+                       tuple(path), look=look.to_dict(), not_available=na)
 
     failed = [c for c in checks if not c.passed]
     if failed:

@@ -18,7 +18,7 @@ from harness.eval.metrics import scrape_all
 from harness.judge.compare import compare
 from harness.judge.verdict import ReferenceAccuracy, decide, fail
 from harness.run.stages import StagedRun
-from harness.run.transfer_evidence import (ByteGeometry, link_evidence, link_start,
+from harness.run.transfer_evidence import (ByteGeometry, DigestFiles, link_evidence, link_start,
                                            read_proxy_records, transfer_proof)
 from harness.serve.deploy import Deployment, ProxyDeployment
 from harness.serve.plugins.fault_spec import request_tag_for
@@ -64,6 +64,7 @@ def evaluate_cell(runner: Any, cell: Cell, pair: Deployment, rnd: Any, task: str
     prefill = next(s for s in pair.specs if s.role == "prefill")
     geometry = ByteGeometry.of_pair(prefill.model_path, prefill.dtype, prefill.block_size,
                                     prefill.extra_args)
+    digests = DigestFiles.of_pair(pair)
     artifacts = {"baseline_samples": str(rnd.samples_path),
                  "logs": {**baseline_logs, **pair.logs()}, "proxy_records": str(records_path)}
     # every evaluation on a shared pair in its own prefix-cache space; a server-side canary's
@@ -89,7 +90,7 @@ def evaluate_cell(runner: Any, cell: Cell, pair: Deployment, rnd: Any, task: str
                 pd_run, base_run = pd.up_to(n), rnd.staged.up_to(n)
                 proof = transfer_proof(read_proxy_records(str(records_path)),
                                        scrape_all(decode_urls).delta(before), hybrid, decode_logs,
-                                       geometry, link_evidence(pair, link_before))
+                                       geometry, link_evidence(pair, link_before), digests)
                 cmp = compare(base_run, pd_run, proof, baseline_aa=rnd.aa,
                               alpha=runner.policy.alpha)
                 verdict = decide(cmp, policy, cell.expected_failure, reference=reference,

@@ -177,7 +177,7 @@ class Runner:
         group = self._plan_group([cell])
         proxy_fault = cell.fault if cell.fault in PROXY_FAULTS else None
         records = self.run_dir / cell.cell_id / "proxy-records.jsonl"
-        with plan_pair(cell, **group.deploy_args) as pair:
+        with plan_pair(cell, **group.deploy_args, kv_digest=self.options.kv_digest) as pair:
             port = self.allocator.reserve(1, owner=f"proxy:{cell.cell_id}")[0]
             with ProxyDeployment(pair, port=port, log_dir=self.log_dir, fault=proxy_fault,
                                  records_path=records, allocator=self.allocator) as proxy:
@@ -292,11 +292,11 @@ class Runner:
                                  for c in group.cells]) from exc
         return rounds
 
-    @staticmethod
-    def _plan_pair(group: _Group, index: int) -> Deployment:
+    def _plan_pair(self, group: _Group, index: int) -> Deployment:
         cells = group.pairs[index]
         arm = any(c.fault in SERVER_FAULTS for c in cells)
-        return plan_pair(cells[0], **group.deploy_args, arm_faults=arm)
+        return plan_pair(cells[0], **group.deploy_args, arm_faults=arm,
+                         kv_digest=self.options.kv_digest)
 
     def _launch_pair(self, group: _Group, index: int,
                      launched: list[Deployment]) -> Deployment | None:

@@ -15,6 +15,7 @@ from harness.judge.byte_accounting import account
 
 from harness.eval.metrics import TransferCounters
 from harness.judge.compare import TransferProof
+from harness.run.kv_digest_evidence import digest_evidence
 from harness.serve.deploy import Deployment
 from harness.serve.netns import process_env
 from harness.serve.plugins.fault_spec import APPLIED_PREFIX, parse_fault_log
@@ -125,12 +126,30 @@ def link_evidence(pair: Deployment, before: tuple[int, int] | None) -> dict | No
     return pair.topology.evidence(before, ucx)
 
 
+class DigestFiles:
+    """Where a pair's servers wrote their KV digests, and the decode's block size (to name the
+    first differing block); or why there are none."""
+
+    def __init__(self, prefill: list[str], decode: list[str], decode_block_size: int,
+                 skipped: str | None = None) -> None:
+        self.prefill, self.decode, self.decode_block_size = prefill, decode, decode_block_size
+        self.skipped = skipped
+
+    @classmethod
+    def of_pair(cls, pair: Deployment) -> "DigestFiles":
+        decode = next(s for s in pair.specs if s.role == "decode")
+        if not pair.kv_digest:
+            return cls([], [], decode.block_size, "KV digests off (--no-kv-digest)")
+        return cls(pair.digest_files("prefill"), pair.digest_files("decode"), decode.block_size)
+
+
 def transfer_proof(records: list[dict], delta: TransferCounters, hybrid: bool,
                    decode_logs: Iterable[str], geometry: ByteGeometry | None = None,
-                   link: dict | None = None) -> TransferProof:
+                   link: dict | None = None, digests: DigestFiles | None = None
+                   ) -> TransferProof:
     """The TransferProof of one P/D evaluation: its proxy `records`, the decode servers'
     /metrics `delta` over it, the fault lines in `decode_logs`, (with `geometry`) the exact
-    byte account and (netns pairs) the `link` evidence."""
+    byte account, (netns pairs) the `link` evidence and (with `digests`) the KV digests."""
     decode_logs = list(decode_logs)
     def usable(params: dict | None) -> bool:
         return bool(params) and bool(params.get("remote_block_ids") is not None
@@ -149,8 +168,18 @@ def transfer_proof(records: list[dict], delta: TransferCounters, hybrid: bool,
                              decode_logs, [r["request_id"] for r in records
                                            if r.get("request_id")] or None),
                          requests_sent_params=sent,
-                         byte_account=byte_account, byte_account_skipped=skipped, link=link)
+                         byte_account=byte_account, byte_account_skipped=skipped, link=link,
+                         **_digest_fields(records, digests))
 
 
-__all__ = ["ByteGeometry", "count_fault_lines", "link_evidence", "link_start",
+def _digest_fields(records: list[dict], digests: DigestFiles | None) -> dict:
+    if digests is None:
+        return {"kv_digest_skipped": "servers not started by the harness: no digest plugin"}
+    if digests.skipped:
+        return {"kv_digest_skipped": digests.skipped}
+    return {"kv_digest": digest_evidence(records, digests.prefill, digests.decode,
+                                         digests.decode_block_size)}
+
+
+__all__ = ["ByteGeometry", "DigestFiles", "count_fault_lines", "link_evidence", "link_start",
            "read_proxy_records", "state_bytes_from_logs", "transfer_proof"]

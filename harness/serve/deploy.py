@@ -8,7 +8,7 @@ With host-wide start slots (harness.serve.start_slots) a server starts only when
 its deadline counts from then. A pair of a `network: netns` cell runs in a two-host topology
 (harness.serve.netns) created at launch and removed after its servers stopped.
 The proxy is separate (`ProxyDeployment`) so that cells differing only in a proxy-side fault
-reuse one P/D pair.
+reuse one P/D pair. P/D servers write their KV digests next to their logs.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from harness.serve.netns import TwoHostTopology
 from harness.serve.ports import PortAllocator
 from harness.serve.process import ManagedProcess, ServerStartTimeout
 from harness.serve.plugins.fault_spec import BY_REQUEST
+from harness.serve.plugins.kv_digest_hook import DIGEST_FILE_ENV
 from harness.serve.server_spec import Features, ServerSpec, build_argv, build_env, engine_settings
 from harness.serve.start_slots import StartSlots
 
@@ -125,8 +126,9 @@ class Deployment:
                  features: Features = Features(), startup_timeout_s: float = 300.0,
                  allocator: PortAllocator | None = None, reserved_ports: Sequence[int] = (),
                  start_slots: StartSlots | None = None,
-                 topology: TwoHostTopology | None = None) -> None:
+                 topology: TwoHostTopology | None = None, kv_digest: bool = False) -> None:
         self.name = name
+        self.kv_digest = kv_digest         # P/D servers hash every request's prompt KV
         self.topology = topology           # created at launch, removed after the servers stopped
         self.specs = list(specs)
         self.log_dir = Path(log_dir)
@@ -147,10 +149,22 @@ class Deployment:
 
         return [render_command(s, self.features) for s in self.specs]
 
+    def digest_path(self, spec: ServerSpec) -> Path:   # harness.serve.plugins.kv_digest_hook
+        return self.log_dir / f"{self.name}-{spec.name}.kv-digest.jsonl"
+
+    def digest_files(self, role: str) -> list[str]:
+        """The digest files of this deployment's `role` servers; [] when digests are off."""
+        return [str(self.digest_path(s)) for s in self.specs
+                if self.kv_digest and s.role == role]
+
     def _process(self, spec: ServerSpec) -> ManagedProcess:
+        env = build_env(spec, self.features)
+        env.pop(DIGEST_FILE_ENV, None)
+        if self.kv_digest and spec.role in ("prefill", "decode"):
+            env[DIGEST_FILE_ENV] = str(self.digest_path(spec))
         return ManagedProcess(spec.name, build_argv(spec, self.features),
                               self.log_dir / f"{self.name}-{spec.name}.log",
-                              env=build_env(spec, self.features), inherit_env=False)
+                              env=env, inherit_env=False)
 
     def launch(self) -> "Deployment":
         """Start every server (concurrently, each in its own process group); don't wait.
@@ -359,7 +373,8 @@ def plan_baseline(cell: Cell, *, model_path: str, hybrid: bool, allocator: PortA
 def plan_pair(cell: Cell, *, model_path: str, hybrid: bool, allocator: PortAllocator,
               placement: Placement, log_dir: Path, features: Features,
               startup_timeout_s: float, kv_cache_bytes: int | None = None,
-              start_slots: StartSlots | None = None, arm_faults: bool = False) -> Deployment:
+              start_slots: StartSlots | None = None, arm_faults: bool = False,
+              kv_digest: bool = False) -> Deployment:
     specs, reserved = [], []
     topology = (TwoHostTopology.reserve(f"{log_dir}/{cell.cell_id}")
                 if cell.network == "netns" else None)
@@ -377,10 +392,9 @@ def plan_pair(cell: Cell, *, model_path: str, hybrid: bool, allocator: PortAlloc
                                      arm_faults=arm_faults))
             if topology is not None:
                 specs[-1] = topology.place(specs[-1])
-    name = "pair-" + "-".join(str(x) for x in (cell.baseline_key, cell.prefill_block_size,
-                                               cell.decode_block_size, cell.prefill_tp,
-                                               cell.decode_tp, "armed" if arm_faults else "ok"))
-    name += f"-{topology.tag}" if topology is not None else ""
+    name = "pair-" + "-".join(str(x) for x in (
+        cell.baseline_key, cell.prefill_block_size, cell.decode_block_size, cell.prefill_tp,
+        cell.decode_tp, "armed" if arm_faults else "ok", *([topology.tag] if topology else ())))
     return Deployment(name, specs, log_dir=log_dir, features=features,
                       startup_timeout_s=startup_timeout_s, allocator=allocator, reserved_ports=reserved,
-                      start_slots=start_slots, topology=topology)
+                      start_slots=start_slots, topology=topology, kv_digest=kv_digest)

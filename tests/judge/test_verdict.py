@@ -372,3 +372,47 @@ def test_byte_shortfall_fails_the_transfer_proof_with_both_numbers():
     assert v.status == PASS and check(v, "nixl-bytes-exact").passed
     # no account (geometry not modelled): no check, nothing passed in its name
     assert "nixl-bytes-exact" not in {c.name for c in decide(comparison(aa=True)).checks}
+
+
+# ---- KV digest ------------------------------------------------------------------------------
+def digest_summary(n: int = N, differing: int = 0, compared: int | None = None) -> dict:
+    compared = n if compared is None else compared
+    first = None if not differing else {
+        "request_id": "pdacc-x", "layer": "model.layers.1.self_attn.attn", "kv": "K", "head": 0,
+        "token_range": [64, 96], "decode_block": 0, "differing_entries": 3, "entries": 40}
+    return {"requests": n, "compared": compared, "identical": compared - differing,
+            "differing": differing, "missing_prefill": 0, "missing_decode": n - compared,
+            "not_digested": 0, "first_mismatch": first, "skipped_layers": {}, "cost_s": {}}
+
+
+def test_identical_digests_pass_and_are_checked_before_accuracy():
+    v = decide(comparison(transfer=proof(kv_digest=digest_summary())))
+    assert v.status == PASS
+    assert check(v, "kv-digest").detail == f"identical on {N}/{N} requests"
+    assert v.decision_path.index("kv-digest") < next(
+        i for i, step in enumerate(v.decision_path) if step.startswith("accuracy"))
+
+
+def test_a_differing_byte_fails_even_when_every_answer_survives():
+    v = decide(comparison(transfer=proof(kv_digest=digest_summary(differing=1))))
+    assert v.status == FAIL and check(v, "accuracy").passed
+    assert v.reason.startswith("the decode's prompt KV is not the prefill's [kv-digest]: "
+                               f"prompt KV differs on 1/{N} requests")
+    assert "layer model.layers.1.self_attn.attn K head 0 tokens 64-95 (decode block 0)" in v.reason
+    from dataclasses import replace
+    assert replace(v, canary="perturb-kv").outcome == "CAUGHT"
+    assert replace(v, canary="corrupt-block").outcome == "CAUGHT"
+
+
+def test_missing_decode_digests_fail_and_a_transfer_failure_still_names_itself():
+    v = decide(comparison(transfer=proof(kv_digest=digest_summary(compared=N - 2))))
+    assert v.status == FAIL and f"compared on {N - 2}/{N} requests only" in v.reason
+    dropped = proof(requests_sent_params=0, counters={"prompt_tokens_external": 0.0},
+                    kv_digest=digest_summary(compared=0))
+    v = decide(comparison(transfer=dropped))
+    assert v.reason.startswith("decode recomputed the prompt") and not check(v, "kv-digest").passed
+
+
+def test_no_digest_leaves_the_check_out():
+    v = decide(comparison(transfer=proof(kv_digest_skipped="KV digests off (--no-kv-digest)")))
+    assert v.status == PASS and "kv-digest" not in {c.name for c in v.checks}

@@ -90,7 +90,8 @@ def test_smoke_profile_content():
     assert all(c.device == "cpu" and c.backend == "CPU_ATTN" and c.runner == "v1" for c in e.cells)
     dense = [c for c in e.cells if c.model == "tiny-llama-gsm" and not c.fault]
     assert {(c.prefill_block_size, c.decode_block_size) for c in dense} >= {(32, 32), (128, 128), (64, 128)}
-    assert {c.fault for c in e.cells if c.fault} == {"drop-transfer", "foreign-params", "corrupt-block"}
+    assert {c.fault for c in e.cells if c.fault} == {"drop-transfer", "foreign-params", "corrupt-block",
+                                                     "perturb-kv"}
     proxy_faults = {"drop-transfer", "foreign-params"}
     assert all(c.model == "tiny-llama-gsm" for c in e.cells if c.fault in proxy_faults)
     kv_canaries = {(c.model, dict(c.fault_env).get("PD_ACCURACY_FAULT_BLOCK", "first"))

@@ -137,6 +137,9 @@ def test_fault_env_parsing():
     ("swap-blocks", 1, 3, (1, 2)),
     ("swap-blocks", "first", 2, (0, 1)),
     ("swap-blocks", "first", 1, None),
+    ("perturb-kv", "all", 3, (0, 1, 2)),
+    ("perturb-kv", "first", 2, (0, 1)),
+    ("swap-blocks", "all", 3, None),
 ])
 def test_select_block_positions(kind, block, num_blocks, expected):
     assert fault_spec.select_block_positions(num_blocks, FaultSpec(kind, block)) == expected
@@ -169,6 +172,29 @@ def test_corrupt_block_noise_changes_the_block_reproducibly():
     assert torch.equal(first, second)
     assert torch.equal(first[0], before[0]) and torch.equal(first[2], before[2])
     assert torch.isfinite(first.float()).all()
+
+
+def test_perturb_is_small_relative_noise_on_every_value_of_the_block():
+    cache = torch.randn(4, 2, 32, 16, generator=torch.Generator().manual_seed(1))
+    before = cache.clone()
+    faults.perturb_block(cache, 1, 1e-3, torch.Generator().manual_seed(0))
+    ratio = cache[1] / before[1]
+    assert (ratio != 1).float().mean() > 0.99           # every value moved ...
+    assert float((ratio - 1).abs().max()) < 1e-2        # ... by about 1e-3 of itself
+    assert 5e-4 < float((ratio - 1).std()) < 2e-3
+    assert torch.equal(cache[0], before[0]) and torch.equal(cache[2], before[2])
+
+
+def test_perturb_env_defaults_and_scale():
+    spec = fault_spec.parse_fault_env({fault_spec.FAULT_ENV: "perturb-kv"})
+    assert (spec.block, spec.value) == ("all", "noise")
+    assert fault_spec.perturb_scale({}) == 1e-3
+    assert fault_spec.perturb_scale({fault_spec.SCALE_ENV: "1e-2"}) == 1e-2
+    for bad in ("0", "-1", "x"):
+        with pytest.raises(ValueError, match="PD_ACCURACY_FAULT_SCALE"):
+            fault_spec.perturb_scale({fault_spec.SCALE_ENV: bad})
+    tag = fault_spec.request_tag_for("perturb-kv")
+    assert fault_spec.parse_request_fault(f"cmpl-pdacc-{tag}abc") == spec
 
 
 def test_swap_blocks_on_a_strided_view():

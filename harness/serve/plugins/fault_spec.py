@@ -5,6 +5,9 @@ The decode server's environment picks the fault (:func:`parse_fault_env`):
 * ``PD_ACCURACY_FAULT=corrupt-block``: the chosen block's K and V in every attention layer are
   overwritten (``PD_ACCURACY_FAULT_VALUE=zero`` (default) or ``noise``: Gaussian noise at the
   block's own scale).
+* ``PD_ACCURACY_FAULT=perturb-kv``: every received block's K and V in every attention layer is
+  multiplied by ``1 + scale * N(0, 1)`` (``PD_ACCURACY_FAULT_SCALE``, default 1e-3): a fault the
+  size of a bf16/fp8 round-trip that answers, generations and logprobs do not see. Block "all".
 * ``PD_ACCURACY_FAULT=swap-blocks``: the chosen block's contents are swapped with the request's
   block at the other end (first <-> last). A request with a single block is skipped.
 * ``PD_ACCURACY_FAULT_BLOCK=first|last|<int>`` picks the block by its position in the request's
@@ -36,12 +39,14 @@ FAULT_ENV = "PD_ACCURACY_FAULT"
 BLOCK_ENV = "PD_ACCURACY_FAULT_BLOCK"
 VALUE_ENV = "PD_ACCURACY_FAULT_VALUE"
 SHARE_ENV = "PD_ACCURACY_FAULT_SHARE"   # by-request only: break this share of the questions
-KV_FAULT_KINDS = ("corrupt-block", "swap-blocks")    # break the received KV itself
+KV_FAULT_KINDS = ("corrupt-block", "swap-blocks", "perturb-kv")   # break the received KV
 FAIL_TRANSFER = "fail-transfer"                      # report an intact read as failed
 FAULT_KINDS = KV_FAULT_KINDS + (FAIL_TRANSFER,)
 BY_REQUEST = "by-request"          # PD_ACCURACY_FAULT value: the fault comes with each request
 FAULT_VALUES = ("zero", "noise")
-BLOCK_NAMES = ("first", "last")
+BLOCK_NAMES = ("first", "last", "all")
+SCALE_ENV = "PD_ACCURACY_FAULT_SCALE"    # perturb-kv: the relative noise's scale
+DEFAULT_PERTURB_SCALE = 1e-3
 
 APPLIED_PREFIX = "pd-accuracy fault:"
 SKIPPED_PREFIX = "pd-accuracy fault-skipped:"
@@ -80,6 +85,18 @@ class FaultLogLine:
     reason: str
 
 
+def perturb_scale(env: Mapping[str, str]) -> float:
+    """perturb-kv's relative noise scale from ``env`` (PD_ACCURACY_FAULT_SCALE, default 1e-3)."""
+    raw = env.get(SCALE_ENV, "").strip()
+    try:
+        scale = float(raw) if raw else DEFAULT_PERTURB_SCALE
+    except ValueError:
+        raise ValueError(f"{SCALE_ENV}={raw!r}: expected a number") from None
+    if not scale > 0:
+        raise ValueError(f"{SCALE_ENV}={raw!r}: expected a positive scale")
+    return scale
+
+
 def parse_fault_env(env: Mapping[str, str]) -> FaultSpec | None:
     """The fault asked for by ``env``, or None when PD_ACCURACY_FAULT is unset/empty.
 
@@ -92,7 +109,7 @@ def parse_fault_env(env: Mapping[str, str]) -> FaultSpec | None:
         return FaultSpec(kind=BY_REQUEST)
     if kind not in FAULT_KINDS:
         raise ValueError(f"{FAULT_ENV}={kind!r}: expected one of {FAULT_KINDS}")
-    raw_block = env.get(BLOCK_ENV, "").strip() or "first"
+    raw_block = env.get(BLOCK_ENV, "").strip() or ("all" if kind == "perturb-kv" else "first")
     block: str | int
     if raw_block in BLOCK_NAMES:
         block = raw_block
@@ -103,7 +120,7 @@ def parse_fault_env(env: Mapping[str, str]) -> FaultSpec | None:
             raise ValueError(
                 f"{BLOCK_ENV}={raw_block!r}: expected first, last or an integer position"
             ) from None
-    value = env.get(VALUE_ENV, "").strip() or "zero"
+    value = env.get(VALUE_ENV, "").strip() or ("noise" if kind == "perturb-kv" else "zero")
     if value not in FAULT_VALUES:
         raise ValueError(f"{VALUE_ENV}={value!r}: expected one of {FAULT_VALUES}")
     return FaultSpec(kind=kind, block=block, value=value)
@@ -155,6 +172,8 @@ def select_block_positions(num_blocks: int, spec: FaultSpec) -> tuple[int, ...] 
     """
     if num_blocks <= 0:
         return None
+    if spec.block == "all":
+        return tuple(range(num_blocks)) if spec.kind != "swap-blocks" else None
     if spec.block == "first":
         chosen = 0
     elif spec.block == "last":
@@ -167,6 +186,8 @@ def select_block_positions(num_blocks: int, spec: FaultSpec) -> tuple[int, ...] 
             return None
     if spec.kind == "corrupt-block":
         return (chosen,)
+    if spec.kind == "perturb-kv":
+        return tuple(range(num_blocks))
     if num_blocks < 2:
         return None
     partner = num_blocks - 1 if chosen != num_blocks - 1 else 0

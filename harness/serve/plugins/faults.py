@@ -26,6 +26,7 @@ from harness.serve.plugins import fail_transfer
 from harness.serve.plugins.fault_spec import (
     ARMED_PREFIX,
     BY_REQUEST,
+    DEFAULT_PERTURB_SCALE,
     KV_FAULT_KINDS,
     SETUP_PREFIX,
     SKIPPED_PREFIX,
@@ -34,6 +35,7 @@ from harness.serve.plugins.fault_spec import (
     format_fault_line,
     parse_fault_env,
     parse_request_fault,
+    perturb_scale,
     select_block_positions,
 )
 
@@ -55,6 +57,10 @@ WORKER_MODULE, WORKER_CLASS = WORKER_TARGETS[0]
 _PATCH_MARK = "__pd_accuracy_fault__"
 # Noise is reproducible run to run: a canary that changes between runs would be noise itself.
 NOISE_SEED = 0
+try:
+    PERTURB_SCALE = perturb_scale(os.environ)
+except ValueError:  # reported by parse-time validation in the harness; never raise in vLLM
+    PERTURB_SCALE = DEFAULT_PERTURB_SCALE
 
 _registered = False
 
@@ -120,6 +126,17 @@ def corrupt_block(
         scale = 1.0
     noise = torch.randn(tuple(block.shape), generator=generator, dtype=torch.float32) * scale
     block.copy_(noise.to(device=block.device, dtype=block.dtype))
+
+
+def perturb_block(blocks: "torch.Tensor", block_id: int, scale: float,
+                  generator: "torch.Generator | None" = None) -> None:
+    """Multiply block ``block_id`` of ``blocks`` by ``1 + scale * N(0, 1)``, value by value."""
+    import torch
+
+    block = blocks[block_id]
+    noise = torch.randn(tuple(block.shape), generator=generator, dtype=torch.float32)
+    scaled = block.float() * (1.0 + scale * noise.to(block.device))
+    block.copy_(scaled.to(dtype=block.dtype))
 
 
 def swap_blocks(blocks: "torch.Tensor", block_a: int, block_b: int) -> None:
@@ -226,6 +243,9 @@ def apply_fault(worker: Any, meta: Any, spec: FaultSpec, generator: Any = None) 
             seen_storage.add(storage_key)
             if spec.kind == "corrupt-block":
                 corrupt_block(blocks, block_ids[0], spec.value, generator)
+            elif spec.kind == "perturb-kv":
+                for block_id in block_ids:
+                    perturb_block(blocks, block_id, PERTURB_SCALE, generator)
             else:
                 swap_blocks(blocks, block_ids[0], block_ids[1])
             num_layers += 1
