@@ -29,8 +29,22 @@ def describe(evidence: dict) -> tuple[bool, str]:
         return False, (f"prompt KV differs on {e['differing']}/{compared} requests "
                        f"({100 * e['differing'] / compared:.0f}%); first at {where} of "
                        f"{f['request_id']}, {f['differing_entries']}/{f['entries']} entries "
-                       f"differ{missing}")
+                       f"differ; {entered(e, f)}{missing}")
     if compared == 0 or compared < n:
         return False, (f"KV digests compared on {compared}/{n} requests only{missing}"
                        + (f"; not digested: {e['not_digested']}" if e["not_digested"] else ""))
     return True, f"identical on {compared}/{n} requests"
+
+
+def entered(e: dict, first: dict) -> str:
+    """Where the corruption entered, from the raw bytes NIXL wrote (before post-processing)."""
+    raw = first.get("raw")
+    counts = (f" ({e.get('raw_identical', 0)} requests with the bytes as sent, "
+              f"{e.get('raw_differing', 0)} not)")
+    if raw is None:
+        return "where it entered is unknown (no raw bytes from a side)"
+    if raw:
+        return (f"entered in the transfer: the bytes NIXL wrote differ from those sent from "
+                f"prefill block {raw['prefill_block']} of layer {raw['layer']} on{counts}")
+    return ("entered after the transfer: NIXL wrote the bytes exactly as sent, the decode's "
+            f"post-processing (block size / layout) or later changed them{counts}")

@@ -299,6 +299,9 @@ def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | N
             "noise-floor": f"P/D generations diverge beyond the A/A floor: {first.detail}",
             "logprob-divergence": f"P/D logprobs diverge from the baseline: {first.detail}",
         }[first.name]
+        if digest_check is not None and digest_check.passed:
+            reason += ("; the decode holds the prefill's KV byte for byte (kv-digest identical): "
+                       "it is read wrongly (block table, kernel vs logical block ids)")
         if cmp.examples:
             ex = cmp.examples[0]
             reason += (f"; e.g. doc {ex['doc_id']}: baseline {ex['baseline_answer']!r} vs "

@@ -46,6 +46,28 @@ def _layers(line: dict) -> dict[str, KVDigest]:
     return {name: KVDigest.from_dict(d) for name, d in (line.get("layers") or {}).items()}
 
 
+RAW_PIECE_TOKENS = 16   # harness.serve.plugins.kv_digest_hook.RAW_PIECE_TOKENS
+
+
+def raw_difference(ours: dict, theirs: dict) -> dict | None:
+    """Where the bytes NIXL wrote into the decode (before its post-processing) first differ
+    from the bytes the prefill sent: ``{"layer", "piece", "prefill_block"}`` (the request's
+    prefill blocks counted from 0), ``{}`` when identical, None when a side has no raw bytes."""
+    sent, got = ours.get("raw") or {}, theirs.get("raw") or {}
+    layers = [name for name in sent if name in got]
+    if not layers:
+        return None
+    skip = int(theirs.get("token_offset") or 0) // RAW_PIECE_TOKENS
+    for name in layers:
+        mine, other = sent[name]["pieces"][skip:], got[name]["pieces"]
+        for piece in range(min(len(mine), len(other))):
+            if mine[piece] != other[piece]:
+                per_block = max(1, int(sent[name]["block_tokens"]) // RAW_PIECE_TOKENS)
+                return {"layer": name, "piece": skip + piece,
+                        "prefill_block": (skip + piece) // per_block}
+    return {}
+
+
 def _proxy_uuid(request_id: str) -> str | None:
     found = _UUID.findall(request_id or "")
     return found[-1] if found else None
@@ -101,15 +123,19 @@ def digest_evidence(records: list[dict], prefill_files: Iterable[str],
             counts["identical"] += 1
             continue
         counts["differing"] += 1
+        raw = raw_difference(ours, theirs)
+        counts["raw_unknown" if raw is None else "raw_differing" if raw else "raw_identical"] += 1
         if first is None:
             start = mismatch.token_range[0] if mismatch.token_range else None
             first = {"request_id": record.get("request_id"), "layer": mismatch.layer,
                      "kv": mismatch.kv, "head": mismatch.head,
                      "token_range": list(mismatch.token_range) if mismatch.token_range else None,
                      "decode_block": None if start is None else start // decode_block_size,
-                     "differing_entries": mismatch.differing, "entries": mismatch.total}
+                     "differing_entries": mismatch.differing, "entries": mismatch.total,
+                     "raw": raw}
     return {**{k: counts[k] for k in ("requests", "compared", "identical", "differing",
-                                      "missing_prefill", "missing_decode", "not_digested")},
+                                      "missing_prefill", "missing_decode", "not_digested",
+                                      "raw_identical", "raw_differing", "raw_unknown")},
             "first_mismatch": first, "skipped_layers": dict(skipped),
             "cost_s": {k: round(v, 4) for k, v in cost.items()}}
 

@@ -416,3 +416,9 @@ def test_missing_decode_digests_fail_and_a_transfer_failure_still_names_itself()
 def test_no_digest_leaves_the_check_out():
     v = decide(comparison(transfer=proof(kv_digest_skipped="KV digests off (--no-kv-digest)")))
     assert v.status == PASS and "kv-digest" not in {c.name for c in v.checks}
+
+
+def test_an_accuracy_drop_with_identical_digests_says_the_kv_is_read_wrongly():
+    v = decide(comparison(pd_wrong=40, transfer=proof(kv_digest=digest_summary())))
+    assert v.status == FAIL and v.reason.startswith("P/D accuracy is lower")
+    assert "kv-digest identical): it is read wrongly" in v.reason

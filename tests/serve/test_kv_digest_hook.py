@@ -79,12 +79,17 @@ def kv():
     return np.random.default_rng(7).standard_normal((2, HEADS, TOKENS, DIM)).astype(np.float32)
 
 
-def run_pair(tmp_path, kv, *, p_bs=32, d_bs=64, d_ratio=1, tamper=None, cached=0):
+def run_pair(tmp_path, kv, *, p_bs=32, d_bs=64, d_ratio=1, tamper=None, cached=0,
+             post_process=None):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     p, d = worker(p_bs, seed=1), worker(d_bs // d_ratio, ratio=d_ratio, seed=2)
     p.path, d.path = tmp_path / "p.jsonl", tmp_path / "d.jsonl"
     p_ids, d_ids = [5, 2, 9, 0], [3, 1]
     write_prompt(p, p_ids, p_bs, kv)
     write_prompt(d, d_ids, d_bs, kv)
+    if p_bs == d_bs and d_ratio == 1:   # NIXL copies whole blocks, the unused tail too
+        for name in LAYERS:
+            d.device_kv_caches[name][d_ids] = p.device_kv_caches[name][p_ids[:len(d_ids)]]
     if tamper:
         tamper(d)
     prefill, decode = make_connector(p), make_connector(d)
@@ -98,6 +103,9 @@ def run_pair(tmp_path, kv, *, p_bs=32, d_bs=64, d_ratio=1, tamper=None, cached=0
                                      remote=types.SimpleNamespace(request_id=request.request_id))
     decode.bind_connector_metadata(decode.build_connector_meta({d_request.request_id: received}))
     decode.done = {d_request.request_id}
+    kv_digest_hook.snapshot_received(d, decode.done)     # what the worker's read poll does
+    if post_process:
+        post_process(d)
     decode.get_finished(set())
     records = [{"request_id": PROXY_ID,
                 "received_kv_transfer_params": {"remote_request_id": request.request_id}}]
@@ -129,6 +137,22 @@ def test_one_changed_value_is_found_at_its_layer_head_tokens_and_block(tmp_path,
     assert first["token_range"] == [64, 96] and first["decode_block"] == 1
     assert first["differing_entries"] == 1
     assert "layer layers.1.attn V head 1 tokens 64-95 (decode block 1)" in line
+
+
+def test_where_the_corruption_entered_is_told_from_the_raw_bytes(tmp_path, kv):
+    def scramble(d):   # e.g. a block-size re-layout gone wrong: tokens 0-1 of a block swapped
+        for name in LAYERS:
+            d.device_kv_caches[name][3, :, [0, 1]] = d.device_kv_caches[name][3, :, [1, 0]]
+
+    evidence, _, _ = run_pair(tmp_path, kv, p_bs=64, post_process=scramble)
+    assert evidence["raw_identical"] == 1 and evidence["first_mismatch"]["raw"] == {}
+    assert "entered after the transfer: NIXL wrote the bytes exactly as sent" in describe(evidence)[1]
+
+    evidence, _, _ = run_pair(tmp_path / "t", kv, p_bs=64, tamper=scramble)   # on arrival
+    first = evidence["first_mismatch"]["raw"]
+    assert evidence["raw_differing"] == 1 and first["layer"] == LAYERS[0]
+    assert first["prefill_block"] == 0
+    assert "entered in the transfer" in describe(evidence)[1]
 
 
 def test_a_decode_prefix_hit_compares_the_received_tail_only(tmp_path, kv):

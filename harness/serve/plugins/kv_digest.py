@@ -98,7 +98,7 @@ def digest(canonical: Any, token_chunk: int = DEFAULT_TOKEN_CHUNK, head_offset: 
         raise ValueError(f"token_offset must be >= 0, got {token_offset}")
     spans = [(start - token_offset, end - token_offset)
              for start, end in chunk_bounds(token_offset, tokens, token_chunk)] if tokens else []
-    hashes = tuple(tuple(tuple(_hash(array[kv, head, a:b]) for a, b in spans)
+    hashes = tuple(tuple(tuple(hash_array(array[kv, head, a:b]) for a, b in spans)
                          for head in range(heads)) for kv in range(2))
     return KVDigest(head_offset, tokens, token_chunk, array.dtype.name, hashes, token_offset)
 
@@ -119,7 +119,7 @@ def digest_state(state: Any, block_ids: Sequence[int] | None = None) -> str:
         array = to_numpy(state)
     else:
         array = gather_rows(state, np.asarray(block_ids, dtype=np.int64).reshape(-1), 0)
-    return _hash(_little_endian(array))
+    return hash_array(_little_endian(array))
 
 
 def merge_heads(parts: Sequence[KVDigest]) -> KVDigest:
@@ -214,7 +214,7 @@ def compare_digests(prefill: Mapping[LayerKey, KVDigest | str],
     return DigestMismatch(*first, differing=differing, total=total)
 
 
-def _hash(array: np.ndarray) -> str:
+def hash_array(array: np.ndarray) -> str:
     return hashlib.blake2b(np.ascontiguousarray(array).data, digest_size=DIGEST_BYTES).hexdigest()
 
 

@@ -32,8 +32,8 @@ from typing import Any, Callable, Mapping
 
 from harness.serve.plugins.faults import (_is_attention_layer, _transfer_groups,
                                           received_request_ids)
-from harness.serve.plugins.kv_digest import digest_layer
-from harness.serve.plugins.kv_layout import layout_from_shape
+from harness.serve.plugins.kv_digest import hash_array, digest_layer
+from harness.serve.plugins.kv_layout import kernel_block_ids, layout_from_shape, to_numpy
 
 logger = logging.getLogger("vllm.pd_accuracy.kv_digest")
 
@@ -44,6 +44,10 @@ TOKEN_CHUNK = 32          # CPU_ATTN blocks are multiples of 32, GPU ones of 16:
                           # starts on a 32-token boundary on CPU
 SEND_ATTR = "pd_accuracy_digest_send"   # {req_id: (block ids per group, num_tokens)}
 RECV_ATTR = "pd_accuracy_digest_recv"   # {req_id: (first position, num_tokens)}
+RAW_PIECE_TOKENS = 16     # raw-byte pieces: a 16-token share of a block's bytes (GPU blocks are
+                          # multiples of 16), so P64 blocks line up with D128 block halves
+WORKER_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker"
+WORKER_CLASS = "NixlBaseConnectorWorker"
 SETUP_PREFIX = "pd-accuracy kv-digest-setup:"
 _MARK = "__pd_accuracy_kv_digest__"
 _write_lock = threading.Lock()
@@ -52,13 +56,42 @@ _registered = False
 
 def record_line(side: str, request_id: str, *, remote_request_id: str | None, token_offset: int,
                 num_tokens: int, layers: Mapping[str, Any], skipped: Mapping[str, str],
-                elapsed_s: float, tp_rank: int = 0, error: str | None = None) -> str:
-    """One request's digest line (what harness.run.kv_digest_evidence reads back)."""
+                elapsed_s: float, tp_rank: int = 0, error: str | None = None,
+                raw: Mapping[str, dict] | None = None) -> str:
+    """One request's digest line (what harness.run.kv_digest_evidence reads back). ``raw``:
+    per layer, ``{"block_tokens", "pieces"}``: hashes of the request's blocks' physical bytes in
+    RAW_PIECE_TOKENS pieces, as sent (prefill) or as NIXL wrote them, before any
+    post-processing (decode)."""
     return json.dumps({
         "side": side, "request_id": request_id, "remote_request_id": remote_request_id,
         "tp_rank": tp_rank, "token_offset": token_offset, "num_tokens": num_tokens,
         "layers": {name: d.to_dict() for name, d in layers.items()}, "skipped": dict(skipped),
-        "elapsed_s": round(elapsed_s, 6), "error": error}, separators=(",", ":"))
+        "raw": dict(raw or {}), "elapsed_s": round(elapsed_s, 6), "error": error},
+        separators=(",", ":"))
+
+
+def raw_pieces(cache: Any, kernel_ids: Any, tokens_per_block: int) -> list[str]:
+    """Hashes of the physical bytes of blocks ``kernel_ids`` of ``cache`` (a torch tensor or a
+    numpy array), in order, cut in pieces of RAW_PIECE_TOKENS tokens' share: what NIXL copies,
+    whatever the layout means."""
+    import numpy as np
+
+    strides = cache.stride() if hasattr(cache, "stride") and callable(cache.stride) else (
+        cache.strides)
+    order = sorted(range(cache.ndim), key=lambda dim: -strides[dim])
+    if order[0] != 0 or tokens_per_block % RAW_PIECE_TOKENS:
+        raise ValueError(f"blocks are not outermost in memory (strides {list(strides)})")
+    ids = np.asarray(kernel_ids, dtype=np.int64)
+    if hasattr(cache, "index_select"):
+        import torch
+
+        index = torch.as_tensor(ids, dtype=torch.long, device=cache.device)
+        blocks = to_numpy(cache.permute(*order).index_select(0, index))
+    else:
+        blocks = np.transpose(cache, order)[ids]
+    data = np.ascontiguousarray(blocks).reshape(len(ids), -1).view(np.uint8)
+    pieces = data.reshape(len(ids) * (tokens_per_block // RAW_PIECE_TOKENS), -1)
+    return [hash_array(piece) for piece in pieces]
 
 
 def _write(path: str, line: str) -> None:
@@ -75,11 +108,11 @@ def _isa(cache: Any, tokens: int, head_size: int) -> str:
         return "vec"
 
 
-def digest_request(worker: Any, group_block_ids: Any, token_offset: int, num_tokens: int
-                   ) -> tuple[dict, dict]:
-    """(layer -> KVDigest, layer -> why not) of one request on a NIXL connector ``worker``:
-    ``group_block_ids`` are scheduler (logical) block ids per transfer group, holding prompt
-    positions ``token_offset .. token_offset + num_tokens - 1``."""
+def digest_request(worker: Any, group_block_ids: Any, token_offset: int, num_tokens: int,
+                   raw_only: bool = False) -> tuple[dict, dict, dict]:
+    """(layer -> KVDigest, layer -> why not, layer -> raw pieces) of one request on a NIXL
+    connector ``worker``: ``group_block_ids`` are scheduler (logical) block ids per transfer
+    group, holding prompt positions ``token_offset .. token_offset + num_tokens - 1``."""
     ratio = int(getattr(worker, "_physical_blocks_per_logical_kv_block", 1) or 1)
     kernel = int(worker.block_size)
     logical = kernel * ratio
@@ -92,6 +125,7 @@ def digest_request(worker: Any, group_block_ids: Any, token_offset: int, num_tok
         groups = [groups]
     digests: dict = {}
     skipped: dict = {}
+    raw: dict = {}
     for index, group in enumerate(_transfer_groups(worker)):
         ids = list(groups[index]) if index < len(groups) else []
         for name in group.layer_names:
@@ -109,27 +143,51 @@ def digest_request(worker: Any, group_block_ids: Any, token_offset: int, num_tok
                                                     int(cache.shape[-1]) // 2))
                 inner = tuple(cache.shape[1:3] if cache.ndim == 4 else cache.shape[2:4])
                 heads = int(inner[0] if layout.heads_before_tokens else inner[1])
+                try:
+                    raw[name] = {"block_tokens": layout.block_size, "pieces": raw_pieces(
+                        cache, kernel_block_ids(ids, num_tokens, layout), layout.block_size)}
+                except Exception as error:  # noqa: BLE001 - the canonical digest still counts
+                    skipped[f"{name}:raw"] = f"{type(error).__name__}: {str(error)[:120]}"
+                if raw_only:
+                    continue
                 digests[name] = digest_layer(cache, ids, num_tokens, layout,
                                              token_chunk=TOKEN_CHUNK,
                                              head_offset=head_offset * heads,
                                              token_offset=token_offset)
             except Exception as error:  # noqa: BLE001 - one line per layer, never raise
                 skipped[name] = f"{type(error).__name__}: {str(error)[:200]}"
-    return digests, skipped
+    return digests, skipped, raw
 
 
 def _emit(path: str, worker: Any, side: str, request_id: str, remote_id: str | None,
-          block_ids: Any, token_offset: int, num_tokens: int) -> None:
+          block_ids: Any, token_offset: int, num_tokens: int, raw: dict | None = None,
+          spent_s: float = 0.0) -> None:
     started = time.perf_counter()
     try:
-        digests, skipped = digest_request(worker, block_ids, token_offset, num_tokens)
+        digests, skipped, own_raw = digest_request(worker, block_ids, token_offset, num_tokens)
         error = None
     except Exception as exc:  # noqa: BLE001
-        digests, skipped, error = {}, {}, f"{type(exc).__name__}: {str(exc)[:300]}"
+        digests, skipped, own_raw = {}, {}, {}
+        error = f"{type(exc).__name__}: {str(exc)[:300]}"
     _write(path, record_line(side, request_id, remote_request_id=remote_id,
                              token_offset=token_offset, num_tokens=num_tokens, layers=digests,
-                             skipped=skipped, elapsed_s=time.perf_counter() - started,
+                             skipped=skipped, raw=own_raw if raw is None else raw,
+                             elapsed_s=time.perf_counter() - started + spent_s,
                              tp_rank=int(getattr(worker, "tp_rank", 0) or 0), error=error))
+
+
+def snapshot_received(worker: Any, done: Any) -> None:
+    """Raw pieces of the reads just completed, before the worker's post-processing (block
+    size, layout) and before any canary fault: kept with the request's plan."""
+    plans = worker.__dict__.get("_pd_plans") or {}
+    for request_id in set(done or ()) & plans.keys():
+        plan = plans[request_id]
+        started = time.perf_counter()
+        try:
+            _, _, raw = digest_request(worker, plan[1], plan[2], plan[3], raw_only=True)
+        except Exception:  # noqa: BLE001
+            raw = {}
+        plans[request_id] = (*plan[:4], raw, time.perf_counter() - started)
 
 
 def _pending(connector: Any, name: str) -> dict:
@@ -204,6 +262,7 @@ def patch_connector_class(cls: type, path: str) -> None:
                     _emit(path, worker, "prefill", request_id, None, block_ids, 0, num_tokens)
                 recv = getattr(metadata, RECV_ATTR, None) or {}
                 plans = _pending(self, "_pd_plans")
+                worker.__dict__["_pd_plans"] = plans
                 for request_id, meta in (getattr(metadata, "reqs_to_recv", {}) or {}).items():
                     if request_id in recv:
                         remote = getattr(meta, "remote", None)
@@ -222,9 +281,9 @@ def patch_connector_class(cls: type, path: str) -> None:
                 if plans:
                     done = received_request_ids(result)
                     for request_id in sorted(done & plans.keys()):
-                        remote_id, block_ids, offset, count = plans.pop(request_id)
+                        remote_id, block_ids, offset, count, *seen = plans.pop(request_id)
                         _emit(path, self.connector_worker, "decode", request_id, remote_id,
-                              block_ids, offset, count)
+                              block_ids, offset, count, *(seen or (None, 0.0)))
                     failed = set(getattr(result, "failed_recving", ()) or ())
                     for request_id in failed & plans.keys():
                         plans.pop(request_id)
@@ -242,11 +301,31 @@ def patch_connector_class(cls: type, path: str) -> None:
     _wrap(cls, "get_finished", completion)
 
 
+def patch_worker_class(cls: type) -> None:
+    """Wrap the worker's read poll: raw pieces of what just arrived, before post-processing."""
+
+    def pop(original: Callable) -> Callable:
+        def _pop_done_transfers(self, transfers, *args, **kwargs):
+            result = original(self, transfers, *args, **kwargs)
+            try:
+                if transfers is getattr(self, "_recving_transfers", None):
+                    snapshot_received(self, result[0] if isinstance(result, tuple) else result)
+            except Exception:  # noqa: BLE001
+                logger.exception("kv-digest: _pop_done_transfers hook failed")
+            return result
+        return _pop_done_transfers
+
+    _wrap(cls, "_pop_done_transfers", pop)
+
+
 def _hook(path: str) -> Callable[[Any], None]:
     def hook(module: Any) -> None:
         try:
             cls = getattr(module, CONNECTOR_CLASS)
             patch_connector_class(cls, path)
+            import importlib
+
+            patch_worker_class(getattr(importlib.import_module(WORKER_MODULE), WORKER_CLASS))
             logger.warning("%s digests to %s (pid %d)", SETUP_PREFIX, path, os.getpid())
         except Exception:  # noqa: BLE001
             logger.exception("%s patching %s failed; no digests", SETUP_PREFIX, CONNECTOR_MODULE)
