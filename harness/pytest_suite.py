@@ -150,6 +150,15 @@ def assert_canary_caught(cell: Cell, result, on_disk: dict) -> None:
             drop = m["baseline_accuracy"] - m["pd_accuracy"]
             assert drop >= KV_CANARY_MIN_DROP, \
                 f"a broken KV block cost only {100 * drop:.0f} points:\n{explain(result)}"
+    failed = [c.name for c in verdict.checks if not c.passed]
+    if cell.fault in ("corrupt-block", "swap-blocks", "perturb-kv", "foreign-params") and any(
+            c.name == "kv-digest" for c in verdict.checks):
+        assert "kv-digest" in failed, "the KV digest saw no change:\n" + explain(result)
+    if cell.fault == "perturb-kv":
+        assert on_disk["metrics"]["transfer"]["fault_lines"] > 0, \
+            "the decode server logged no applied fault:\n" + explain(result)
+        # noise of 1e-3 of each value: only the digest may see it (else it proves nothing new)
+        assert failed == ["kv-digest"], "perturb-kv failed other checks:\n" + explain(result)
     if cell.fault == "foreign-params":
         # not only the proxy's own bookkeeping: the wrong KV must show in the answers
         effects = [c for c in verdict.checks if c.name in EFFECT_CHECKS and not c.passed]
