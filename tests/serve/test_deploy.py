@@ -49,3 +49,24 @@ def test_cpu_binding_gives_each_tp_rank_a_core():
     four = Placement(cpu_cores=(4, 5, 6, 7))
     assert four.core_for("prefill", 1, tp=2) == "6|7"      # the second TP2 prefill: next cores
     assert Placement(cpu_cores=()).core_for("prefill", 0, tp=2) is None
+
+
+def test_pd_servers_write_kv_digests_next_to_their_logs_unless_turned_off(tmp_path, monkeypatch):
+    from harness.serve.plugins.kv_digest_hook import DIGEST_FILE_ENV
+
+    monkeypatch.setenv(DIGEST_FILE_ENV, "/inherited/from/the/shell.jsonl")
+    cell = Cell(model="tiny-llama-gsm")
+    common = dict(model_path="/m", hybrid=False,
+                  allocator=PortAllocator(lock_dir=tmp_path / "locks", port_range=(21400, 21800)),
+                  placement=Placement(cpu_cores=(0, 1)), log_dir=tmp_path, features=Features(),
+                  startup_timeout_s=1.0)
+    baseline = plan_baseline(cell, **common)
+    pair = plan_pair(cell, **common, kv_digest=True)
+    envs = {s.role: pair._process(s).env_overrides for s in pair.specs}
+    assert envs["prefill"][DIGEST_FILE_ENV] == pair.digest_files("prefill")[0]
+    assert envs["decode"][DIGEST_FILE_ENV].endswith("decode-0.kv-digest.jsonl")
+    assert Path(envs["decode"][DIGEST_FILE_ENV]).parent == tmp_path
+    assert DIGEST_FILE_ENV not in baseline._process(baseline.specs[0]).env_overrides
+    off = plan_pair(cell, **common, kv_digest=False)
+    assert off.digest_files("decode") == []
+    assert all(DIGEST_FILE_ENV not in off._process(s).env_overrides for s in off.specs)
