@@ -42,8 +42,18 @@ def read_digest_lines(paths: Iterable[str]) -> list[dict]:
     return lines
 
 
-def _layers(line: dict) -> dict[str, KVDigest]:
-    return {name: KVDigest.from_dict(d) for name, d in (line.get("layers") or {}).items()}
+def _layers(line: dict) -> dict[str, KVDigest | str]:
+    """A side's per-layer digests: attention layers' KVDigests, recurrent layers' state hashes
+    (in the model's layer order, so the first difference is the first layer's)."""
+    found: dict[str, KVDigest | str] = {
+        name: KVDigest.from_dict(d) for name, d in (line.get("layers") or {}).items()}
+    found.update(line.get("states") or {})
+    return dict(sorted(found.items(), key=lambda item: _layer_number(item[0])))
+
+
+def _layer_number(name: str) -> tuple[int, str]:
+    match = re.search(r"layers\.(\d+)\.", name)
+    return (int(match.group(1)) if match else 10**9, name)
 
 
 RAW_PIECE_TOKENS = 16   # harness.serve.plugins.kv_digest_hook.RAW_PIECE_TOKENS

@@ -204,3 +204,44 @@ def test_an_ambiguous_or_unknown_shape_is_refused():
         layout_from_shape((10, 64, 64, 16), "FLASH_ATTN", 64)
     with pytest.raises(ValueError, match="no known paged KV layout"):
         layout_from_shape((10, 64, 16), "FLASH_ATTN", 64)
+
+
+class MambaSpec:
+    """Named like vLLM's: the plugin tells recurrent layers by their spec's class name."""
+
+
+def test_a_recurrent_layers_state_is_hashed_and_a_changed_byte_named(tmp_path, kv):
+    state = "layers.2.mixer"
+
+    def hybrid(seed, slot):
+        w = worker(64, seed=seed)
+        w.kv_cache_config.transfer_groups.append(
+            types.SimpleNamespace(layer_names=[state], kv_cache_spec=MambaSpec()))
+        w.device_kv_caches[state] = np.random.default_rng(seed).integers(
+            -128, 127, (16, 1, 1, 40), dtype=np.int8)
+        w.device_kv_caches[state][slot] = np.arange(40, dtype=np.int8)   # the request's state
+        return w
+
+    p, d = hybrid(1, 7), hybrid(2, 3)
+    write_prompt(p, [5, 2], 64, kv)
+    write_prompt(d, [3, 1], 64, kv)
+    lines = []
+    for side, w, ids in (("prefill", p, [[5, 2], [7]]), ("decode", d, [[3, 1], [3]])):
+        digests, skipped, _ = kv_digest_hook.digest_request(w, ids, 0, TOKENS)
+        assert state in digests and not skipped
+        lines.append(kv_digest_hook.record_line(
+            side, f"cmpl-{PROXY_ID}-{side}", remote_request_id="r", token_offset=0,
+            num_tokens=TOKENS, layers=digests, skipped=skipped, elapsed_s=0.0))
+    (tmp_path / "p.jsonl").write_text(lines[0].replace(f"cmpl-{PROXY_ID}-prefill", "r") + "\n")
+    (tmp_path / "d.jsonl").write_text(lines[1] + "\n")
+    records = [{"request_id": PROXY_ID, "received_kv_transfer_params": {"remote_request_id": "r"}}]
+    files = ([str(tmp_path / "p.jsonl")], [str(tmp_path / "d.jsonl")])
+    assert describe(digest_evidence(records, *files, 64)) == (True, "identical on 1/1 requests")
+
+    line = json.loads(lines[1])
+    line["states"][state] = kv_digest_hook.state_digest(
+        np.where(np.arange(40) == 9, 0, np.arange(40)).astype(np.int8)[None, None, None], [0])
+    (tmp_path / "d.jsonl").write_text(json.dumps(line) + "\n")
+    evidence = digest_evidence(records, *files, 64)
+    assert (evidence["first_mismatch"]["layer"], evidence["first_mismatch"]["kv"]) == (state, "state")
+    assert "first at layer layers.2.mixer state" in describe(evidence)[1]

@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping
 
 from harness.serve.plugins.faults import (_is_attention_layer, _transfer_groups,
                                           received_request_ids)
-from harness.serve.plugins.kv_digest import hash_array, digest_layer
+from harness.serve.plugins.kv_digest import KVDigest, digest_layer, digest_state, hash_array
 from harness.serve.plugins.kv_layout import kernel_block_ids, layout_from_shape, to_numpy
 
 logger = logging.getLogger("vllm.pd_accuracy.kv_digest")
@@ -65,7 +65,9 @@ def record_line(side: str, request_id: str, *, remote_request_id: str | None, to
     return json.dumps({
         "side": side, "request_id": request_id, "remote_request_id": remote_request_id,
         "tp_rank": tp_rank, "token_offset": token_offset, "num_tokens": num_tokens,
-        "layers": {name: d.to_dict() for name, d in layers.items()}, "skipped": dict(skipped),
+        "layers": {name: d.to_dict() for name, d in layers.items() if isinstance(d, KVDigest)},
+        "states": {name: d for name, d in layers.items() if isinstance(d, str)},
+        "skipped": dict(skipped),
         "raw": dict(raw or {}), "elapsed_s": round(elapsed_s, 6), "error": error},
         separators=(",", ":"))
 
@@ -108,6 +110,15 @@ def _isa(cache: Any, tokens: int, head_size: int) -> str:
         return "vec"
 
 
+def state_digest(cache: Any, block_ids: Any) -> str:
+    """One recurrent layer's state for a request: the bytes of its state slot(s) (rows
+    ``block_ids`` of dim 0), of each state tensor where the layer holds several (conv, SSM)."""
+    if not list(block_ids):
+        raise ValueError("no state slot in the request's blocks")
+    parts = cache if isinstance(cache, (list, tuple)) else [cache]
+    return "+".join(digest_state(part, list(block_ids)) for part in parts)
+
+
 def digest_request(worker: Any, group_block_ids: Any, token_offset: int, num_tokens: int,
                    raw_only: bool = False) -> tuple[dict, dict, dict]:
     """(layer -> KVDigest, layer -> why not, layer -> raw pieces) of one request on a NIXL
@@ -132,7 +143,11 @@ def digest_request(worker: Any, group_block_ids: Any, token_offset: int, num_tok
             if name not in caches:
                 continue
             if not _is_attention_layer(specs.get(name, getattr(group, "kv_cache_spec", None))):
-                skipped[name] = "recurrent state: not hashed"
+                if not raw_only:
+                    try:
+                        digests[name] = state_digest(caches[name], ids)
+                    except Exception as error:  # noqa: BLE001
+                        skipped[name] = f"state: {type(error).__name__}: {str(error)[:160]}"
                 continue
             cache = caches[name]
             try:
