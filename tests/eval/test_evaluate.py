@@ -4,14 +4,13 @@ against a local fake /v1/completions)."""
 from __future__ import annotations
 
 import asyncio
-import http.server
 import json
-import threading
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 import yaml
+from http_fakes import FakeHttp
 
 from harness.eval.lmeval import (
     DATA_DIR_TOKEN, DatasetNotFound, EvalRun, QuestionRecord, _capturing_lm_class,
@@ -213,43 +212,24 @@ def test_parse_without_a_generate_payload_captures_nothing():
 
 
 # ---- through lm-eval's own request loop, against a local fake server --------------------------
-class _FakeCompletions(http.server.BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802 - http.server API
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.server.bodies.append(body)  # type: ignore[attr-defined]
-        prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
-        data = json.dumps(completion([f" answer to {p[-2:]}" for p in prompts],
-                                     with_logprobs="logprobs" in body)).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args) -> None:
-        pass
+def _answer_completions(request: dict) -> tuple:
+    body = request["body"]
+    prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
+    return 200, completion([f" answer to {p[-2:]}" for p in prompts],
+                           with_logprobs="logprobs" in body)
 
 
 @pytest.fixture(scope="module")
-def fake_server() -> Iterator[tuple[str, list]]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeCompletions)
-    server.bodies = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                              daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1/completions", server.bodies  # type: ignore[attr-defined]
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+def fake_server() -> Iterator[FakeHttp]:
+    with FakeHttp(_answer_completions) as server:
+        yield server
 
 
 @pytest.mark.parametrize("num_concurrent,batch_size", [(1, 1), (3, 1), (1, 2)])
 def test_generate_until_captures_every_prompt(fake_server, num_concurrent, batch_size):
     from lm_eval.api.instance import Instance
 
-    url, bodies = fake_server
+    url, bodies = f"{fake_server.url}/v1/completions", fake_server.requests
     bodies.clear()
     lm_cls = _capturing_lm_class()
     lm = lm_cls(tokenizer_backend=None, base_url=url, model="m", tokenized_requests=False,
@@ -260,7 +240,8 @@ def test_generate_until_captures_every_prompt(fake_server, num_concurrent, batch
                  for p in prompts]
     texts = lm.generate_until(requests_, disable_tqdm=True)
     assert texts == [f" answer to {p[-2:]}" for p in prompts]
-    assert len(bodies) == (3 if batch_size == 2 else 5) and all(b["logprobs"] == 3 for b in bodies)
+    assert len(bodies) == (3 if batch_size == 2 else 5)
+    assert all(b["logprobs"] == 3 for b in fake_server.bodies())
     assert set(lm.captured) == {prompt_hash(p) for p in prompts}
     for p in prompts:
         cap = lm.captured[prompt_hash(p)]

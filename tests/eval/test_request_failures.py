@@ -4,12 +4,11 @@ kv_load_failure_policy "fail") or an HTTP 200 whose finish_reason is "error"; ev
 is still asked, then evaluate_endpoint raises RequestsFailed."""
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 from typing import Iterator
 
 import pytest
+from http_fakes import FakeHttp
 
 from harness.eval import lmeval
 from harness.eval.lmeval import RequestsFailed, _capturing_lm_class, prompt_hash
@@ -20,43 +19,19 @@ VLLM_500 = {"error": {"message": "Internal server error", "type": "InternalServe
                       "param": None, "code": 500}}
 
 
-class _FlakyCompletions(http.server.BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802 - http.server API
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.server.prompts.append(body["prompt"])  # type: ignore[attr-defined]
-        status, finish, answer = 200, "stop", {}
-        if "fail" in body["prompt"]:
-            status, answer = 500, VLLM_500
-        elif "error" in body["prompt"]:
-            finish = "error"
-        if not answer:
-            answer = {"id": "c", "object": "text_completion", "model": "m",
-                      "choices": [{"index": 0, "text": " #### 4", "finish_reason": finish,
-                                   "logprobs": None}]}
-        data = json.dumps(answer).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args) -> None:
-        pass
+def _flaky(request: dict) -> tuple:
+    prompt = request["body"]["prompt"]
+    if "fail" in prompt:
+        return 500, VLLM_500
+    return 200, {"id": "c", "object": "text_completion", "model": "m",
+                 "choices": [{"index": 0, "text": " #### 4", "logprobs": None,
+                              "finish_reason": "error" if "error" in prompt else "stop"}]}
 
 
 @pytest.fixture(scope="module")
-def flaky_server() -> Iterator[tuple[str, list]]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FlakyCompletions)
-    server.prompts = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                              daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1/completions", server.prompts  # type: ignore[attr-defined]
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+def flaky_server() -> Iterator[tuple[str, FakeHttp]]:
+    with FakeHttp(_flaky) as server:
+        yield f"{server.url}/v1/completions", server
 
 
 PROMPTS = ["Question: ok 1?", "Question: fail 2?", "Question: ok 3?", "Question: error 4?",
@@ -66,15 +41,16 @@ PROMPTS = ["Question: ok 1?", "Question: fail 2?", "Question: ok 3?", "Question:
 def test_every_question_is_asked_and_each_error_kept(flaky_server):
     from lm_eval.api.instance import Instance
 
-    url, prompts = flaky_server
-    prompts.clear()
+    url, server = flaky_server
+    server.requests.clear()
     lm = _capturing_lm_class()(tokenizer_backend=None, base_url=url, model="m",
                                tokenized_requests=False, num_concurrent=3, max_retries=1,
                                timeout=10)
     requests_ = [Instance("generate_until", doc={}, arguments=(p, dict(GEN_KWARGS)), idx=0)
                  for p in PROMPTS]
     texts = lm.generate_until(requests_, disable_tqdm=True)
-    assert sorted(prompts) == sorted(PROMPTS)               # nothing left unasked
+    asked = [body["prompt"] for body in server.bodies()]
+    assert sorted(asked) == sorted(PROMPTS)                 # nothing left unasked
     assert texts == ["" if "fail" in p else " #### 4" for p in PROMPTS]
     assert sorted(lm.request_failures) == sorted(
         ["HTTP 500 Internal Server Error"] * 2 + ['finish_reason "error"'])

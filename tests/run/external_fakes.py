@@ -4,8 +4,6 @@ OpenAI/vLLM-shaped HTTP servers on 127.0.0.1 that serve /v1/models, /metrics and
 asks them one question per document (lm-eval itself is exercised by the tests that need it)."""
 from __future__ import annotations
 
-import http.server
-import json
 import socket
 import threading
 from pathlib import Path
@@ -13,6 +11,7 @@ from typing import Any, Callable
 
 import requests
 import yaml
+from http_fakes import FakeHttp
 
 from harness.eval.lmeval import EvalRun, QuestionRecord, prompt_hash
 
@@ -23,28 +22,34 @@ PARAMS = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_i
           "remote_block_ids": [1, 2], "remote_host": "127.0.0.1", "remote_port": 5600}
 
 
-class FakeVllm(http.server.ThreadingHTTPServer):
+class FakeVllm(FakeHttp):
     """One fake server. role: baseline | prefill | decode | router (a router is a decode server
     that does the hand-off itself). transfer=False: decode/router recompute every prompt."""
 
-    daemon_threads = True
-
     def __init__(self, role: str, model: str = "tiny", token: str | None = None,
                  transfer: bool = True, completion_status: int = 200) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
         self.role, self.model, self.token = role, model, token
         self.transfer, self.completion_status = transfer, completion_status
-        self.requests: list[dict[str, Any]] = []     # method, path, authorization, body
         self.counters = {"local_compute": 0.0, "local_cache_hit": 0.0, "external_kv_transfer": 0.0,
                          "nixl_bytes": 0.0, "nixl_count": 0.0, "success": 0.0}
         self.lock = threading.Lock()
-        self.thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05},
-                                       daemon=True)
-        self.thread.start()
+        super().__init__(self.answer)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+    def answer(self, request: dict[str, Any]) -> tuple:
+        """vLLM's --api-key guards the /v1 routes only (its /metrics stays open)."""
+        path = request["path"]
+        if (self.token and path.startswith("/v1/")
+                and request["authorization"] != f"Bearer {self.token}"):
+            return 401, {"error": "unauthorized"}
+        if request["method"] == "GET" and path == "/v1/models":
+            return 200, {"object": "list", "data": [{"id": self.model, "object": "model"}]}
+        if request["method"] == "GET" and path == "/metrics":
+            return 200, self.metrics_text(), "text/plain; version=0.0.4"
+        if request["method"] != "POST" or path != "/v1/completions":
+            return 404, {"error": "not found"}
+        if self.completion_status != 200:
+            return self.completion_status, {"error": "broken"}
+        return 200, self.complete(request["body"] or {})
 
     def completions(self) -> list[dict[str, Any]]:
         return [r for r in self.requests if r["path"] == "/v1/completions"]
@@ -89,62 +94,6 @@ class FakeVllm(http.server.ThreadingHTTPServer):
         return {"id": "cmpl-1", "object": "text_completion", "model": self.model,
                 "choices": [{"index": i, "text": " The answer is 7.", "finish_reason": "stop",
                              "logprobs": None} for i, _ in enumerate(prompts)], **answer}
-
-    def close(self) -> None:
-        self.shutdown()
-        self.server_close()
-        self.thread.join(timeout=5)
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: FakeVllm
-
-    def _keep(self, body: Any = None) -> str | None:
-        authorization = self.headers.get("Authorization")
-        self.server.requests.append({"method": self.command, "path": self.path,
-                                     "authorization": authorization, "body": body})
-        return authorization
-
-    def _authorized(self, authorization: str | None) -> bool:
-        """vLLM's --api-key guards the /v1 routes only (its /metrics stays open)."""
-        if (self.server.token and self.path.startswith("/v1/")
-                and authorization != f"Bearer {self.server.token}"):
-            self._answer(401, {"error": "unauthorized"})
-            return False
-        return True
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        if not self._authorized(self._keep()):
-            return
-        if self.path == "/v1/models":
-            self._answer(200, {"object": "list", "data": [{"id": self.server.model, "object": "model"}]})
-        elif self.path == "/metrics":
-            self._answer(200, self.server.metrics_text(), "text/plain; version=0.0.4")
-        else:
-            self._answer(404, {"error": "not found"})
-
-    def do_POST(self) -> None:  # noqa: N802
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-        if not self._authorized(self._keep(body)):
-            return
-        if self.path != "/v1/completions":
-            self._answer(404, {"error": "not found"})
-        elif self.server.completion_status != 200:
-            self._answer(self.server.completion_status, {"error": "broken"})
-        else:
-            self._answer(200, self.server.complete(body))
-
-    def _answer(self, status: int, payload: Any, content_type: str = "application/json") -> None:
-        data = (payload if isinstance(payload, str) else json.dumps(payload)).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
 
 def closed_port_url() -> str:
     with socket.socket() as s:

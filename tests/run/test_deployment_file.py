@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import copy
-import http.server
 import inspect
 import json
 import re
 import socket
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 import yaml
+from http_fakes import FakeHttp
 from jsonschema import Draft202012Validator
 
 from harness.judge import verdict
@@ -337,50 +336,30 @@ def test_the_timeout_comes_from_the_file(tmp_path):
 
 
 # ---- check_endpoints against real HTTP servers ------------------------------------------------
-class _Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        server = self.server
-        server.seen_authorization.append(self.headers.get("Authorization"))
-        if server.token and self.headers.get("Authorization") != f"Bearer {server.token}":
-            self._answer(401, "text/plain", "unauthorized")
-        elif self.path == "/v1/models":
-            body = json.dumps({"object": "list", "data": [{"id": m, "object": "model"} for m in server.models]})
-            self._answer(200, "application/json", body)
-        elif self.path == "/metrics":
-            self._answer(200, "text/plain; version=0.0.4", server.metrics_text)
-        else:
-            self._answer(404, "text/plain", "not found")
-
-    def _answer(self, status: int, content_type: str, body: str) -> None:
-        data = body.encode()
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
 def serve():
     """serve(models, metrics_text, token=None) -> root URL of a server on 127.0.0.1."""
     servers = []
 
     def start(models: list[str], metrics_text: str, token: str | None = None) -> str:
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        server.models, server.metrics_text, server.token = models, metrics_text, token
-        server.seen_authorization = []
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        def respond(request: dict) -> tuple:
+            if token and request["authorization"] != f"Bearer {token}":
+                return 401, "unauthorized"
+            if request["path"] == "/v1/models":
+                return 200, {"object": "list", "data": [{"id": m, "object": "model"}
+                                                        for m in models]}
+            if request["path"] == "/metrics":
+                return 200, metrics_text, "text/plain; version=0.0.4"
+            return 404, "not found"
+
+        server = FakeHttp(respond)
         servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}"
+        return server.url
 
     start.servers = servers
     yield start
     for server in servers:
-        server.shutdown()
-        server.server_close()
+        server.close()
 
 
 def closed_port() -> int:
@@ -399,8 +378,8 @@ def test_real_http_servers(tmp_path, serve, monkeypatch):
             "metrics": {"decode": [f"{decode}/metrics", f"{decode2}/metrics"]}}
     monkeypatch.setenv("PD_TOKEN", SECRET)
     assert check_endpoints(load(tmp_path, data)) == []
-    assert serve.servers[1].seen_authorization == [f"Bearer {SECRET}"]
-    assert serve.servers[0].seen_authorization == [None]
+    assert [r["authorization"] for r in serve.servers[1].requests] == [f"Bearer {SECRET}"]
+    assert [r["authorization"] for r in serve.servers[0].requests] == [None]
 
     wrong_model = serve(["other"], "")
     port = closed_port()
