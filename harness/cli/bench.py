@@ -3,7 +3,9 @@
 
 * every server's start-up, broken into phases read from its log (harness.serve.startup_phases),
   and the phases summed over all servers;
-* per cell: start-up, baseline eval, P/D eval, and start-up's share of the cell's wall time;
+* per cell: start-up, baseline eval, P/D eval, start-up's share of the cell's wall time, and
+  the KV digest's hashing time (both sides, summed over the cell's requests) against its P/D
+  eval;
 * the run's wall time and peak RSS of all servers together (when it ran here).
 
 `--json PATH` writes the same numbers as a benchmark record to commit. Numbers only, no
@@ -41,7 +43,10 @@ def cell_rows(run_dir: Path) -> list[dict[str, Any]]:
         startup, base, pd = (t.get("startup_s") or 0.0, t.get("baseline_eval_s") or 0.0,
                              t.get("pd_eval_s") or 0.0)
         total = t.get("total_s") or startup + base + pd
-        rows.append({"cell": rec["cell"]["id"], "outcome": rec["verdict"]["outcome"],
+        cost = ((rec.get("metrics") or {}).get("transfer") or {}).get("kv_digest") or {}
+        digest_s = sum((cost.get("cost_s") or {}).values()) if cost else None
+        rows.append({"kv_digest_s": digest_s,
+                     "kv_digest_share_of_pd_eval": digest_s / pd if digest_s and pd else None,"cell": rec["cell"]["id"], "outcome": rec["verdict"]["outcome"],
                      "group": f"{rec['run_id']}/{_baseline_key(rec)}",
                      "startup_s": startup, "startup_wait_s": t.get("startup_wait_s"),
                      "baseline_eval_s": base, "pd_eval_s": pd, "total_s": total,
@@ -73,7 +78,15 @@ def bench_record(run_dir: Path, wall_s: float | None = None,
         "startup_wait_s": waited,
         "cell_wall_s": sum(groups.values()),
         "startup_share_of_cell_time": waited / sum(groups.values()) if groups else None,
+        "kv_digest_share_of_pd_eval": _digest_share(cells),
     }
+
+
+def _digest_share(cells: list[dict[str, Any]]) -> float | None:
+    """The digest's hashing time over the P/D eval time, summed over the cells that digested."""
+    digested = [c for c in cells if c["kv_digest_s"] is not None and c["pd_eval_s"]]
+    total = sum(c["pd_eval_s"] for c in digested)
+    return sum(c["kv_digest_s"] for c in digested) / total if total else None
 
 
 def print_bench(record: dict[str, Any]) -> None:
@@ -92,11 +105,14 @@ def print_bench(record: dict[str, Any]) -> None:
                   fmt(sum(record["phases_summed_s"].values())))
     console.print(table)
     cells = Table(title="cells")
-    for col in ("cell", "outcome", "waited for servers s", "baseline eval s", "P/D eval s"):
+    for col in ("cell", "outcome", "waited for servers s", "baseline eval s", "P/D eval s",
+                "KV digest s"):
         cells.add_column(col)
     for c in record["cells"]:
+        digest = c.get("kv_digest_s")
         cells.add_row(c["cell"], c["outcome"], fmt(c["startup_wait_s"]),
-                      fmt(c["baseline_eval_s"]), fmt(c["pd_eval_s"]))
+                      fmt(c["baseline_eval_s"]), fmt(c["pd_eval_s"]),
+                      "-" if digest is None else f"{digest:.2f}")
     console.print(cells)
     share = record["startup_share_of_cell_time"]
     med = record["server_startup_median_s"]
@@ -106,7 +122,9 @@ def print_bench(record: dict[str, Any]) -> None:
                   f"{'-' if share is None else f'{100 * share:.0f}%'}"
                   + (f"; run wall time {record['wall_s']:.0f} s" if record.get("wall_s") else "")
                   + (f"; peak RSS {record['peak_rss_bytes'] / 2**30:.2f} GiB"
-                     if record.get("peak_rss_bytes") else ""))
+                     if record.get("peak_rss_bytes") else "")
+                  + (f"; KV digest {100 * record['kv_digest_share_of_pd_eval']:.1f}% of P/D eval"
+                     if record.get("kv_digest_share_of_pd_eval") else ""))
 
 
 def bench(args: argparse.Namespace) -> int:
