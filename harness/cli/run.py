@@ -9,6 +9,7 @@ import argparse
 import logging
 import sys
 import time
+from pathlib import Path
 from typing import Sequence
 
 from harness.core.cell import (ASYNC_SCHEDULING, COMPILE_MODES, CUDAGRAPH_MODES, KV_LAYOUTS, NETWORKS,
@@ -340,23 +341,32 @@ def finish(results, args: argparse.Namespace, runner, started: float) -> int:
 
 
 def dry_run(cells: Sequence[Cell], options: RunOptions, hybrid_models: Sequence[str]) -> int:
-    from harness.serve.deploy import Placement, plan_server
+    """Each cell's servers as the run would plan and start them (the same planners: ports, the
+    digest files, a canary's armed decode, a netns cell's `ip netns exec`); nothing starts."""
+    import tempfile
+
+    from harness.serve.deploy import Placement, plan_baseline, plan_pair
     from harness.serve.models import resolve
-    from harness.serve.server_spec import render_command
+    from harness.serve.plugins.fault_spec import FAULT_KINDS as SERVER_FAULTS
+    from harness.serve.ports import PortAllocator
+    from harness.serve.server_spec import Features
 
     placement = Placement.detect(options.gpu_layout)
-    port = iter(range(30000, 40000))
-    for cell in cells:
-        model = resolve(cell.model)
-        hybrid = model.hybrid or cell.model in hybrid_models
-        print(f"# {cell.cell_id}  (baseline {cell.baseline_key})")
-        for role, n in (("baseline", 1), ("prefill", cell.num_prefill), ("decode", cell.num_decode)):
-            for i in range(n):
-                spec = plan_server(cell, role, i, model_path=model.path, hybrid=hybrid,
-                                   port=next(port), side_channel_port=None if role == "baseline" else next(port),
-                                   placement=placement, kv_cache_bytes=options.kv_cache_bytes)
-                print(render_command(spec))
-        print()
+    log_dir = Path(options.results_dir) / "RUN_ID" / "logs"
+    with tempfile.TemporaryDirectory() as locks:
+        allocator = PortAllocator(lock_dir=locks)
+        for cell in cells:
+            model = resolve(cell.model)
+            common = dict(model_path=model.path, hybrid=model.hybrid or cell.model in hybrid_models,
+                          allocator=allocator, placement=placement, log_dir=log_dir,
+                          features=Features(), startup_timeout_s=options.startup_timeout_s,
+                          kv_cache_bytes=options.kv_cache_bytes)
+            pair = plan_pair(cell, **common, arm_faults=cell.fault in SERVER_FAULTS,
+                             kv_digest=options.kv_digest)
+            print(f"# {cell.cell_id}  (baseline {cell.baseline_key})")
+            for line in plan_baseline(cell, **common).commands() + pair.commands():
+                print(line)
+            print()
     return 0
 
 

@@ -145,9 +145,11 @@ class Deployment:
         self._processes_lock = threading.Lock()
 
     def commands(self) -> list[str]:
+        """Each server's launch line as `_process` will start it (its env, `ip netns exec`)."""
         from harness.serve.server_spec import render_command
 
-        return [render_command(s, self.features) for s in self.specs]
+        return [render_command(s, self.features, env=self._env(s, base_env={}))
+                for s in self.specs]
 
     def digest_path(self, spec: ServerSpec) -> Path:   # harness.serve.plugins.kv_digest_hook
         return self.log_dir / f"{self.name}-{spec.name}.kv-digest.jsonl"
@@ -157,14 +159,17 @@ class Deployment:
         return [str(self.digest_path(s)) for s in self.specs
                 if self.kv_digest and s.role == role]
 
-    def _process(self, spec: ServerSpec) -> ManagedProcess:
-        env = build_env(spec, self.features)
+    def _env(self, spec: ServerSpec, base_env: dict[str, str] | None = None) -> dict[str, str]:
+        env = build_env(spec, self.features, base_env)
         env.pop(DIGEST_FILE_ENV, None)
         if self.kv_digest and spec.role in ("prefill", "decode"):
             env[DIGEST_FILE_ENV] = str(self.digest_path(spec))
+        return env
+
+    def _process(self, spec: ServerSpec) -> ManagedProcess:
         return ManagedProcess(spec.name, build_argv(spec, self.features),
                               self.log_dir / f"{self.name}-{spec.name}.log",
-                              env=env, inherit_env=False)
+                              env=self._env(spec), inherit_env=False)
 
     def launch(self) -> "Deployment":
         """Start every server (concurrently, each in its own process group); don't wait.

@@ -271,9 +271,11 @@ def build_env(spec: ServerSpec, features: Features = Features(),
 
 
 def render_command(spec: ServerSpec, features: Features = Features(),
-                   env_keys: Sequence[str] = ("VLLM_", "CUDA_VISIBLE_DEVICES", "PD_ACCURACY_")) -> str:
-    """A copy-pasteable shell line for --dry-run and error messages."""
-    env = build_env(spec, features, base_env={})
+                   env_keys: Sequence[str] = ("VLLM_", "CUDA_VISIBLE_DEVICES", "PD_ACCURACY_"),
+                   env: Mapping[str, str] | None = None) -> str:
+    """A copy-pasteable shell line for --dry-run and error messages (`env`: the server's own,
+    when the caller adds to build_env's)."""
+    env = build_env(spec, features, base_env={}) if env is None else env
     shown = {k: v for k, v in sorted(env.items()) if k.startswith(tuple(env_keys))}
     prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items())
     return (prefix + " " if prefix else "") + shlex.join(build_argv(spec, features))

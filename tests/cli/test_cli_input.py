@@ -42,3 +42,21 @@ def test_zoo_eval_bad_input_is_one_line_before_any_server(args: list[str], expec
     lines = [l for l in proc.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and expected in lines[0], proc.stderr
     assert "starting" not in proc.stdout
+
+
+def test_dry_run_shows_servers_as_they_will_start(capsys):
+    """The same planners as a run: a canary's decode armed, digest files for P/D servers only,
+    a netns cell's servers behind `ip netns exec`; --no-kv-digest drops the digest files."""
+    from harness.cli.main import main
+
+    assert main(["run", "--profile", "smoke", "--dry-run", "-k", "perturb"]) == 0
+    lines = [l for l in capsys.readouterr().out.splitlines() if "api_server" in l]
+    baseline, prefill, decode = lines
+    assert "PD_ACCURACY_FAULT=by-request" in decode and "PD_ACCURACY_FAULT" not in prefill
+    assert "PD_ACCURACY_KV_DIGEST_FILE" not in baseline
+    assert "prefill-0.kv-digest.jsonl" in prefill and "decode-0.kv-digest.jsonl" in decode
+    assert main(["run", "--profile", "cpu-full", "--dry-run", "--no-kv-digest",
+                 "-k", "netns and tiny-llama"]) == 0
+    lines = [l for l in capsys.readouterr().out.splitlines() if "api_server" in l]
+    assert [" netns exec " in l for l in lines] == [False, True, True]
+    assert not any("KV_DIGEST" in l for l in lines)
