@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from server_specs import flag, make_spec
 from harness.core.cell import Cell
 from harness.serve.deploy import Placement, plan_server
 from harness.serve.server_spec import (ROLES, SPEC_DECODE_CONFIGS, ServerSpec, build_argv, build_env,
@@ -13,17 +14,7 @@ from harness.serve.server_spec import (ROLES, SPEC_DECODE_CONFIGS, ServerSpec, b
 
 
 def spec(role: str = "decode", device: str = "cuda", **kw) -> ServerSpec:
-    defaults = dict(role=role, index=0, model_path="/models/tiny", served_model_name="tiny",
-                    port=8100, backend="CPU_ATTN" if device == "cpu" else "FLASH_ATTN",
-                    block_size=128, device=device, python="/venv/bin/python")
-    if role != "baseline":
-        defaults["side_channel_port"] = 5600
-    defaults.update(kw)
-    return ServerSpec(**defaults)
-
-
-def flag(argv: list[str], name: str) -> str | None:
-    return argv[argv.index(name) + 1] if name in argv else None
+    return make_spec(role, device, gpu_backend="FLASH_ATTN", **kw)
 
 
 def served(cell: Cell, role: str) -> ServerSpec:

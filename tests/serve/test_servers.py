@@ -6,6 +6,7 @@ import shlex
 
 import pytest
 
+from server_specs import flag, make_spec
 from harness.serve.server_spec import Features, ServerSpec, build_argv, build_env, render_command
 
 OLD_VLLM = Features(attention_backend_flag=False, v2_runner_env=False,
@@ -13,18 +14,7 @@ OLD_VLLM = Features(attention_backend_flag=False, v2_runner_env=False,
 
 
 def spec(role: str = "baseline", device: str = "cpu", **kw) -> ServerSpec:
-    defaults = dict(role=role, index=0, model_path="/models/tiny", served_model_name="tiny",
-                    port=8100, backend="CPU_ATTN" if device == "cpu" else "FLASHINFER",
-                    block_size=128, device=device, python="/venv/bin/python")
-    if role != "baseline":
-        defaults["side_channel_port"] = 5600
-    defaults.update(kw)
-    return ServerSpec(**defaults)
-
-
-def flag(argv: list[str], name: str) -> str | None:
-    """Value following `name` in argv, or None when the flag is absent."""
-    return argv[argv.index(name) + 1] if name in argv else None
+    return make_spec(role, device, gpu_backend="FLASHINFER", **kw)
 
 
 def kv_config(argv: list[str]) -> dict | None:
