@@ -21,39 +21,29 @@ rule = RULES.rule
 
 # ---- vocabulary -----------------------------------------------------------------------------
 
-@rule("known-async-scheduling", "invalid")
-def _known_async(cell: Cell, ctx: RuleContext) -> str | None:
-    """Async scheduling is vLLM's default, on (--async-scheduling) or off (--no-async-scheduling)."""
-    if cell.async_scheduling not in ASYNC_SCHEDULING:
-        return (f"unknown async_scheduling {cell.async_scheduling!r}; "
-                f"use one of {', '.join(ASYNC_SCHEDULING)}")
-    return None
+def _vocabulary(name: str, field: str, allowed: tuple[str, ...], summary: str,
+                nullable: bool = False) -> None:
+    """Register rule `name`: the cell's `field` is one of `allowed` (or null when `nullable`)."""
+    def check(cell: Cell, ctx: RuleContext) -> str | None:
+        value = getattr(cell, field)
+        if value in allowed or (nullable and value is None):
+            return None
+        return (f"unknown {field} {value!r}; use {'null or ' if nullable else ''}one of "
+                f"{', '.join(allowed)}")
+
+    check.__doc__ = summary
+    rule(name, "invalid")(check)
 
 
-@rule("known-spec-decode", "invalid")
-def _known_spec(cell: Cell, ctx: RuleContext) -> str | None:
-    """Speculative decoding is off (null) or a method the harness configures (ngram)."""
-    if cell.spec_decode is not None and cell.spec_decode not in SPEC_DECODE_METHODS:
-        return (f"unknown spec_decode {cell.spec_decode!r}; use null or one of "
-                f"{', '.join(SPEC_DECODE_METHODS)}")
-    return None
-
-
-@rule("known-cudagraph-mode", "invalid")
-def _known_cudagraph(cell: Cell, ctx: RuleContext) -> str | None:
-    """The CUDA-graph mode is vLLM's default or one of FULL, PIECEWISE, NONE."""
-    if cell.cudagraph_mode not in CUDAGRAPH_MODES:
-        return (f"unknown cudagraph_mode {cell.cudagraph_mode!r}; "
-                f"use one of {', '.join(CUDAGRAPH_MODES)}")
-    return None
-
-
-@rule("known-kv-layout", "invalid")
-def _known_layout(cell: Cell, ctx: RuleContext) -> str | None:
-    """The decode's KV layout is vLLM's default, HND or NHD."""
-    if cell.kv_layout not in KV_LAYOUTS:
-        return f"unknown kv_layout {cell.kv_layout!r}; use one of {', '.join(KV_LAYOUTS)}"
-    return None
+_vocabulary("known-async-scheduling", "async_scheduling", ASYNC_SCHEDULING,
+            "Async scheduling is vLLM's default, on (--async-scheduling) or off (--no-async-scheduling).")
+_vocabulary("known-spec-decode", "spec_decode", SPEC_DECODE_METHODS,
+            "Speculative decoding is off (null) or a method the harness configures (ngram).",
+            nullable=True)
+_vocabulary("known-cudagraph-mode", "cudagraph_mode", CUDAGRAPH_MODES,
+            "The CUDA-graph mode is vLLM's default or one of FULL, PIECEWISE, NONE.")
+_vocabulary("known-kv-layout", "kv_layout", KV_LAYOUTS,
+            "The decode's KV layout is vLLM's default, HND or NHD.")
 
 
 @rule("chunked-prefill-budget", "invalid")
