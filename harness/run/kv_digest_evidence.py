@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterable
 
-from harness.serve.plugins.kv_digest import KVDigest, compare_digests
+from harness.serve.plugins.kv_digest import KVDigest, compare_digests, merge_tp_ranks
 
 _UUID = re.compile(r"[0-9a-f]{32}")
 
@@ -78,6 +78,30 @@ def raw_difference(ours: dict, theirs: dict) -> dict | None:
     return {}
 
 
+def side_of(lines: list[dict]) -> dict:
+    """One side of a request from its TP ranks' lines (one per rank, the first kept): the
+    ranks' digests merged into all heads (harness.serve.plugins.kv_digest.merge_tp_ranks); raw
+    bytes only from a single rank (a rank's bytes hold its own heads only)."""
+    ranks: dict[int, dict] = {}
+    for line in lines:
+        ranks.setdefault(int(line.get("tp_rank") or 0), line)
+    ordered = [ranks[r] for r in sorted(ranks)]
+    first = ordered[0]
+    skipped = {f"{name}@{line.get('tp_rank', 0)}": why for line in ordered
+               for name, why in (line.get("skipped") or {}).items()}
+    error = next((l["error"] for l in ordered if l.get("error")), None)
+    try:
+        digests = (_layers(first) if len(ordered) == 1
+                   else merge_tp_ranks([_layers(line) for line in ordered]))
+    except ValueError as exc:      # a rank's line is missing, or ranks disagree on tokens
+        digests, error = {}, f"TP ranks' digests do not merge: {exc}"
+    return {"num_tokens": first.get("num_tokens"), "token_offset": first.get("token_offset"),
+            "elapsed_s": sum(float(line.get("elapsed_s") or 0) for line in ordered),
+            "skipped": skipped, "error": error,
+            "digests": digests, "raw": first.get("raw") if len(ordered) == 1 else {},
+            "ranks": len(ordered)}
+
+
 def _proxy_uuid(request_id: str) -> str | None:
     found = _UUID.findall(request_id or "")
     return found[-1] if found else None
@@ -88,12 +112,14 @@ def digest_evidence(records: list[dict], prefill_files: Iterable[str],
     """The kv-digest summary of one evaluation (TransferProof.kv_digest)."""
     prefill_lines = [l for l in read_digest_lines(prefill_files) if l.get("side") == "prefill"]
     decode_lines = [l for l in read_digest_lines(decode_files) if l.get("side") == "decode"]
-    by_prefill_id = {l["request_id"]: l for l in prefill_lines}
-    by_uuid: dict[str, dict] = {}
+    by_prefill_id: dict[str, list[dict]] = {}
+    for line in prefill_lines:
+        by_prefill_id.setdefault(line["request_id"], []).append(line)
+    by_uuid: dict[str, list[dict]] = {}
     for line in decode_lines:
         key = _proxy_uuid(line.get("request_id", ""))
         if key:
-            by_uuid.setdefault(key, line)
+            by_uuid.setdefault(key, []).append(line)
     counts: Counter = Counter()
     skipped: Counter = Counter()
     first: dict | None = None
@@ -103,6 +129,7 @@ def digest_evidence(records: list[dict], prefill_files: Iterable[str],
         received = record.get("received_kv_transfer_params") or {}
         ours = by_prefill_id.get(received.get("remote_request_id"))
         theirs = by_uuid.get(_proxy_uuid(record.get("request_id", "")) or "")
+        ours, theirs = (side_of(lines) if lines else None for lines in (ours, theirs))
         if ours is None:
             counts["missing_prefill"] += 1
         if theirs is None:
@@ -111,11 +138,11 @@ def digest_evidence(records: list[dict], prefill_files: Iterable[str],
             continue
         cost["prefill_s"] += float(ours.get("elapsed_s") or 0)
         cost["decode_s"] += float(theirs.get("elapsed_s") or 0)
-        for line in (ours, theirs):
-            skipped.update(set((line.get("skipped") or {}).values()))
-            if line.get("error"):
-                skipped[line["error"]] += 1
-        p_layers, d_layers = _layers(ours), _layers(theirs)
+        for side in (ours, theirs):
+            skipped.update(set(side["skipped"].values()))
+            if side["error"]:
+                skipped[side["error"]] += 1
+        p_layers, d_layers = ours["digests"], theirs["digests"]
         if not p_layers or not d_layers:
             counts["not_digested"] += 1
             continue

@@ -245,3 +245,33 @@ def test_a_recurrent_layers_state_is_hashed_and_a_changed_byte_named(tmp_path, k
     evidence = digest_evidence(records, *files, 64)
     assert (evidence["first_mismatch"]["layer"], evidence["first_mismatch"]["kv"]) == (state, "state")
     assert "first at layer layers.2.mixer state" in describe(evidence)[1]
+
+
+def test_a_tp2_decode_is_merged_across_its_ranks_before_it_is_compared(tmp_path, kv):
+    full = worker(64, seed=1)
+    write_prompt(full, [5, 2], 64, kv)
+    lines = []
+    digests, _, _ = kv_digest_hook.digest_request(full, [[5, 2]], 0, TOKENS)
+    lines.append(("p.jsonl", kv_digest_hook.record_line(
+        "prefill", "r", remote_request_id=None, token_offset=0, num_tokens=TOKENS,
+        layers=digests, skipped={}, elapsed_s=0.0)))
+    for rank in (1, 0):                       # each decode rank holds one of the two KV heads
+        part = worker(64, seed=rank + 3)
+        part.tp_rank = rank
+        for name in LAYERS:
+            part.device_kv_caches[name] = np.ascontiguousarray(
+                full.device_kv_caches[name][:, rank:rank + 1])
+        digests, _, _ = kv_digest_hook.digest_request(part, [[5, 2]], 0, TOKENS)
+        lines.append(("d.jsonl", kv_digest_hook.record_line(
+            "decode", f"cmpl-{PROXY_ID}-d", remote_request_id="r", token_offset=0,
+            num_tokens=TOKENS, layers=digests, skipped={}, elapsed_s=0.0, tp_rank=rank)))
+    for name, line in lines:
+        with open(tmp_path / name, "a") as out:
+            out.write(line + "\n")
+    records = [{"request_id": PROXY_ID, "received_kv_transfer_params": {"remote_request_id": "r"}}]
+    files = ([str(tmp_path / "p.jsonl")], [str(tmp_path / "d.jsonl")])
+    assert describe(digest_evidence(records, *files, 64)) == (True, "identical on 1/1 requests")
+    # rank 0's line missing: head 0 counts as differing (absent), never a crash
+    (tmp_path / "d.jsonl").write_text(lines[1][1] + "\n")
+    passed, line = describe(digest_evidence(records, *files, 64))
+    assert not passed and "K head 0 tokens 0-31" in line
