@@ -99,7 +99,10 @@ class ProcessLedger:
             return []
         LOG.warning("stopping %d server group(s) left running by dead harness(es): %s",
                     len(running), ", ".join(f"{g.name} (pgid {g.pgid}, harness pid "
-                                            f"{e.get('owner_pid')})" for g, e in running))
+                                            f"{e.get('owner_pid')} created "
+                                            f"{e.get('owner_create_time')}, now "
+                                            f"{process_create_time(int(e.get('owner_pid', -1)))})"
+                                            for g, e in running))
         left = terminate_groups([g for g, _ in running], grace_s, say=LOG.warning)
         if left:
             LOG.error("still alive after SIGKILL: %s", sorted(left))

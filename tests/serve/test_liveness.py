@@ -25,8 +25,14 @@ def test_this_process_is_alive_with_its_own_create_time():
 
 
 def test_reused_pid_is_not_the_owner():
-    me = os.getpid()
-    assert not owner_alive(me, process_create_time(me) - 1000, this_host())
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        started = process_create_time(child.pid)
+        assert owner_alive(child.pid, started, this_host())
+        assert not owner_alive(child.pid, started - 1000, this_host())
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_no_recorded_create_time_trusts_the_pid():
@@ -50,3 +56,15 @@ def test_exited_and_zombie_processes_are_dead():
 
 def test_another_hosts_owner_is_kept():
     assert owner_alive(2**22 + 12345, 1.0, this_host() + "-elsewhere")
+
+
+def test_the_asking_process_is_alive_whatever_its_recorded_create_time():
+    import os
+
+    from harness.serve.liveness import owner_alive, process_create_time
+
+    real = process_create_time(os.getpid())
+    assert owner_alive(os.getpid(), real)
+    # a create_time off by seconds (what a harness's sweep once saw for its own pid) is not
+    # a reused pid when the pid is the caller's own
+    assert owner_alive(os.getpid(), real - 5.0)
