@@ -12,7 +12,6 @@ reuse one P/D pair. P/D servers write their KV digests next to their logs.
 """
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
@@ -21,12 +20,14 @@ from pathlib import Path
 from typing import Sequence
 
 from harness.core.cell import Cell
-from harness.serve.netns import TwoHostTopology
+from harness.serve.netns import TopologyLedger, TwoHostTopology
+from harness.serve.placement import Placement
 from harness.serve.ports import PortAllocator
 from harness.serve.process import ManagedProcess, ServerStartTimeout
 from harness.serve.plugins.fault_spec import BY_REQUEST
 from harness.serve.plugins.kv_digest_hook import DIGEST_FILE_ENV
-from harness.serve.server_spec import Features, ServerSpec, build_argv, build_env, engine_settings
+from harness.serve.server_spec import (Features, ServerSpec, build_argv, build_env,
+                                       engine_settings, render_command)
 from harness.serve.start_slots import StartSlots
 
 # Size of the CPU KV cache per server: tiny models need little; never let one server take all RAM.
@@ -49,40 +50,6 @@ class Endpoint:
     metrics_urls: tuple[str, ...]          # decode servers (pd) or the baseline server
     logs: dict[str, str] = field(default_factory=dict)
     proxy_records: str | None = None
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Which CPU cores / GPUs each role uses. CPU: one core per server, round-robin."""
-
-    cpu_cores: tuple[int, ...] = ()
-    gpu_base: int = 0                      # first GPU index this cell may use
-    gpu_layout: str = "shared"             # "shared": all roles from gpu_base; "split": P then D
-
-    @classmethod
-    def detect(cls, gpu_layout: str = "shared") -> "Placement":
-        cores = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else ()
-        return cls(cpu_cores=cores or tuple(range(os.cpu_count() or 1)), gpu_layout=gpu_layout)
-
-    def core_for(self, role: str, index: int, tp: int = 1) -> str | None:
-        """VLLM_CPU_OMP_THREADS_BIND: one core per TP rank, ranks separated by '|'."""
-        if not self.cpu_cores:
-            return None
-        # prefill and baseline share the first core (they are rarely busy at the same time);
-        # decode gets the last, so a P/D request uses both cores. A TP>1 server's further ranks
-        # take the following cores (wrapping: on 2 cores a TP2 prefill binds "0|1").
-        n = len(self.cpu_cores)
-        order = {"baseline": 0, "prefill": 0, "decode": n - 1}[role]
-        first = order + index * max(tp, 1)
-        return "|".join(str(self.cpu_cores[(first + r) % n]) for r in range(max(tp, 1)))
-
-    def gpus_for(self, role: str, index: int, tp: int, prefill_gpus: int) -> tuple[int, ...]:
-        start = self.gpu_base
-        if self.gpu_layout == "split" and role == "decode":
-            start += prefill_gpus
-        if self.gpu_layout == "split" and role in ("prefill", "decode"):
-            start += index * tp
-        return tuple(range(start, start + tp))
 
 
 def plan_server(cell: Cell, role: str, index: int, *, model_path: str, hybrid: bool,
@@ -145,19 +112,15 @@ class Deployment:
         self._processes_lock = threading.Lock()
 
     def commands(self) -> list[str]:
-        """Each server's launch line as `_process` will start it (its env, `ip netns exec`)."""
-        from harness.serve.server_spec import render_command
-
-        return [render_command(s, self.features, env=self._env(s, base_env={}))
-                for s in self.specs]
+        """Each server's launch line as `_process` starts it (its env, `ip netns exec`)."""
+        return [render_command(s, self.features, env=self._env(s, {})) for s in self.specs]
 
     def digest_path(self, spec: ServerSpec) -> Path:   # harness.serve.plugins.kv_digest_hook
         return self.log_dir / f"{self.name}-{spec.name}.kv-digest.jsonl"
 
     def digest_files(self, role: str) -> list[str]:
         """The digest files of this deployment's `role` servers; [] when digests are off."""
-        return [str(self.digest_path(s)) for s in self.specs
-                if self.kv_digest and s.role == role]
+        return [str(self.digest_path(s)) for s in self.specs if self.kv_digest and s.role == role]
 
     def _env(self, spec: ServerSpec, base_env: dict[str, str] | None = None) -> dict[str, str]:
         env = build_env(spec, self.features, base_env)
@@ -381,7 +344,9 @@ def plan_pair(cell: Cell, *, model_path: str, hybrid: bool, allocator: PortAlloc
               start_slots: StartSlots | None = None, arm_faults: bool = False,
               kv_digest: bool = False) -> Deployment:
     specs, reserved = [], []
-    topology = (TwoHostTopology.reserve(f"{log_dir}/{cell.cell_id}")
+    # the topology ledger lives with the port registry (a dry run's: a throwaway one)
+    topology = (TwoHostTopology.reserve(f"{log_dir}/{cell.cell_id}",
+                                        ledger=TopologyLedger(allocator.lock_dir))
                 if cell.network == "netns" else None)
     for role, count, tp in (("prefill", cell.num_prefill, cell.prefill_tp),
                             ("decode", cell.num_decode, cell.decode_tp)):
