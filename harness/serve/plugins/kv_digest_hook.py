@@ -17,8 +17,10 @@ appends one JSON line per request and side to that file (:func:`record_line`):
 
 Both sides read each attention layer's cache through the layout its tensor shape shows
 (:func:`harness.serve.plugins.kv_layout.layout_from_shape`) and hash the canonical KV per
-(K/V, head, 32-token range) (:mod:`harness.serve.plugins.kv_digest`). Recurrent (SSM) layers are
-listed as not hashed. Never raises into vLLM: a request it cannot digest gets a line saying why.
+(K/V, head, 32-token range) (:mod:`harness.serve.plugins.kv_digest`); a recurrent (SSM / GDN)
+layer's state slot is hashed whole. The decode also keeps the raw bytes NIXL wrote, hashed when
+the worker's read poll reports them (before post-processing), to tell the transfer from what
+follows it. Never raises into vLLM: a request it cannot digest gets a line saying why.
 """
 from __future__ import annotations
 
@@ -120,7 +122,7 @@ def state_digest(cache: Any, block_ids: Any) -> str:
 
 
 def digest_request(worker: Any, group_block_ids: Any, token_offset: int, num_tokens: int,
-                   raw_only: bool = False) -> tuple[dict, dict, dict]:
+                   raw_only: bool = False, with_raw: bool = True) -> tuple[dict, dict, dict]:
     """(layer -> KVDigest, layer -> why not, layer -> raw pieces) of one request on a NIXL
     connector ``worker``: ``group_block_ids`` are scheduler (logical) block ids per transfer
     group, holding prompt positions ``token_offset .. token_offset + num_tokens - 1``."""
@@ -159,8 +161,9 @@ def digest_request(worker: Any, group_block_ids: Any, token_offset: int, num_tok
                 inner = tuple(cache.shape[1:3] if cache.ndim == 4 else cache.shape[2:4])
                 heads = int(inner[0] if layout.heads_before_tokens else inner[1])
                 try:
-                    raw[name] = {"block_tokens": layout.block_size, "pieces": raw_pieces(
-                        cache, kernel_block_ids(ids, num_tokens, layout), layout.block_size)}
+                    if with_raw:
+                        raw[name] = {"block_tokens": layout.block_size, "pieces": raw_pieces(
+                            cache, kernel_block_ids(ids, num_tokens, layout), layout.block_size)}
                 except Exception as error:  # noqa: BLE001 - the canonical digest still counts
                     skipped[f"{name}:raw"] = f"{type(error).__name__}: {str(error)[:120]}"
                 if raw_only:
@@ -179,14 +182,17 @@ def _emit(path: str, worker: Any, side: str, request_id: str, remote_id: str | N
           spent_s: float = 0.0) -> None:
     started = time.perf_counter()
     try:
-        digests, skipped, own_raw = digest_request(worker, block_ids, token_offset, num_tokens)
+        # the decode's raw bytes are the read poll's snapshot (before post-processing and any
+        # canary fault), never what it holds now: none is better than a wrong attribution
+        digests, skipped, own_raw = digest_request(worker, block_ids, token_offset, num_tokens,
+                                                   with_raw=side == "prefill")
         error = None
     except Exception as exc:  # noqa: BLE001
         digests, skipped, own_raw = {}, {}, {}
         error = f"{type(exc).__name__}: {str(exc)[:300]}"
     _write(path, record_line(side, request_id, remote_request_id=remote_id,
                              token_offset=token_offset, num_tokens=num_tokens, layers=digests,
-                             skipped=skipped, raw=own_raw if raw is None else raw,
+                             skipped=skipped, raw=own_raw if side == "prefill" else raw or {},
                              elapsed_s=time.perf_counter() - started + spent_s,
                              tp_rank=int(getattr(worker, "tp_rank", 0) or 0), error=error))
 
