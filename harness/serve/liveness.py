@@ -58,7 +58,6 @@ def owner_alive(pid: int, create_time: float | None, host: str | None = None) ->
 
     * ``host`` recorded and not this host: True. Another host's processes cannot be checked from
       here, so its reservation is kept (it is that host's to reclaim).
-    * ``pid`` is the asking process: True, whatever create_time says.
     * no process ``pid``, or it is a zombie: False.
     * the process cannot be inspected (AccessDenied): True. It exists; keeping the reservation
       can at worst leak it, reclaiming it could double-book.
@@ -70,10 +69,6 @@ def owner_alive(pid: int, create_time: float | None, host: str | None = None) ->
         return True
     if pid <= 0:
         return False  # psutil.Process(0) is the kernel's idle task on Linux, not an owner
-    if pid == os.getpid():
-        # whoever asks is alive: on 2026-12-01 a harness's sweep judged its own pid dead (a
-        # create_time that no longer matched) and stopped the servers it had just started
-        return True
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:

@@ -84,6 +84,11 @@ class ProcessLedger:
 
         def take_stale(entries: dict[str, dict[str, Any]]) -> None:
             for key, entry in list(entries.items()):
+                # never this harness's own groups: on 2026-12-01 a sweep judged its own pid
+                # dead (a create_time that no longer matched) and stopped what it had started
+                if int(entry.get("owner_pid", -1)) == os.getpid() and \
+                        entry.get("host") in (None, this_host()):
+                    continue
                 if not owner_alive(int(entry.get("owner_pid", -1)),
                                    entry.get("owner_create_time"), entry.get("host")):
                     stale.append(entries.pop(key))
