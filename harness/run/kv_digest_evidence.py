@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Iterable
 
 from harness.serve.plugins.kv_digest import KVDigest, compare_digests, merge_tp_ranks
+from harness.serve.plugins.kv_digest_hook import RAW_PIECE_TOKENS
 
 _UUID = re.compile(r"[0-9a-f]{32}")
 
@@ -56,7 +57,6 @@ def _layer_number(name: str) -> tuple[int, str]:
     return (int(match.group(1)) if match else 10**9, name)
 
 
-RAW_PIECE_TOKENS = 16   # harness.serve.plugins.kv_digest_hook.RAW_PIECE_TOKENS
 
 
 def raw_difference(ours: dict, theirs: dict) -> dict | None:

@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping
 from harness.serve.plugins.faults import (_is_attention_layer, _transfer_groups,
                                           received_request_ids)
 from harness.serve.plugins.kv_digest import KVDigest, digest_layer, digest_state, hash_array
-from harness.serve.plugins.kv_layout import kernel_block_ids, layout_from_shape, to_numpy
+from harness.serve.plugins.kv_layout import KVLayout, kernel_block_ids, layout_from_shape, to_numpy
 
 logger = logging.getLogger("vllm.pd_accuracy.kv_digest")
 
@@ -103,13 +103,21 @@ def _write(path: str, line: str) -> None:
         out.write(line + "\n")
 
 
-def _isa(cache: Any, tokens: int, head_size: int) -> str:
+@functools.lru_cache(maxsize=None)
+def _layout(shape: tuple[int, ...], dtype: Any, backend: str, kernel: int, logical: int
+            ) -> KVLayout:
+    """A layer's layout, read once per (shape, dtype, backend, block sizes): every request of a
+    server asks again, and CPU_ATTN's page order needs vLLM's ISA choice for the dtype."""
+    layout = layout_from_shape(shape, backend, kernel, logical)
+    if layout.kv_split != "head_pages":
+        return layout
     try:
         from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
-        return _get_attn_isa(cache.dtype, tokens, head_size)
+        isa = _get_attn_isa(dtype, layout.block_size, shape[-1] // 2)
     except Exception:  # noqa: BLE001 - older vLLM: the vec order (fp32/fp16 caches)
-        return "vec"
+        isa = "vec"
+    return layout_from_shape(shape, backend, kernel, logical, isa)
 
 
 def state_digest(cache: Any, block_ids: Any) -> str:
@@ -153,11 +161,8 @@ def digest_request(worker: Any, group_block_ids: Any, token_offset: int, num_tok
                 continue
             cache = caches[name]
             try:
-                layout = layout_from_shape(cache.shape, backend, kernel, logical)
-                if layout.kv_split == "head_pages":
-                    layout = layout_from_shape(cache.shape, backend, kernel, logical,
-                                               _isa(cache, layout.block_size,
-                                                    int(cache.shape[-1]) // 2))
+                layout = _layout(tuple(int(n) for n in cache.shape), cache.dtype, backend,
+                                 kernel, logical)
                 inner = tuple(cache.shape[1:3] if cache.ndim == 4 else cache.shape[2:4])
                 heads = int(inner[0] if layout.heads_before_tokens else inner[1])
                 try:
