@@ -33,6 +33,13 @@ SPEC_DECODE_CONFIGS = {
 # rank): a chunked-prefill budget below it lowers max_num_seqs with it, still far above the
 # evaluation's concurrency
 MAX_NUM_SEQS_CAP = 128
+# CUDA: vLLM 0.26 defaults to 1024 sequences on an H200, and start-up pays for that size twice:
+# CUDA graphs are captured for 51 batch sizes up to 512 (2 x max_num_seqs, capped), and the V2
+# runner's kernel warm-up runs a batch of max_num_seqs requests through every sampling feature
+# (14 s between "Graph capturing finished" and the JIT monitor on every V2 server of
+# gpu-h200-20261201-s7). The evaluation sends at most --concurrency requests at once (16 by
+# default), so 64 is never reached; batches up to 128 tokens stay CUDA-graphed.
+CUDA_MAX_NUM_SEQS = 64
 ROLES_GENERATING = ("baseline", "decode")   # where speculative decoding runs
 
 
@@ -150,6 +157,11 @@ def kv_transfer_config(spec: ServerSpec, features: Features) -> dict | None:
     return config
 
 
+def max_num_seqs_cap(spec: ServerSpec) -> int:
+    """The most sequences a server of ``spec`` batches: far above the evaluation's concurrency."""
+    return CUDA_MAX_NUM_SEQS if spec.device == "cuda" else MAX_NUM_SEQS_CAP
+
+
 def engine_argv(spec: ServerSpec) -> list[str]:
     """The vLLM flags of the spec's engine settings (empty when all are vLLM's defaults)."""
     argv: list[str] = []
@@ -165,7 +177,7 @@ def engine_argv(spec: ServerSpec) -> list[str]:
     if spec.max_num_batched_tokens is not None:
         budget = spec.max_num_batched_tokens
         argv += ["--enable-chunked-prefill", "--max-num-batched-tokens", str(budget),
-                 "--max-num-seqs", str(min(budget, MAX_NUM_SEQS_CAP))]
+                 "--max-num-seqs", str(min(budget, max_num_seqs_cap(spec)))]
     if spec.cudagraph_mode != "default":
         argv += ["--compilation-config",
                  json.dumps({"cudagraph_mode": spec.cudagraph_mode}, separators=(",", ":"))]
@@ -195,6 +207,8 @@ def build_argv(spec: ServerSpec, features: Features = Features()) -> list[str]:
         argv += ["--gpu-memory-utilization", f"{spec.gpu_memory_utilization:.4f}"]
     if spec.compile == "eager":
         argv.append("--enforce-eager")
+    if spec.device == "cuda" and spec.max_num_batched_tokens is None:
+        argv += ["--max-num-seqs", str(CUDA_MAX_NUM_SEQS)]   # a chunk budget caps it itself
     argv += engine_argv(spec)
     ktc = kv_transfer_config(spec, features)
     if ktc is not None:

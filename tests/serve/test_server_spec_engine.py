@@ -48,11 +48,23 @@ def test_prefix_reuse_turns_prefix_caching_on_explicitly():
 
 @pytest.mark.parametrize("budget,max_seqs", [(64, "64"), (16, "16"), (512, "128")])
 def test_chunked_prefill_budget_and_the_max_num_seqs_it_allows(budget, max_seqs):
-    argv = engine_argv(spec(max_num_batched_tokens=budget))
+    argv = engine_argv(spec(device="cpu", max_num_batched_tokens=budget))
     assert argv[0] == "--enable-chunked-prefill"
     assert flag(argv, "--max-num-batched-tokens") == str(budget)
     # vLLM: max_num_batched_tokens must be >= max_num_seqs (CPU default 128)
     assert flag(argv, "--max-num-seqs") == max_seqs and int(max_seqs) <= budget
+
+
+@pytest.mark.parametrize("budget,max_seqs", [(None, "64"), (512, "64"), (32, "32")])
+def test_cuda_servers_batch_at_most_64_sequences(budget, max_seqs):
+    # vLLM 0.26's H200 default (1024) costs CUDA-graph captures and V2 warm-up at start-up
+    argv = build_argv(spec(device="cuda", max_num_batched_tokens=budget))
+    assert flag(argv, "--max-num-seqs") == max_seqs and argv.count("--max-num-seqs") == 1
+    assert ("--enable-chunked-prefill" in argv) == (budget is not None)
+
+
+def test_cpu_servers_keep_vllms_max_num_seqs_without_a_budget():
+    assert "--max-num-seqs" not in build_argv(spec(device="cpu"))
 
 
 @pytest.mark.parametrize("mode", ["FULL", "PIECEWISE", "NONE"])
