@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from harness.core.cell import Cell
+from harness.serve.plugins.compile_key import ENV as COMPILE_KEY_ENV
 from harness.serve.plugins.fault_spec import BY_REQUEST
 from harness.serve.plugins.fault_spec import FAULT_KINDS as SERVER_FAULTS
 
@@ -226,6 +227,8 @@ def build_env(spec: ServerSpec, features: Features = Features(),
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "PYTHONUNBUFFERED": "1",
+        # the NIXL port out of torch.compile's cache key: pairs share their baseline's cache
+        COMPILE_KEY_ENV: "1",
     })
     if features.v2_runner_env:
         env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if spec.runner == "v2" else "0"
