@@ -43,6 +43,12 @@ def entered(e: dict, first: dict) -> str:
               f"{e.get('raw_differing', 0)} not)")
     if raw is None:
         return "where it entered is unknown (no raw bytes from a side)"
+    if raw.get("host_copy"):
+        tokens = raw.get("token_range") or [0, 0]
+        return (f"entered on the prefill, before the transfer: its host buffer (what NIXL "
+                f"sends) differs from its KV cache from layer {raw['layer']} tokens "
+                f"{tokens[0]}-{tokens[1] - 1} on: the copy into it missed or changed them "
+                f"({e.get('host_copy_differing', 0)} requests)")
     if raw:
         return (f"entered in the transfer: the bytes NIXL wrote differ from those sent from "
                 f"prefill block {raw['prefill_block']} of layer {raw['layer']} on{counts}")

@@ -78,6 +78,20 @@ def raw_difference(ours: dict, theirs: dict) -> dict | None:
     return {}
 
 
+def host_copy_difference(ours: dict) -> dict | None:
+    """Where the prefill's host buffer (what NIXL sends, on a GPU with ``kv_buffer_device:
+    cpu``) first differs from its KV cache: ``{"host_copy": True, "layer", "token_range"}``;
+    None when it has no host buffer or the two agree."""
+    host = ours.get("host_digests")
+    if not host:
+        return None
+    mismatch = compare_digests({k: v for k, v in ours["digests"].items() if k in host}, host)
+    if mismatch is None:
+        return None
+    return {"host_copy": True, "layer": mismatch.layer,
+            "token_range": list(mismatch.token_range) if mismatch.token_range else None}
+
+
 def side_of(lines: list[dict]) -> dict:
     """One side of a request from its TP ranks' lines (one per rank, the first kept): the
     ranks' digests merged into all heads (harness.serve.plugins.kv_digest.merge_tp_ranks); raw
@@ -99,6 +113,8 @@ def side_of(lines: list[dict]) -> dict:
             "elapsed_s": sum(float(line.get("elapsed_s") or 0) for line in ordered),
             "skipped": skipped, "error": error,
             "digests": digests, "raw": first.get("raw") if len(ordered) == 1 else {},
+            "host_digests": (_layers({"layers": first["host_layers"]})
+                             if len(ordered) == 1 and first.get("host_layers") else None),
             "ranks": len(ordered)}
 
 
@@ -160,8 +176,9 @@ def digest_evidence(records: list[dict], prefill_files: Iterable[str],
             counts["identical"] += 1
             continue
         counts["differing"] += 1
-        raw = raw_difference(ours, theirs)
-        counts["raw_unknown" if raw is None else "raw_differing" if raw else "raw_identical"] += 1
+        raw = host_copy_difference(ours) or raw_difference(ours, theirs)
+        counts["raw_unknown" if raw is None else "host_copy_differing" if raw.get("host_copy")
+               else "raw_differing" if raw else "raw_identical"] += 1
         if first is None:
             start = mismatch.token_range[0] if mismatch.token_range else None
             first = {"request_id": record.get("request_id"), "layer": mismatch.layer,
@@ -172,7 +189,8 @@ def digest_evidence(records: list[dict], prefill_files: Iterable[str],
                      "raw": raw}
     return {**{k: counts[k] for k in ("requests", "compared", "identical", "differing",
                                       "missing_prefill", "missing_decode", "not_digested",
-                                      "raw_identical", "raw_differing", "raw_unknown")},
+                                      "raw_identical", "raw_differing", "raw_unknown",
+                                      "host_copy_differing")},
             "first_mismatch": first, "skipped_layers": dict(skipped),
             "cost_s": {k: round(v, 4) for k, v in cost.items()}}
 

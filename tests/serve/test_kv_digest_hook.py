@@ -80,7 +80,7 @@ def kv():
 
 
 def run_pair(tmp_path, kv, *, p_bs=32, d_bs=64, d_ratio=1, tamper=None, cached=0,
-             post_process=None):
+             post_process=None, host=None):
     tmp_path.mkdir(parents=True, exist_ok=True)
     p, d = worker(p_bs, seed=1), worker(d_bs // d_ratio, ratio=d_ratio, seed=2)
     p.path, d.path = tmp_path / "p.jsonl", tmp_path / "d.jsonl"
@@ -90,6 +90,8 @@ def run_pair(tmp_path, kv, *, p_bs=32, d_bs=64, d_ratio=1, tamper=None, cached=0
     if p_bs == d_bs and d_ratio == 1:   # NIXL copies whole blocks, the unused tail too
         for name in LAYERS:
             d.device_kv_caches[name][d_ids] = p.device_kv_caches[name][p_ids[:len(d_ids)]]
+    if host:        # NIXL moves the blocks through host buffers (a GPU's kv_buffer_device cpu)
+        host(p, d)
     if tamper:
         tamper(d)
     prefill, decode = make_connector(p), make_connector(d)
@@ -153,6 +155,54 @@ def test_where_the_corruption_entered_is_told_from_the_raw_bytes(tmp_path, kv):
     assert evidence["raw_differing"] == 1 and first["layer"] == LAYERS[0]
     assert first["prefill_block"] == 0
     assert "entered in the transfer" in describe(evidence)[1]
+
+
+def through_host_buffers(stale_tokens=None):
+    """Host buffers on both sides; ``stale_tokens`` of the prefill's first block (id 5, 64
+    tokens) missing from its device-to-host copy, so NIXL sends and the decode receives them
+    stale (vLLM 0.26 copies only a step's new blocks under chunked prefill)."""
+    def setup(p, d):
+        p.use_host_buffer = d.use_host_buffer = True
+        p.host_xfer_buffers = {name: c.copy() for name, c in p.device_kv_caches.items()}
+        if stale_tokens:
+            for name in LAYERS:
+                p.host_xfer_buffers[name][5, :, stale_tokens] = 0.0
+                d.device_kv_caches[name][3, :, stale_tokens] = 0.0      # received, synced
+        d.host_xfer_buffers = {name: c.copy() for name, c in d.device_kv_caches.items()}
+    return setup
+
+
+def test_through_host_buffers_intact_kv_is_identical(tmp_path, kv):
+    evidence, p_path, _ = run_pair(tmp_path, kv, p_bs=64, host=through_host_buffers())
+    assert describe(evidence) == (True, "identical on 1/1 requests")
+    assert set(json.loads(p_path.read_text())["host_layers"]) == set(LAYERS)
+
+
+def test_a_prefill_host_buffer_missing_tokens_is_named_before_the_transfer(tmp_path, kv):
+    evidence, _, _ = run_pair(tmp_path, kv, p_bs=64,
+                              host=through_host_buffers(stale_tokens=slice(40, 64)))
+    passed, line = describe(evidence)
+    assert not passed and evidence["host_copy_differing"] == 1
+    assert evidence["first_mismatch"]["token_range"] == [32, 64]
+    assert ("entered on the prefill, before the transfer: its host buffer (what NIXL sends) "
+            "differs from its KV cache from layer layers.0.attn tokens 32-63 on") in line
+
+
+def test_through_host_buffers_the_raw_bytes_are_the_buffers(tmp_path, kv):
+    def unsynced(p, d):  # NIXL wrote the decode's host buffer; its KV cache is not synced yet
+        through_host_buffers()(p, d)
+        for name in LAYERS:
+            d.device_kv_caches[name][[3, 1]] = 0.0
+
+    def sync_then_break(d):   # the host-to-device sync, then a post-processing that breaks it
+        for name in LAYERS:
+            d.device_kv_caches[name][[3, 1]] = d.host_xfer_buffers[name][[3, 1]]
+            d.device_kv_caches[name][3, :, [0, 1]] = d.device_kv_caches[name][3, :, [1, 0]]
+
+    evidence, _, _ = run_pair(tmp_path, kv, p_bs=64, host=unsynced,
+                              post_process=sync_then_break)
+    assert evidence["raw_identical"] == 1 and evidence["host_copy_differing"] == 0
+    assert "entered after the transfer" in describe(evidence)[1]
 
 
 def test_a_decode_prefix_hit_compares_the_received_tail_only(tmp_path, kv):

@@ -59,18 +59,23 @@ _registered = False
 def record_line(side: str, request_id: str, *, remote_request_id: str | None, token_offset: int,
                 num_tokens: int, layers: Mapping[str, Any], skipped: Mapping[str, str],
                 elapsed_s: float, tp_rank: int = 0, error: str | None = None,
-                raw: Mapping[str, dict] | None = None) -> str:
+                raw: Mapping[str, dict] | None = None,
+                host_layers: Mapping[str, Any] | None = None) -> str:
     """One request's digest line (what harness.run.kv_digest_evidence reads back). ``raw``:
     per layer, ``{"block_tokens", "pieces"}``: hashes of the request's blocks' physical bytes in
     RAW_PIECE_TOKENS pieces, as sent (prefill) or as NIXL wrote them, before any
-    post-processing (decode)."""
+    post-processing (decode); through a host buffer, the buffer's bytes. ``host_layers``
+    (prefill, host buffer only): the digests of the buffer NIXL sends from."""
     return json.dumps({
         "side": side, "request_id": request_id, "remote_request_id": remote_request_id,
         "tp_rank": tp_rank, "token_offset": token_offset, "num_tokens": num_tokens,
         "layers": {name: d.to_dict() for name, d in layers.items() if isinstance(d, KVDigest)},
         "states": {name: d for name, d in layers.items() if isinstance(d, str)},
         "skipped": dict(skipped),
-        "raw": dict(raw or {}), "elapsed_s": round(elapsed_s, 6), "error": error},
+        "raw": dict(raw or {}),
+        **({"host_layers": {name: d.to_dict() for name, d in host_layers.items()
+                            if isinstance(d, KVDigest)}} if host_layers else {}),
+        "elapsed_s": round(elapsed_s, 6), "error": error},
         separators=(",", ":"))
 
 
@@ -129,18 +134,29 @@ def state_digest(cache: Any, block_ids: Any) -> str:
     return "+".join(digest_state(part, list(block_ids)) for part in parts)
 
 
+def host_buffers(worker: Any) -> Mapping[str, Any] | None:
+    """The worker's host transfer buffers when NIXL moves KV through them (a GPU server with
+    ``kv_buffer_device: cpu``): what NIXL sends from and writes into, not what attention reads."""
+    host = getattr(worker, "host_xfer_buffers", None)
+    return host if getattr(worker, "use_host_buffer", False) and host else None
+
+
 def digest_request(worker: Any, group_block_ids: Any, token_offset: int, num_tokens: int,
-                   raw_only: bool = False, with_raw: bool = True) -> tuple[dict, dict, dict]:
+                   raw_only: bool = False, with_raw: bool = True,
+                   caches: Mapping[str, Any] | None = None) -> tuple[dict, dict, dict]:
     """(layer -> KVDigest, layer -> why not, layer -> raw pieces) of one request on a NIXL
     connector ``worker``: ``group_block_ids`` are scheduler (logical) block ids per transfer
-    group, holding prompt positions ``token_offset .. token_offset + num_tokens - 1``."""
+    group, holding prompt positions ``token_offset .. token_offset + num_tokens - 1``.
+    Digests are of ``caches`` (default: the KV cache attention reads); raw pieces are of the
+    bytes NIXL moves: the host buffers where it moves them through, else the KV cache."""
     ratio = int(getattr(worker, "_physical_blocks_per_logical_kv_block", 1) or 1)
     kernel = int(worker.block_size)
     logical = kernel * ratio
     backend = str(getattr(worker, "backend_name", ""))
     head_offset = int(getattr(worker, "tp_rank", 0) or 0)
     specs: Mapping[str, Any] = getattr(worker, "_layer_specs", {}) or {}
-    caches: Mapping[str, Any] = worker.device_kv_caches
+    caches = worker.device_kv_caches if caches is None else caches
+    moved: Mapping[str, Any] = host_buffers(worker) or caches
     groups = list(group_block_ids or ())
     if groups and not isinstance(groups[0], (list, tuple)):
         groups = [groups]
@@ -168,7 +184,8 @@ def digest_request(worker: Any, group_block_ids: Any, token_offset: int, num_tok
                 try:
                     if with_raw:
                         raw[name] = {"block_tokens": layout.block_size, "pieces": raw_pieces(
-                            cache, kernel_block_ids(ids, num_tokens, layout), layout.block_size)}
+                            moved.get(name, cache), kernel_block_ids(ids, num_tokens, layout),
+                            layout.block_size)}
                 except Exception as error:  # noqa: BLE001 - the canonical digest still counts
                     skipped[f"{name}:raw"] = f"{type(error).__name__}: {str(error)[:120]}"
                 if raw_only:
@@ -191,13 +208,19 @@ def _emit(path: str, worker: Any, side: str, request_id: str, remote_id: str | N
         # canary fault), never what it holds now: none is better than a wrong attribution
         digests, skipped, own_raw = digest_request(worker, block_ids, token_offset, num_tokens,
                                                    with_raw=side == "prefill")
+        host = host_buffers(worker) if side == "prefill" else None
+        # the prefill's host buffer is what NIXL sends: a device-to-host copy that missed
+        # tokens shows as host digests that differ from the KV cache's
+        host_digests = digest_request(worker, block_ids, token_offset, num_tokens,
+                                      with_raw=False, caches=host)[0] if host else {}
         error = None
     except Exception as exc:  # noqa: BLE001
-        digests, skipped, own_raw = {}, {}, {}
+        digests, skipped, own_raw, host_digests = {}, {}, {}, {}
         error = f"{type(exc).__name__}: {str(exc)[:300]}"
     _write(path, record_line(side, request_id, remote_request_id=remote_id,
                              token_offset=token_offset, num_tokens=num_tokens, layers=digests,
                              skipped=skipped, raw=own_raw if side == "prefill" else raw or {},
+                             host_layers=host_digests,
                              elapsed_s=time.perf_counter() - started + spent_s,
                              tp_rank=int(getattr(worker, "tp_rank", 0) or 0), error=error))
 
