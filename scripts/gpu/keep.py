@@ -4,7 +4,7 @@
     .venv/bin/python scripts/gpu/keep.py results/gpu/<TAG> results/reference/<DIR>/<TAG> [--samples GLOB]
 
 Kept: cells.json, groups.txt, console/ (one log per baseline group) and every verdict record.
-For each cell that did not PASS also its run's server/proxy logs and the per-question answers of
+For each cell that did not PASS also its run's server/proxy logs and KV digest files and the per-question answers of
 baseline and P/D when both were evaluated (both gzip: `zless`). --samples GLOB (on the cell id) keeps the answers of passing cells too.
 A whole run is ~30 MB; what is kept is a few hundred KB, so device carries stay under 64 MiB.
 """
@@ -50,6 +50,9 @@ def keep(run: Path, dest: Path, samples_glob: str | None) -> list[str]:
             for rel in (arts.get("logs") or {}).values():
                 if (run_dir / rel).exists():
                     _gzip_to(run_dir / rel, out_dir / rel)
+                digests = (run_dir / rel).with_suffix(".kv-digest.jsonl")   # the KV digests
+                if digests.exists():
+                    _gzip_to(digests, out_dir / Path(rel).with_suffix(".kv-digest.jsonl"))
         judged = (rec.get("metrics") or {}).get("pd_accuracy") is not None
         if judged and (failed or (samples_glob and fnmatch.fnmatch(cell_id, samples_glob))):
             for key in ("baseline_samples", "pd_samples", "proxy_records"):
