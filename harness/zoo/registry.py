@@ -14,6 +14,7 @@ from harness.zoo.models import SPECS
 CHECKPOINTS_DIR = Path(__file__).parent / "checkpoints"
 CARDS_DIR = Path(__file__).parent / "cards"
 RANDOM_LLAMA = "tiny-llama-random"   # untrained plumbing model, built into the cache on demand
+RANDOM_MLA = "tiny-mla-random"       # the same for an MLA (latent KV) model: harness.zoo.random_mla
 
 HYBRID_ARCHITECTURES = frozenset({
     "GraniteMoeHybridForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM",
@@ -49,7 +50,8 @@ def checkpoint_dir(name: str) -> Path:
 
 
 def resolve_model(name_or_path: str) -> str:
-    """Zoo name → its committed checkpoint dir; `tiny-llama-random` → its cache dir (built on
+    """Zoo name → its committed checkpoint dir; `tiny-llama-random` / `tiny-mla-random` → its
+    cache dir (built on
     first use); anything else (a path or hub id) is returned unchanged."""
     if name_or_path in SPECS:
         path = checkpoint_dir(name_or_path)
@@ -61,6 +63,10 @@ def resolve_model(name_or_path: str) -> str:
         from harness.zoo import random_llama
 
         return str(random_llama.build())
+    if name_or_path == RANDOM_MLA:
+        from harness.zoo import random_mla
+
+        return str(random_mla.build())
     return name_or_path
 
 
@@ -76,7 +82,7 @@ def is_hybrid(name_or_path: str) -> bool:
     checkpoint whose config.json names a known hybrid architecture)."""
     if name_or_path in SPECS:
         return SPECS[name_or_path].hybrid
-    if name_or_path == RANDOM_LLAMA:
+    if name_or_path in (RANDOM_LLAMA, RANDOM_MLA):
         return False
     return any(a in HYBRID_ARCHITECTURES for a in _architectures(os.fspath(name_or_path)))
 
