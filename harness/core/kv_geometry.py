@@ -13,7 +13,11 @@ of one logical block are the same however it is split). A recurrent layer's stat
 derivable from config.json alone (vLLM keeps the SSM state in float32 on CPU and in the model
 dtype on the H200), so they come from the decode server's own log line (harness.serve.logscan).
 
-Pure: no vLLM import. Models whose geometry this does not model (MLA, an FP8 KV cache, sliding
+An MLA model caches one latent vector per token and layer (``kv_lora_rank + qk_rope_head_dim``
+elements, no K/V pair, no heads): 2,906 blocks x 16 tokens x 576 x 2 bytes x 2 layers was
+exactly the NIXL count of the random MLA cell on CPU (results/reference/cpu-mla-20261201).
+
+Pure: no vLLM import. Models whose geometry this does not model (an FP8 KV cache, sliding
 windows whose transfer is clipped) raise GeometryUnknown with the reason, and the check is
 skipped with that reason in the record rather than guessed.
 """
@@ -38,16 +42,20 @@ class KvGeometry:
     head_dim: int
     dtype_bytes: int
     state_layers: int = 0           # SSM / linear-attention layers (one state per request each)
+    latent: bool = False            # MLA: head_dim is the latent size, one vector per token
 
     @property
     def attention_bytes_per_token(self) -> int:
-        """K and V of one token in every attention layer, all KV heads (summed over TP ranks)."""
+        """K and V of one token in every attention layer, all KV heads (summed over TP ranks);
+        for MLA the one latent vector of each layer."""
+        if self.latent:
+            return self.attention_layers * self.head_dim * self.dtype_bytes
         return self.attention_layers * 2 * self.kv_heads * self.head_dim * self.dtype_bytes
 
     def to_dict(self) -> dict[str, int]:
         return {"attention_layers": self.attention_layers, "kv_heads": self.kv_heads,
                 "head_dim": self.head_dim, "dtype_bytes": self.dtype_bytes,
-                "state_layers": self.state_layers,
+                "state_layers": self.state_layers, "latent": self.latent,
                 "attention_bytes_per_token": self.attention_bytes_per_token}
 
 
@@ -62,13 +70,20 @@ def geometry_from_config(config: Mapping[str, Any], dtype: str,
     exact. `extra_args` are the servers' extra vLLM arguments (an FP8 KV cache changes bytes)."""
     if any(a.startswith("--kv-cache-dtype") for a in extra_args):
         raise GeometryUnknown("the servers set --kv-cache-dtype: bytes per token not modelled")
-    if config.get("kv_lora_rank") or config.get("use_mla"):
-        raise GeometryUnknown("MLA (latent KV) geometry is not modelled")
     if config.get("sliding_window") and config.get("use_sliding_window", True):
         raise GeometryUnknown("sliding-window attention: the transfer may be clipped to the window")
     dtype_bytes = DTYPE_BYTES.get(str(dtype).lower())
     if dtype_bytes is None:
         raise GeometryUnknown(f"dtype {dtype!r}: bytes per element not known")
+    if config.get("kv_lora_rank"):
+        try:
+            latent = int(config["kv_lora_rank"]) + int(config["qk_rope_head_dim"])
+            layers = int(config["num_hidden_layers"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise GeometryUnknown(f"MLA config.json lacks {exc} for the latent size") from None
+        return KvGeometry(layers, 1, latent, dtype_bytes, latent=True)
+    if config.get("use_mla"):
+        raise GeometryUnknown("MLA without kv_lora_rank: latent size not known")
     try:
         heads = int(config["num_attention_heads"])
         kv_heads = int(config.get("num_key_value_heads") or heads)

@@ -59,6 +59,20 @@ def count_fault_lines(log_paths: Iterable[str], request_ids: Iterable[str] | Non
 # vLLM (0.26 GPU, 0.32 CPU) logs each hybrid decode worker's per-layer recurrent state bytes when
 # it registers its caches with NIXL: "Hybrid SSM registration: ... mamba_ssm_size=(3264, 32768)"
 _STATE_SIZE_RE = re.compile(r"mamba_ssm_size=\((\d+),\s*(\d+)\)")
+_FORCED_BLOCK_RE = re.compile(r"requires block_size=(\d+), overriding user-specified block_size")
+
+
+def forced_block_size_from_logs(logs: Iterable[str]) -> int | None:
+    """The block size vLLM forced on a server against the one asked for (vLLM 0.32's CPU MLA
+    backend: "requires block_size=16, overriding user-specified block_size=128")."""
+    for p in logs:
+        try:
+            m = _FORCED_BLOCK_RE.search(Path(p).read_text(errors="replace"))
+        except OSError:
+            continue
+        if m:
+            return int(m.group(1))
+    return None
 
 
 def state_bytes_from_logs(decode_logs: Iterable[str]) -> int | None:
@@ -107,8 +121,11 @@ def _byte_account(records: list[dict], delta: TransferCounters, geometry: ByteGe
         state = logged
     # what the proxy sent decode is what decode was asked to read (a foreign-params canary sends
     # another request's; a dropped transfer sends none)
+    block_size = geometry.prefill_block_size
+    if geometry.geometry.latent:    # every MLA server gets the block size its backend forces
+        block_size = forced_block_size_from_logs(decode_logs) or block_size
     acc = account((r.get("sent_kv_transfer_params") for r in records), geometry.geometry,
-                  geometry.prefill_block_size, delta.nixl_bytes, state_bytes_per_layer=state,
+                  block_size, delta.nixl_bytes, state_bytes_per_layer=state,
                   cache_hit_tokens=delta.prompt_tokens_cache_hit)
     return acc.to_dict(), None
 

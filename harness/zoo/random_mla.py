@@ -24,6 +24,8 @@ NAME = "tiny-mla-random"
 KV_LORA_RANK = 512
 QK_ROPE_HEAD_DIM = 64
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+# the zoo's tokenizer, so the gsm_synth task runs (harness.zoo.registry.CHECKPOINTS_DIR)
+TOKENIZER_SOURCE = Path(__file__).parent / "checkpoints" / "tiny-llama-gsm"
 
 
 def config_kwargs() -> dict:
@@ -45,8 +47,6 @@ def build(out_dir: Path | None = None, seed: int = 0) -> Path:
     import torch
     from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
 
-    from harness.zoo.registry import checkpoint_dir
-
     out = Path(out_dir) if out_dir else cache_root() / "models" / NAME
     marker = out / ".complete"
     if marker.exists():
@@ -57,9 +57,8 @@ def build(out_dir: Path | None = None, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     DeepseekV2ForCausalLM(config).to(torch.bfloat16).save_pretrained(
         str(out), safe_serialization=True)
-    source = checkpoint_dir("tiny-llama-gsm")      # the zoo's tokenizer: the gsm_synth task runs
     for name in TOKENIZER_FILES:
-        shutil.copy(source / name, out / name)
+        shutil.copy(TOKENIZER_SOURCE / name, out / name)
     atomic_write_text(marker, json.dumps({"seed": seed}))
     return out
 

@@ -51,6 +51,16 @@ def test_geometry_it_cannot_state_exactly_is_refused_with_a_reason(cfg, dtype, a
         geometry_from_config({**base, **cfg}, dtype, args)
 
 
+def test_mla_caches_one_latent_vector_per_token_and_layer():
+    from harness.zoo.random_mla import config_kwargs
+
+    g = geometry_from_config(config_kwargs(), "bfloat16")
+    assert g.latent and (g.attention_layers, g.head_dim) == (2, 512 + 64)
+    assert g.attention_bytes_per_token == 2 * 576 * 2          # no K/V pair, no heads
+    with pytest.raises(GeometryUnknown, match="latent size"):
+        geometry_from_config({"num_hidden_layers": 2, "use_mla": True}, "bfloat16")
+
+
 def test_a_disabled_sliding_window_is_full_attention():
     cfg = {"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 256,
            "num_hidden_layers": 2, "sliding_window": 4096, "use_sliding_window": False}

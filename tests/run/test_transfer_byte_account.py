@@ -4,7 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.eval.metrics import TransferCounters
-from harness.run.transfer_evidence import ByteGeometry, state_bytes_from_logs, transfer_proof
+from harness.run.transfer_evidence import (ByteGeometry, forced_block_size_from_logs,
+                                           state_bytes_from_logs, transfer_proof)
 
 ZOO = Path(__file__).resolve().parents[2] / "harness" / "zoo" / "checkpoints"
 LINE = ("(Worker pid=30126) INFO 12-01 14:35:21 [base_worker.py:1761] Hybrid SSM registration: "
@@ -47,3 +48,36 @@ def test_a_dense_pair_short_of_bytes_is_not_exact():
     delta = TransferCounters(nixl_bytes=39_321_600.0)
     proof = transfer_proof([record([4])] * 50, delta, False, [], geo)
     assert not proof.byte_account["exact"] and proof.byte_account["expected"] == 52_428_800
+
+
+FORCED = ("(APIServer pid=21243) WARNING 12-01 22:53:01 [cpu.py:275] CPU MLA backend requires "
+          "block_size=16, overriding user-specified block_size=128.\n")
+
+
+def test_the_block_size_vllm_forced_comes_from_the_log(tmp_path):
+    log = tmp_path / "decode.log"
+    log.write_text("noise\n" + FORCED)
+    assert forced_block_size_from_logs([str(log)]) == 16
+    assert forced_block_size_from_logs([str(tmp_path / "missing.log")]) is None
+
+
+def test_an_mla_pair_is_accounted_at_the_forced_block_size(tmp_path):
+    """results/reference/cpu-mla-20261201: 2,906 blocks of 16 tokens x 2 layers x 576 x 2 B
+    were exactly the decode's NIXL bytes, though the cell asked for block 128."""
+    import json
+
+    from harness.zoo.random_mla import config_kwargs
+
+    model = tmp_path / "mla"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(config_kwargs()))
+    log = tmp_path / "decode.log"
+    log.write_text(FORCED)
+    geo = ByteGeometry.of_pair(str(model), "bfloat16", 128)
+    delta = TransferCounters(nixl_bytes=107_126_784.0, prompt_tokens_external=45_847.0)
+    records = [record([29]) for _ in range(94)] + [record([30]) for _ in range(6)]  # 2,906
+    proof = transfer_proof(records, delta, False, [str(log)], geometry=geo)
+    assert proof.byte_account["exact"], proof.byte_account
+    log.write_text("no override line\n")   # at the cell's 128 the count is 8x too high
+    proof = transfer_proof(records, delta, False, [str(log)], geometry=geo)
+    assert not proof.byte_account["exact"]
