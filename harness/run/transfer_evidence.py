@@ -62,29 +62,29 @@ _STATE_SIZE_RE = re.compile(r"mamba_ssm_size=\((\d+),\s*(\d+)\)")
 _FORCED_BLOCK_RE = re.compile(r"requires block_size=(\d+), overriding user-specified block_size")
 
 
-def forced_block_size_from_logs(logs: Iterable[str]) -> int | None:
-    """The block size vLLM forced on a server against the one asked for (vLLM 0.32's CPU MLA
-    backend: "requires block_size=16, overriding user-specified block_size=128")."""
+def _first_match(logs: Iterable[str], pattern: re.Pattern) -> re.Match | None:
+    """`pattern`'s first match in the first of `logs` that has one (unreadable logs skipped)."""
     for p in logs:
         try:
-            m = _FORCED_BLOCK_RE.search(Path(p).read_text(errors="replace"))
+            m = pattern.search(Path(p).read_text(errors="replace"))
         except OSError:
             continue
         if m:
-            return int(m.group(1))
+            return m
     return None
+
+
+def forced_block_size_from_logs(logs: Iterable[str]) -> int | None:
+    """The block size vLLM forced on a server against the one asked for (vLLM 0.32's CPU MLA
+    backend: "requires block_size=16, overriding user-specified block_size=128")."""
+    m = _first_match(logs, _FORCED_BLOCK_RE)
+    return int(m.group(1)) if m else None
 
 
 def state_bytes_from_logs(decode_logs: Iterable[str]) -> int | None:
     """Bytes of one recurrent layer's state (conv + SSM) as the decode server logged them."""
-    for p in decode_logs:
-        try:
-            m = _STATE_SIZE_RE.search(Path(p).read_text(errors="replace"))
-        except OSError:
-            continue
-        if m:
-            return int(m.group(1)) + int(m.group(2))
-    return None
+    m = _first_match(decode_logs, _STATE_SIZE_RE)
+    return int(m.group(1)) + int(m.group(2)) if m else None
 
 
 class ByteGeometry:
