@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
 from harness.core.atomic import atomic_write_text
 
@@ -37,16 +38,31 @@ def build_tokenizer(out_dir: Path, vocab_size: int = 512) -> None:
     tok.save_pretrained(str(out_dir))
 
 
-def build(out_dir: Path | None = None, seed: int = 0) -> Path:
-    """Build (or reuse) the model directory and return its path."""
+def build_once(name: str, out_dir: Path | None, seed: int, write: Callable[[Path], None]) -> Path:
+    """A random model's directory (`out_dir`, default the cache's models/`name`), written by
+    `write(dir)` under torch seed `seed` unless an earlier build completed it."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    out = Path(out_dir) if out_dir else cache_root() / "models" / NAME
+    out = Path(out_dir) if out_dir else cache_root() / "models" / name
     marker = out / ".complete"
     if marker.exists():
         return out
     out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    write(out)
+    atomic_write_text(marker, json.dumps({"seed": seed}))
+    return out
+
+
+def build(out_dir: Path | None = None, seed: int = 0) -> Path:
+    """Build (or reuse) the model directory and return its path."""
+    return build_once(NAME, out_dir, seed, _write)
+
+
+def _write(out: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     build_tokenizer(out)
     config = LlamaConfig(
         vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
@@ -54,11 +70,8 @@ def build(out_dir: Path | None = None, seed: int = 0) -> Path:
         max_position_embeddings=4096, bos_token_id=0, eos_token_id=1, pad_token_id=3,
         tie_word_embeddings=False, torch_dtype="bfloat16",
     )
-    torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(str(out), safe_serialization=True)
-    atomic_write_text(marker, json.dumps({"seed": seed}))
-    return out
 
 
 if __name__ == "__main__":

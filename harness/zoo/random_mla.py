@@ -13,12 +13,10 @@ Measured 2026-12-01 (results/reference/cpu-mla-20261201).
 """
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
-from harness.core.atomic import atomic_write_text
-from harness.zoo.random_llama import cache_root
+from harness.zoo.random_llama import build_once
 
 NAME = "tiny-mla-random"
 KV_LORA_RANK = 512
@@ -44,23 +42,19 @@ def config_kwargs() -> dict:
 
 def build(out_dir: Path | None = None, seed: int = 0) -> Path:
     """Build (or reuse) the model directory and return its path."""
+    return build_once(NAME, out_dir, seed, _write)
+
+
+def _write(out: Path) -> None:
     import torch
     from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
 
-    out = Path(out_dir) if out_dir else cache_root() / "models" / NAME
-    marker = out / ".complete"
-    if marker.exists():
-        return out
-    out.mkdir(parents=True, exist_ok=True)
     config = DeepseekV2Config(**config_kwargs())
     config.architectures = ["DeepseekV2ForCausalLM"]
-    torch.manual_seed(seed)
     DeepseekV2ForCausalLM(config).to(torch.bfloat16).save_pretrained(
         str(out), safe_serialization=True)
     for name in TOKENIZER_FILES:
         shutil.copy(TOKENIZER_SOURCE / name, out / name)
-    atomic_write_text(marker, json.dumps({"seed": seed}))
-    return out
 
 
 __all__ = ["NAME", "build", "config_kwargs"]
