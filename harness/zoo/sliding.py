@@ -156,11 +156,26 @@ def fine_tune(out_dir: str | Path, *, device: str = "cpu", steps: int = RECIPE["
                               "elapsed_s": round(time.monotonic() - t0, 1)}), flush=True)
     model.eval()
     export(model, base, base_dir, out)
-    record = {"model": NAME, "base": BASE, "window": WINDOW, "layer_types": list(LAYER_TYPES),
+    import platform
+
+    import transformers
+
+    from harness.zoo.train import RECIPE_VERSION
+
+    record = {"model": NAME, "recipe_version": RECIPE_VERSION, "architecture": "LlamaForCausalLM",
+              "hybrid": False, "parameters": sum(p.numel() for p in model.parameters()
+                                                 if p.requires_grad),
+              "task": task.TASK_NAME, "train_seed": task.TRAIN_SEED, "test_seed": task.TEST_SEED,
+              "base": BASE, "window": WINDOW, "layer_types": list(LAYER_TYPES),
+              "init": {"init": f"fine-tuned from {BASE}"},
               "trained_as": "Qwen2ForCausalLM (zero, frozen q/k/v biases)",
               "served_as": "LlamaForCausalLM", "steps_planned": steps, "steps_done": done,
               "decay_start": decay, "steps_total": total, "batch_size": batch_size, "lr": lr,
-              "warmup": warmup, "seed": seed, "device": device, "torch": torch.__version__,
+              "warmup": warmup, "seed": seed, "curriculum_steps": 0,
+              "schedule_cut_by_time_limit": done < steps, "device": device,
+              "device_name": (torch.cuda.get_device_name() if device == "cuda"
+                              else platform.processor() or platform.machine()),
+              "torch": torch.__version__, "transformers": transformers.__version__,
               "train_wall_s": round(time.monotonic() - t0, 1), "loss_curve": losses,
               "rebuild": f"python -m harness.zoo.sliding --out DIR --device {device} "
                          f"--steps {total} --batch-size {batch_size} --lr {lr}"}
