@@ -50,10 +50,18 @@ def _build(args: argparse.Namespace) -> int:
     # Train beside the target and swap at the end, so a failed build keeps the old checkpoint.
     work = Path(tempfile.mkdtemp(prefix=f".{args.name}.", dir=target.parent))
     try:
-        train.train(args.name, work, device=args.device or _default_device(),
-                    steps=args.steps, decay_start=None if args.steps else spec.decay_start,
-                    stop_after=None if args.steps else spec.stop_after,
-                    time_limit_s=args.time_limit, probe_n=args.probe_n, workers=args.workers)
+        if spec.recipe == "sliding-fine-tune":
+            from harness.zoo import sliding
+
+            sliding.fine_tune(work, device=args.device or _default_device(),
+                              steps=args.steps or spec.steps, time_limit_s=args.time_limit,
+                              probe_n=args.probe_n, workers=args.workers)
+        else:
+            train.train(args.name, work, device=args.device or _default_device(),
+                        steps=args.steps, decay_start=None if args.steps else spec.decay_start,
+                        stop_after=None if args.steps else spec.stop_after,
+                        time_limit_s=args.time_limit, probe_n=args.probe_n,
+                        workers=args.workers)
         if target.exists():
             shutil.rmtree(target)
         work.rename(target)

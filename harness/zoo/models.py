@@ -24,6 +24,10 @@ HEADS = 4
 KV_HEADS = 2
 HEAD_DIM = 64
 MLP = 768
+# The sliding-window model (harness/zoo/sliding.py): local attention on alternate layers, the
+# window far inside a prompt (429-485 tokens), so a sliding layer's older blocks are dead weight
+SWA_WINDOW = 64
+SWA_LAYER_TYPES = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,7 @@ class ZooSpec:
     stop_after: int | None = None    # stop early (the schedule still spans `steps`)
     curriculum_steps: int = 1500     # steps on short price lists first (harness/zoo/data.py)
     init: str = "default"            # "prev-token": harness/zoo/init.py (Llama only)
+    recipe: str = "from-scratch"     # "sliding-fine-tune": harness/zoo/sliding.py
 
     def make_config(self):
         """The transformers config object for this spec."""
@@ -79,6 +84,19 @@ SPECS: dict[str, ZooSpec] = {
             # A previous-token head written into the init (harness/zoo/init.py): from a plain
             # init nine recipe variants stayed at 0-7 %; with it, 100 % (probe, n=200).
             steps=3200, batch_size=32, lr=2e-3, init="prev-token",
+        ),
+        ZooSpec(
+            # tiny-llama-gsm with a 64-token window on layers 0 and 2, fine-tuned from its
+            # weights (harness/zoo/sliding.py: trained as a Qwen2, served as a Llama whose
+            # config lists the sliding layers, as vLLM's Llama reads them)
+            name="tiny-llama-swa-gsm",
+            architecture="LlamaForCausalLM",
+            hybrid=False,
+            config_kwargs=dict(_COMMON, head_dim=HEAD_DIM, intermediate_size=MLP,
+                               rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                               layer_types=SWA_LAYER_TYPES, sliding_window=SWA_WINDOW),
+            steps=1200, batch_size=32, lr=5e-4, warmup=50, curriculum_steps=0,
+            recipe="sliding-fine-tune",
         ),
         ZooSpec(
             # granite-4.0-h's layout (Mamba2 + attention, dense shared MLP, no experts), at toy

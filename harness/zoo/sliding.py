@@ -30,11 +30,14 @@ from pathlib import Path
 from harness.core.atomic import atomic_write_text
 from harness.zoo import task
 
+from harness.zoo.models import SWA_LAYER_TYPES, SWA_WINDOW, get_spec
+
 NAME = "tiny-llama-swa-gsm"
 BASE = "tiny-llama-gsm"
-WINDOW = 64
-LAYER_TYPES = ("sliding_attention", "full_attention", "sliding_attention", "full_attention")
-RECIPE = dict(steps=1200, batch_size=32, lr=5e-4, warmup=50)
+WINDOW = SWA_WINDOW
+LAYER_TYPES = tuple(SWA_LAYER_TYPES)
+_SPEC = get_spec(NAME)
+RECIPE = dict(steps=_SPEC.steps, batch_size=_SPEC.batch_size, lr=_SPEC.lr, warmup=_SPEC.warmup)
 
 
 def qwen2_config(base: dict, window: int = WINDOW, layer_types=LAYER_TYPES):
