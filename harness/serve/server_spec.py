@@ -246,9 +246,11 @@ def build_env(spec: ServerSpec, features: Features = Features(),
         # it counts up from a port the harness reserved for this server alone.
         env["VLLM_PORT"] = str(spec.internal_port)
     if spec.device == "cpu":
-        # the engine core and workers fork instead of importing torch + vLLM again
-        # (harness/serve/plugins/fork_start.py: a lone server ready in 16.7 s instead of 29.4 s)
-        env[FORK_START_ENV] = "1"
+        # Not armed: forking (harness/serve/plugins/fork_start.py) starts a lone server in
+        # 16.7 s instead of 29.4 s, but the forked worker's OpenMP threads are not bound to the
+        # server's cores (all 47 allowed on 0-1, not on core 1), and the smoke's evaluations
+        # slowed; a cell may opt in with extra_env {PD_ACCURACY_FORK_START: "1"}
+        env.pop(FORK_START_ENV, None)
         if spec.cpu_cores is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpu_cores
         if spec.kv_cache_bytes:

@@ -52,10 +52,12 @@ def test_a_platform_without_the_hook_is_left_alone():
     assert not hasattr(platform, "check_and_update_config")
 
 
-def test_cpu_servers_arm_it_and_cuda_servers_do_not():
+def test_servers_do_not_fork_unless_a_cell_asks():
+    inherited = {fork_start.ENV: "1"}          # a parent shell's setting does not leak in
     for role in ("baseline", "prefill", "decode"):
-        assert build_env(make_spec(role, "cpu"), base_env={})[fork_start.ENV] == "1"
-        assert fork_start.ENV not in build_env(make_spec(role, "cuda"), base_env={})
+        assert fork_start.ENV not in build_env(make_spec(role, "cpu"), base_env=inherited)
+    opted_in = make_spec("decode", "cpu", extra_env=((fork_start.ENV, "1"),))
+    assert build_env(opted_in, base_env={})[fork_start.ENV] == "1"
 
 
 def test_real_vllm_cpu_platform_forks_after_the_patch(monkeypatch):
