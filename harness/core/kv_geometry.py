@@ -17,9 +17,18 @@ An MLA model caches one latent vector per token and layer (``kv_lora_rank + qk_r
 elements, no K/V pair, no heads): 2,906 blocks x 16 tokens x 576 x 2 bytes x 2 layers was
 exactly the NIXL count of the random MLA cell on CPU (results/reference/cpu-mla-20261201).
 
-Pure: no vLLM import. Models whose geometry this does not model (an FP8 KV cache, sliding
-windows whose transfer is clipped) raise GeometryUnknown with the reason, and the check is
-skipped with that reason in the record rather than guessed.
+A model with sliding-window layers (``layer_types`` lists ``sliding_attention``) is served by
+vLLM's hybrid KV cache manager in KV cache groups of equal layer count (2 sliding + 2 full
+layers: two groups of two), and a sliding group lists only the blocks its window still reads,
+the null block (id 0) in place of the others. So each group's bytes are its real (non-null)
+block ids x block size x its layers' bytes per token: on the CPU cell of tiny-llama-swa-gsm
+(window 64, prompts of 429-485 tokens) that was 139,853,824 bytes for 200 requests, NIXL's own
+count to the byte, where counting the null ids too gives 157,286,400
+(results/reference/cpu-swa-20261202).
+
+Pure: no vLLM import. Models whose geometry this does not model (an FP8 KV cache, a window
+without per-layer types, a hybrid with a window) raise GeometryUnknown with the reason, and the
+check is skipped with that reason in the record rather than guessed.
 """
 from __future__ import annotations
 
@@ -27,7 +36,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
-ATTENTION_KINDS = ("attention", "full_attention", "full")
+ATTENTION_KINDS = ("attention", "full_attention", "full", "sliding_attention")
+SLIDING_KINDS = ("sliding_attention",)
 STATE_KINDS = ("mamba", "linear_attention", "mamba2", "ssm", "linear")
 
 
@@ -43,6 +53,7 @@ class KvGeometry:
     dtype_bytes: int
     state_layers: int = 0           # SSM / linear-attention layers (one state per request each)
     latent: bool = False            # MLA: head_dim is the latent size, one vector per token
+    sliding_layers: int = 0         # attention layers with a window (their group lists null ids)
 
     @property
     def attention_bytes_per_token(self) -> int:
@@ -56,6 +67,7 @@ class KvGeometry:
         return {"attention_layers": self.attention_layers, "kv_heads": self.kv_heads,
                 "head_dim": self.head_dim, "dtype_bytes": self.dtype_bytes,
                 "state_layers": self.state_layers, "latent": self.latent,
+                "sliding_layers": self.sliding_layers,
                 "attention_bytes_per_token": self.attention_bytes_per_token}
 
 
@@ -70,8 +82,10 @@ def geometry_from_config(config: Mapping[str, Any], dtype: str,
     exact. `extra_args` are the servers' extra vLLM arguments (an FP8 KV cache changes bytes)."""
     if any(a.startswith("--kv-cache-dtype") for a in extra_args):
         raise GeometryUnknown("the servers set --kv-cache-dtype: bytes per token not modelled")
-    if config.get("sliding_window") and config.get("use_sliding_window", True):
-        raise GeometryUnknown("sliding-window attention: the transfer may be clipped to the window")
+    windowed = bool(config.get("sliding_window")) and config.get("use_sliding_window", True)
+    if windowed and not any(k in SLIDING_KINDS for k in _layer_kinds(config) or ()):
+        raise GeometryUnknown("sliding-window attention without per-layer types: which layers "
+                              "are clipped to the window is not modelled")
     dtype_bytes = DTYPE_BYTES.get(str(dtype).lower())
     if dtype_bytes is None:
         raise GeometryUnknown(f"dtype {dtype!r}: bytes per element not known")
@@ -99,7 +113,11 @@ def geometry_from_config(config: Mapping[str, Any], dtype: str,
     if attention + state != len(kinds):
         other = sorted({k for k in kinds if k not in ATTENTION_KINDS + STATE_KINDS})
         raise GeometryUnknown(f"layer kinds {other} not modelled")
-    return KvGeometry(attention, kv_heads, head_dim, dtype_bytes, state_layers=state)
+    sliding = sum(k in SLIDING_KINDS for k in kinds) if windowed else 0
+    if sliding and state:
+        raise GeometryUnknown("sliding-window layers in a hybrid: groups not modelled")
+    return KvGeometry(attention, kv_heads, head_dim, dtype_bytes, state_layers=state,
+                      sliding_layers=sliding)
 
 
 __all__ = ["DTYPE_BYTES", "GeometryUnknown", "KvGeometry", "geometry_from_config"]

@@ -10,6 +10,8 @@ Expected bytes, per request of the proxy's records (the kv_transfer_params decod
 list the same blocks; a recurrent-state group lists one, so the longest list is the attention
 one) plus ``state layers x state bytes per layer`` for a hybrid. Prompt tokens the decode found in
 its own prefix cache are not read, so they are taken off (whole blocks, as vLLM caches them).
+With sliding-window layers every KV cache group counts on its own: its real block ids (a sliding
+group lists the null block for blocks out of its window) x block size x its layers' bytes.
 The geometry comes from harness.core.kv_geometry; the formula matched NIXL's own count to the
 byte on every committed CPU and H200 record (see that module).
 """
@@ -48,10 +50,20 @@ class ByteAccount:
         return {**asdict(self), "exact": self.exact, "detail": self.detail()}
 
 
+NULL_BLOCK = 0     # vLLM's block pool reserves id 0 as the null block; never read
+
+
 def attention_blocks(params: dict) -> int:
     """Blocks of the attention layers in one request's kv_transfer_params (0 without any)."""
     groups = params.get("remote_block_ids") or []
     return max((len(g) for g in groups), default=0)
+
+
+def windowed_group_blocks(params: dict) -> tuple[int, int]:
+    """(real block ids summed over the KV cache groups, number of groups) of a model with
+    sliding-window layers: a sliding group lists the null block for blocks out of its window."""
+    groups = params.get("remote_block_ids") or []
+    return sum(sum(1 for b in g if b != NULL_BLOCK) for g in groups), len(groups)
 
 
 def account(params_per_request: Iterable[dict | None], geometry: KvGeometry,
@@ -61,14 +73,22 @@ def account(params_per_request: Iterable[dict | None], geometry: KvGeometry,
     the model's geometry, the prefill server's (logical) block size, the NIXL bytes delta."""
     per_token = geometry.attention_bytes_per_token
     requests = blocks = 0
+    attention = 0
     for params in params_per_request:
         if not params:
             continue
         requests += 1
-        blocks += attention_blocks(params)
+        if geometry.sliding_layers:
+            # groups of equal layer count: each real id is one block of 1/groups of the layers
+            real, groups = windowed_group_blocks(params)
+            blocks += real
+            attention += real * prefill_block_size * per_token // max(1, groups)
+        else:
+            blocks += attention_blocks(params)
+            attention += attention_blocks(params) * prefill_block_size * per_token
     state = requests * geometry.state_layers * state_bytes_per_layer
     hit = int(cache_hit_tokens) * per_token
-    expected = blocks * prefill_block_size * per_token + state - hit
+    expected = attention + state - hit
     return ByteAccount(expected=expected, actual=int(actual_bytes), requests=requests,
                        attention_blocks=blocks, state_bytes=state, cache_hit_bytes=hit)
 

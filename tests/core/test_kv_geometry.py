@@ -65,3 +65,18 @@ def test_a_disabled_sliding_window_is_full_attention():
     cfg = {"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 256,
            "num_hidden_layers": 2, "sliding_window": 4096, "use_sliding_window": False}
     assert geometry_from_config(cfg, "bfloat16").attention_layers == 2
+
+
+def test_the_sliding_window_zoo_model_counts_its_sliding_layers():
+    import json
+
+    from harness.zoo import registry
+
+    config = json.loads((registry.CHECKPOINTS_DIR / "tiny-llama-swa-gsm" / "config.json").read_text())
+    g = geometry_from_config(config, "bfloat16")
+    assert (g.attention_layers, g.sliding_layers, g.state_layers) == (4, 2, 0)
+    assert g.attention_bytes_per_token == 4 * 2 * 2 * 64 * 2
+    hybrid = {**config, "layer_types": ["sliding_attention", "mamba", "full_attention",
+                                        "full_attention"]}
+    with pytest.raises(GeometryUnknown, match="hybrid"):
+        geometry_from_config(hybrid, "bfloat16")

@@ -49,3 +49,20 @@ def test_requests_without_params_and_prefix_cache_hits_are_not_expected_to_be_re
                   cache_hit_tokens=128)
     assert acc.requests == 1 and acc.cache_hit_bytes == 128 * 2048 and acc.exact
     assert attention_blocks({}) == 0 and attention_blocks(params(1, 3, 3)) == 3
+
+
+SWA = KvGeometry(attention_layers=4, kv_heads=2, head_dim=64, dtype_bytes=2, sliding_layers=2)
+
+
+def test_a_sliding_group_counts_only_its_real_blocks():
+    # measured (CPU, tiny-llama-swa-gsm, window 64, 2026-12-02): a 485-token prompt's params
+    # list [[0, 44], [45, 46, 47, 48]]: the sliding group keeps only the last block; 133 such
+    # requests and 67 whose window reaches back into the third block gave NIXL's 139,853,824
+    one_block = {"remote_block_ids": [[0, 44], [45, 46, 47, 48]]}
+    two_blocks = {"remote_block_ids": [[43, 44], [45, 46, 47, 48]]}
+    acc = account([one_block] * 133 + [two_blocks] * 67, SWA, 128, 139_853_824)
+    assert acc.exact and acc.attention_blocks == 133 * 5 + 67 * 6
+    counted_null = account([two_blocks] * 200, SWA, 128, 139_853_824)
+    assert not counted_null.exact and counted_null.expected == 157_286_400
+    # without the window the null id would be read as a block: the dense formula
+    assert account([one_block], LLAMA, 128, 0).expected == 4 * 128 * LLAMA.attention_bytes_per_token
