@@ -79,9 +79,13 @@ def render_card(checkpoint: str | Path) -> str:
         lines += [f"> **Not usable for accuracy comparisons:** it scores {_fmt_acc(max(measured))} "
                   "on its own task (see the accuracy section). It still exercises the architecture and tokenizer.", ""]
     lines += [
-        f"A tiny `{train['architecture']}` trained from scratch by the harness on the synthetic "
-        f"`{task.TASK_NAME}` task (harness/zoo/task.py), so that baseline-vs-P/D accuracy "
-        "comparisons mean something offline. Not a language model beyond this task.",
+        f"A tiny `{train['architecture']}` "
+        + (f"fine-tuned from `{train['base']}` ({train.get('trained_as', '')}, window "
+           f"{train.get('window')} on the `sliding_attention` layers; harness/zoo/sliding.py)"
+           if train.get("base") else "trained from scratch")
+        + f" by the harness on the synthetic `{task.TASK_NAME}` task (harness/zoo/task.py), so "
+        "that baseline-vs-P/D accuracy comparisons mean something offline. Not a language model "
+        "beyond this task.",
         "",
         "## Architecture",
         "",
@@ -175,6 +179,8 @@ def _init_text(init: dict | None) -> str:
     """The weight-init row: transformers' default, or the previous-token head (harness/zoo/init.py)."""
     if not init or init.get("init", "default") == "default":
         return "transformers default (normal, std 0.02)"
+    if "layer" not in init:                     # e.g. "fine-tuned from tiny-llama-gsm"
+        return str(init["init"])
     return (f"{init['init']}: layer {init['layer']} KV head {init['kv_head']} attends to the previous "
             f"token by RoPE phase ({init['pairs']} rotary pairs, {init['gap_logits']:g}-logit margin; "
             f"harness/zoo/init.py)")

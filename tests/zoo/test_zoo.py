@@ -12,7 +12,8 @@ from harness.zoo.data import LineTokenCache
 from harness.zoo.probe import block_span, strict_answer
 from harness.zoo.train import lr_at
 
-NAMES = ("tiny-llama-gsm", "tiny-granite-hybrid-gsm", "tiny-qwen3next-hybrid-gsm")
+NAMES = ("tiny-llama-gsm", "tiny-llama-swa-gsm", "tiny-granite-hybrid-gsm",
+         "tiny-qwen3next-hybrid-gsm")
 TASK_YAML = Path(__file__).resolve().parents[2] / "harness" / "eval" / "tasks" / "gsm_synth.yaml"
 MAX_CHECKPOINT_BYTES = 10 * 1000 * 1000
 
@@ -145,7 +146,7 @@ def test_checkpoints_share_one_tokenizer():
 
 def test_registry_facts(tmp_path):
     assert registry.zoo_names() == list(NAMES)
-    assert [registry.is_hybrid(n) for n in NAMES] == [False, True, True]
+    assert [registry.is_hybrid(n) for n in NAMES] == [False, False, True, True]
     assert registry.required_block_size("tiny-llama-gsm") is None
     assert registry.required_block_size("tiny-granite-hybrid-gsm", "cpu") == 128
     assert registry.required_block_size("tiny-qwen3next-hybrid-gsm", "cpu") == 128
