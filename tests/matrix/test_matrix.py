@@ -435,8 +435,9 @@ def test_nightly_declares_the_h200_block_and_host_buffer_failures():
 def test_cpu_full_has_a_heterogeneous_tp_pair_that_a_cpu_machine_runs():
     e = expand(load_matrix(), "cpu-full", CPU)
     tp = [c for c in e.cells if (c.prefill_tp, c.decode_tp) != (1, 1)]
-    assert [c.cell_id for c in tp] == ["v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x2"]
-    assert not tp[0].expected_failure and tp[0].gpus_needed["total"] == 0
+    assert [c.cell_id for c in tp] == ["v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x2",
+                                       "v1-CPU_ATTN-p128d128-tiny-llama-swa-gsm-tp1x2-eager"]
+    assert all(not c.expected_failure and c.gpus_needed["total"] == 0 for c in tp)
 
 
 def test_expected_failures_carry_their_reason_pattern(tmp_path):
