@@ -9,12 +9,14 @@ the engine core printed "Initializing a V1 LLM engine" 8 s after the API server'
 spawned and in the same second when forked, and the worker loaded its model 2 s later instead of
 9 s. Three servers starting together on 2 cores pay those imports three times over.
 
-vLLM's CUDA platform forks by default; what CPU gives up is only the fresh interpreter. The
-fork happens before the worker initialises OpenMP (its thread binding, NIXL agent and KV cache
-are all set up after the fork, exactly as when spawned), so the KV path under test is the same
-code with the same threads. With ``PD_ACCURACY_FORK_START=1`` (the harness sets it on CPU
-servers; ``0`` in a cell's ``extra_env`` turns it off) this plugin restores ``fork`` right after
-vLLM's CPU platform has chosen ``spawn``. Nothing else in the platform's config changes.
+vLLM's CUDA platform forks by default. On CPU forking is not the same run: the forked worker's
+OpenMP threads were not bound to the server's cores (all 47 allowed on cores 0-1 with
+``VLLM_CPU_OMP_THREADS_BIND=1``; spawned, all on core 1). Pinning the server to its cores at
+launch restores that (results/benchmarks/cpu-smoke-fork-pinned-20261202), but the harness does
+not pin yet. So the harness does not arm this plugin (``build_env`` drops the variable); a cell
+opts in with ``extra_env: {PD_ACCURACY_FORK_START: "1"}``, and the plugin then restores ``fork``
+right after vLLM's CPU platform has chosen ``spawn``. Nothing else in the platform's config
+changes.
 """
 from __future__ import annotations
 
