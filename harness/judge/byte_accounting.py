@@ -84,8 +84,9 @@ def account(params_per_request: Iterable[dict | None], geometry: KvGeometry,
             blocks += real
             attention += real * prefill_block_size * per_token // max(1, groups)
         else:
-            blocks += attention_blocks(params)
-            attention += attention_blocks(params) * prefill_block_size * per_token
+            listed = attention_blocks(params)
+            blocks += listed
+            attention += listed * prefill_block_size * per_token
     state = requests * geometry.state_layers * state_bytes_per_layer
     hit = int(cache_hit_tokens) * per_token
     expected = attention + state - hit

@@ -114,12 +114,15 @@ def fine_tune(out_dir: str | Path, *, device: str = "cpu", steps: int = RECIPE["
               probe_n: int = 0, workers: int = 2, seed: int = 0, log_every: int = 50,
               base_dir: Path | None = None) -> dict:
     """Fine-tune, export into `out_dir`, write training.json; returns the training record."""
+    import platform
+
     import torch
+    import transformers
 
     from harness.zoo.data import BatchStream, LineTokenCache
     from harness.zoo.probe import probe
     from harness.zoo.registry import CHECKPOINTS_DIR
-    from harness.zoo.train import lr_at, _set_determinism
+    from harness.zoo.train import RECIPE_VERSION, _set_determinism, lr_at
 
     base_dir = Path(base_dir or CHECKPOINTS_DIR / BASE)
     out = Path(out_dir)
@@ -159,12 +162,6 @@ def fine_tune(out_dir: str | Path, *, device: str = "cpu", steps: int = RECIPE["
                               "elapsed_s": round(time.monotonic() - t0, 1)}), flush=True)
     model.eval()
     export(model, base, base_dir, out)
-    import platform
-
-    import transformers
-
-    from harness.zoo.train import RECIPE_VERSION
-
     record = {"model": NAME, "recipe_version": RECIPE_VERSION, "architecture": "LlamaForCausalLM",
               "hybrid": False, "parameters": sum(p.numel() for p in model.parameters()
                                                  if p.requires_grad),
