@@ -27,7 +27,7 @@ from harness.serve.process import ManagedProcess, ServerStartTimeout
 from harness.serve.plugins.fault_spec import BY_REQUEST
 from harness.serve.plugins.kv_digest_hook import DIGEST_FILE_ENV
 from harness.serve.server_spec import (Features, ServerSpec, build_argv, build_env,
-                                       engine_settings, render_command)
+                                       cpu_affinity, engine_settings, render_command)
 from harness.serve.start_slots import StartSlots
 
 # Size of the CPU KV cache per server: tiny models need little; never let one server take all RAM.
@@ -132,7 +132,8 @@ class Deployment:
     def _process(self, spec: ServerSpec) -> ManagedProcess:
         return ManagedProcess(spec.name, build_argv(spec, self.features),
                               self.log_dir / f"{self.name}-{spec.name}.log",
-                              env=self._env(spec), inherit_env=False)
+                              env=self._env(spec), inherit_env=False,
+                              cpu_affinity=cpu_affinity(spec))
 
     def launch(self) -> "Deployment":
         """Start every server (concurrently, each in its own process group); don't wait.

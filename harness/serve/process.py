@@ -124,6 +124,7 @@ class ManagedProcess:
         *,
         inherit_env: bool = True,
         pdeathsig: bool = True,
+        cpu_affinity: Iterable[int] | None = None,
     ) -> None:
         if not argv:
             raise ValueError(f"{name}: empty argv")
@@ -134,6 +135,8 @@ class ManagedProcess:
         self.cwd = None if cwd is None else Path(cwd)
         self.inherit_env = inherit_env
         self.pdeathsig = pdeathsig and PDEATHSIG_SUPPORTED
+        # the cores the child and all it starts may run on, set before exec (None: inherited)
+        self.cpu_affinity = frozenset(cpu_affinity) if cpu_affinity else None
         self._popen: subprocess.Popen[bytes] | None = None
         self._create_time: float | None = None
         self._log_offset = 0  # where this run's output starts in the (appended) log
@@ -217,7 +220,7 @@ class ManagedProcess:
             log_file.flush()
             self._log_offset = log_file.tell()
             preexec = child_preexec(os.getpid() if self.pdeathsig else None,
-                                    process_registry.prepare_start())
+                                    process_registry.prepare_start(), self.cpu_affinity)
 
             def spawn() -> subprocess.Popen[bytes]:
                 return subprocess.Popen(

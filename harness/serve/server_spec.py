@@ -219,6 +219,24 @@ def build_argv(spec: ServerSpec, features: Features = Features()) -> list[str]:
     return argv
 
 
+def cpu_affinity(spec: ServerSpec) -> frozenset[int] | None:
+    """The cores a CPU server's processes are confined to from launch: its
+    VLLM_CPU_OMP_THREADS_BIND cores ("0", "0|1", "0-3", "0,2"); None on GPU or unplaced."""
+    if spec.device != "cpu" or not spec.cpu_cores:
+        return None
+    cores: set[int] = set()
+    for part in spec.cpu_cores.replace("|", ",").split(","):
+        first, _, last = part.strip().partition("-")
+        cores.update(range(int(first), int(last or first) + 1))
+    return frozenset(cores)
+
+
+def forks_engine(spec: ServerSpec) -> bool:
+    """A CPU server that forks its engine core and worker (the fork-start plugin): TP1 and
+    pinned to its core from launch."""
+    return spec.device == "cpu" and spec.tp == 1 and cpu_affinity(spec) is not None
+
+
 def build_env(spec: ServerSpec, features: Features = Features(),
               base_env: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base_env is None else base_env)
@@ -245,12 +263,16 @@ def build_env(spec: ServerSpec, features: Features = Features(),
         # baseline died with "DistNetworkError ... port: 36225 ... EADDRINUSE"). From VLLM_PORT
         # it counts up from a port the harness reserved for this server alone.
         env["VLLM_PORT"] = str(spec.internal_port)
+    env.pop(FORK_START_ENV, None)          # a parent shell's setting does not leak in
     if spec.device == "cpu":
-        # Not armed: forking (harness/serve/plugins/fork_start.py) starts a lone server in
-        # 16.7 s instead of 29.4 s, but the forked worker's OpenMP threads are not bound to the
-        # server's cores (all 47 allowed on 0-1, not on core 1), and the smoke's evaluations
-        # slowed; a cell may opt in with extra_env {PD_ACCURACY_FORK_START: "1"}
-        env.pop(FORK_START_ENV, None)
+        # Forking (harness/serve/plugins/fork_start.py) starts a lone server in 16.7 s instead
+        # of 29.4 s. Armed only where the server is pinned to its one core from launch
+        # (cpu_affinity, applied by ManagedProcess before exec): a forked worker does not bind
+        # its OpenMP threads itself (all 47 allowed on cores 0-1 unpinned), pinned every thread
+        # of all three processes sat on the server's core, as spawned. TP>1 keeps spawning:
+        # each rank binds its own core, which a forked rank was not seen to do.
+        if forks_engine(spec):
+            env[FORK_START_ENV] = "1"
         if spec.cpu_cores is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpu_cores
         if spec.kv_cache_bytes:
@@ -301,4 +323,6 @@ def render_command(spec: ServerSpec, features: Features = Features(),
     env = build_env(spec, features, base_env={}) if env is None else env
     shown = {k: v for k, v in sorted(env.items()) if k.startswith(tuple(env_keys))}
     prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items())
-    return (prefix + " " if prefix else "") + shlex.join(build_argv(spec, features))
+    cores = cpu_affinity(spec)
+    pin = ["taskset", "-c", ",".join(map(str, sorted(cores)))] if cores else []
+    return (prefix + " " if prefix else "") + shlex.join(pin + build_argv(spec, features))

@@ -16,8 +16,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["PDEATHSIG_SUPPORTED", "call_from_long_lived_thread", "child_preexec",
-           "pdeathsig_preexec"]
+__all__ = ["PDEATHSIG_SUPPORTED", "affinity_preexec", "call_from_long_lived_thread",
+           "child_preexec", "pdeathsig_preexec"]
 
 _T = TypeVar("_T")
 
@@ -44,13 +44,22 @@ def pdeathsig_preexec(parent_pid: int) -> Callable[[], None]:
     return set_parent_death_signal
 
 
-def child_preexec(pdeathsig_parent: int | None, announce: Callable[[], None] | None
-                  ) -> Callable[[], None] | None:
+def affinity_preexec(cores: frozenset[int]) -> Callable[[], None]:
+    """A ``preexec_fn`` that confines the child, and every thread and process it will start,
+    to ``cores`` (before exec: no thread of it exists yet)."""
+    def pin() -> None:
+        os.sched_setaffinity(0, cores)
+    return pin
+
+
+def child_preexec(pdeathsig_parent: int | None, announce: Callable[[], None] | None,
+                  cpu_affinity: frozenset[int] | None = None) -> Callable[[], None] | None:
     """The ``preexec_fn`` of a server: the parent-death signal (when ``pdeathsig_parent`` is
-    given: the caller's PID) and then ``announce`` (the watchdog's registration of the new
-    group); None when neither is wanted."""
+    given: the caller's PID), its CPU cores (``cpu_affinity``), and then ``announce`` (the
+    watchdog's registration of the new group); None when none is wanted."""
     parts = [part for part in (
         pdeathsig_preexec(pdeathsig_parent) if pdeathsig_parent is not None else None,
+        affinity_preexec(cpu_affinity) if cpu_affinity else None,
         announce) if part is not None]
     if not parts:
         return None

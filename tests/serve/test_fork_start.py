@@ -7,7 +7,7 @@ import os
 import pytest
 
 from harness.serve.plugins import fork_start
-from harness.serve.server_spec import build_env
+from harness.serve.server_spec import build_env, cpu_affinity
 from server_specs import make_spec
 
 
@@ -52,12 +52,45 @@ def test_a_platform_without_the_hook_is_left_alone():
     assert not hasattr(platform, "check_and_update_config")
 
 
-def test_servers_do_not_fork_unless_a_cell_asks():
+def test_pinned_tp1_cpu_servers_fork_and_nothing_else_does():
     inherited = {fork_start.ENV: "1"}          # a parent shell's setting does not leak in
     for role in ("baseline", "prefill", "decode"):
-        assert fork_start.ENV not in build_env(make_spec(role, "cpu"), base_env=inherited)
-    opted_in = make_spec("decode", "cpu", extra_env=((fork_start.ENV, "1"),))
-    assert build_env(opted_in, base_env={})[fork_start.ENV] == "1"
+        pinned = make_spec(role, "cpu", cpu_cores="1")
+        assert cpu_affinity(pinned) == {1}
+        assert build_env(pinned, base_env={})[fork_start.ENV] == "1"
+        unplaced = make_spec(role, "cpu")           # no core: nothing would pin its workers
+        assert fork_start.ENV not in build_env(unplaced, base_env=inherited)
+        tp2 = make_spec(role, "cpu", tp=2, cpu_cores="0|1")   # each rank binds its own core
+        assert cpu_affinity(tp2) == {0, 1}
+        assert fork_start.ENV not in build_env(tp2, base_env=inherited)
+        gpu = make_spec(role, "cuda")
+        assert cpu_affinity(gpu) is None and fork_start.ENV not in build_env(gpu, base_env=inherited)
+
+
+def test_core_lists_parse_like_vllm_binds_them():
+    assert cpu_affinity(make_spec("decode", "cpu", cpu_cores="0-3")) == {0, 1, 2, 3}
+    assert cpu_affinity(make_spec("decode", "cpu", cpu_cores="0,2|5")) == {0, 2, 5}
+
+
+def test_a_pinned_server_is_started_on_its_cores_only(tmp_path):
+    # the real launch path: ManagedProcess applies the spec's affinity before exec, so the
+    # child and a grandchild it forks (vLLM's engine core and worker) are confined
+    import sys
+
+    from harness.serve.process import ManagedProcess
+
+    core = sorted(os.sched_getaffinity(0))[-1]
+    script = tmp_path / "fork_and_report.py"
+    script.write_text("import os\npid = os.fork()\n"
+                      "if pid == 0: print(sorted(os.sched_getaffinity(0)), flush=True); os._exit(0)\n"
+                      "os.waitpid(pid, 0); print(sorted(os.sched_getaffinity(0)), flush=True)\n")
+    log = tmp_path / "child.log"
+    spec = make_spec("decode", "cpu", cpu_cores=str(core))
+    with ManagedProcess("pinned", [sys.executable, str(script)], log,
+                        cpu_affinity=cpu_affinity(spec)) as proc:
+        proc._popen.wait(30)
+    lines = [ln for ln in log.read_text().splitlines() if not ln.startswith("===")]
+    assert lines == [str([core])] * 2, lines
 
 
 def test_real_vllm_cpu_platform_forks_after_the_patch(monkeypatch):

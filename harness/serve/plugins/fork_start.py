@@ -9,14 +9,14 @@ the engine core printed "Initializing a V1 LLM engine" 8 s after the API server'
 spawned and in the same second when forked, and the worker loaded its model 2 s later instead of
 9 s. Three servers starting together on 2 cores pay those imports three times over.
 
-vLLM's CUDA platform forks by default. On CPU forking is not the same run: the forked worker's
-OpenMP threads were not bound to the server's cores (all 47 allowed on cores 0-1 with
-``VLLM_CPU_OMP_THREADS_BIND=1``; spawned, all on core 1). Pinning the server to its cores at
-launch restores that (results/benchmarks/cpu-smoke-fork-pinned-20261202), but the harness does
-not pin yet. So the harness does not arm this plugin (``build_env`` drops the variable); a cell
-opts in with ``extra_env: {PD_ACCURACY_FORK_START: "1"}``, and the plugin then restores ``fork``
-right after vLLM's CPU platform has chosen ``spawn``. Nothing else in the platform's config
-changes.
+vLLM's CUDA platform forks by default. On CPU forking alone is not the same run: the forked
+worker's OpenMP threads were not bound to the server's cores (all 47 allowed on cores 0-1 with
+``VLLM_CPU_OMP_THREADS_BIND=1``; spawned, all on core 1). Pinned to its core from launch, every
+thread of all three processes sat on that core (results/benchmarks/cpu-smoke-fork-pinned-20261202).
+So the harness arms this plugin (``build_env`` sets the variable) exactly where it pins: a CPU
+server of TP1 with its core placed (``server_spec.forks_engine``; ``ManagedProcess`` applies the
+affinity before exec). The plugin then restores ``fork`` right after vLLM's CPU platform has
+chosen ``spawn``. Nothing else in the platform's config changes.
 """
 from __future__ import annotations
 
