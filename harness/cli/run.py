@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Sequence
 from harness.core.cell import (ASYNC_SCHEDULING, COMPILE_MODES, CUDAGRAPH_MODES, KV_LAYOUTS, NETWORKS,
                                SPEC_DECODE_METHODS, Cell)
 from harness.report.junit import write_junit
-from harness.core.options import GPU_LAYOUTS, RunOptions, UsageError
+from harness.core.options import GPU_LAYOUTS, SERVER_STARTS, RunOptions, UsageError
 from harness.serve.start_slots import StartSlots
 from harness.core.outcomes import EXIT_CODES, EXIT_USAGE, MISSED, summary_line, worst_outcome
 
@@ -101,6 +102,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                      help="at most N servers of this host in start-up at once; the others wait "
                           "for a slot and their --startup-timeout counts from it (default: "
                           "$PD_ACCURACY_MAX_STARTING, else no cap)")
+    out.add_argument("--server-start", choices=SERVER_STARTS, default=None,
+                     help="exec: each server a fresh interpreter; template: each a fork of one "
+                          "interpreter per run that imported vLLM already (default: "
+                          "$PD_ACCURACY_SERVER_START, else exec)")
     out.add_argument("--gpu-layout", choices=GPU_LAYOUTS, default=_OPT.gpu_layout,
                      help="cuda: all servers from the first visible GPU, or prefill then decode GPUs")
     out.add_argument("--kv-cache-bytes", type=int, default=None,
@@ -215,7 +220,8 @@ def options_from(args: argparse.Namespace) -> RunOptions:
         kv_digest=not args.no_kv_digest,
         num_fewshot=args.num_fewshot, max_gen_toks=args.max_gen_toks, gpu_layout=args.gpu_layout,
         kv_cache_bytes=args.kv_cache_bytes, repeats=args.repeats, sample_seed=args.sample_seed,
-        max_starting=max_starting, profile=args.profile)
+        max_starting=max_starting, profile=args.profile,
+        server_start=args.server_start or os.environ.get("PD_ACCURACY_SERVER_START", "exec"))
 
 
 def run_parser() -> argparse.ArgumentParser:

@@ -17,7 +17,7 @@ from harness.run.external import ModelFacts, cell_id_for, model_facts, task_prob
 # options of how the harness starts servers: the file describes both
 CELL_GROUPS = ("which cells", "one ad-hoc cell (instead of --profile)")
 SERVER_FLAGS = ("task", "platform", "gpu_layout", "kv_cache_bytes", "max_starting",
-                "startup_timeout")
+                "startup_timeout", "server_start")
 
 
 class PreflightProblems(UsageError):

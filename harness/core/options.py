@@ -8,6 +8,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 GPU_LAYOUTS = ("shared", "split")
+# how a server process starts: "exec" a fresh interpreter per server, or "template" a fork of
+# one interpreter per run that imported vLLM already (harness.serve.server_template)
+SERVER_STARTS = ("exec", "template")
 
 
 class UsageError(ValueError):
@@ -39,6 +42,7 @@ class RunOptions:
     startup_timeout_s: float = 600.0      # three servers starting on a loaded 2-core machine: ≤ 7 min
     max_starting: int | None = None       # servers of this host in start-up at once (None: no cap)
     gpu_layout: str = "shared"
+    server_start: str = "exec"            # SERVER_STARTS
     kv_cache_bytes: int | None = None     # per server (None: the deployment's default)
     # where results go
     results_dir: str = "results/runs"
@@ -62,6 +66,8 @@ class RunOptions:
             raise UsageError("--max-starting must be 0 (no cap) or more")
         if self.gpu_layout not in GPU_LAYOUTS:
             raise UsageError(f"--gpu-layout must be one of {', '.join(GPU_LAYOUTS)}")
+        if self.server_start not in SERVER_STARTS:
+            raise UsageError(f"--server-start must be one of {', '.join(SERVER_STARTS)}")
         if self.startup_timeout_s <= 0:
             raise UsageError("--startup-timeout must be positive")
 

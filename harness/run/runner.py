@@ -225,7 +225,8 @@ class Runner:
                            placement=self.placement, log_dir=self.log_dir, features=self.features,
                            startup_timeout_s=self.options.startup_timeout_s,
                            kv_cache_bytes=self.options.kv_cache_bytes,
-                           start_slots=self.start_slots)
+                           start_slots=self.start_slots,
+                           server_start=self.options.server_start)
         pairs: dict[tuple, list[Cell]] = {}
         for cell in cells:
             pairs.setdefault(pair_key(cell), []).append(cell)

@@ -29,6 +29,7 @@ from harness.serve.plugins.kv_digest_hook import DIGEST_FILE_ENV
 from harness.serve.server_spec import (Features, ServerSpec, build_argv, build_env,
                                        cpu_affinity, engine_settings, render_command)
 from harness.serve.start_slots import StartSlots
+from harness.serve.template_client import template_for
 
 # Size of the CPU KV cache per server: tiny models need little; never let one server take all RAM.
 # (tiny zoo models need a few MiB; a real model on a GPU farm passes --kv-cache-bytes)
@@ -93,8 +94,10 @@ class Deployment:
                  features: Features = Features(), startup_timeout_s: float = 300.0,
                  allocator: PortAllocator | None = None, reserved_ports: Sequence[int] = (),
                  start_slots: StartSlots | None = None,
-                 topology: TwoHostTopology | None = None, kv_digest: bool = False) -> None:
+                 topology: TwoHostTopology | None = None, kv_digest: bool = False,
+                 server_start: str = "exec") -> None:
         self.name = name
+        self.server_start = server_start   # "template": servers fork from a warm interpreter
         self.kv_digest = kv_digest         # P/D servers hash every request's prompt KV
         self.topology = topology           # created at launch, removed after the servers stopped
         self.specs = list(specs)
@@ -130,10 +133,15 @@ class Deployment:
         return env
 
     def _process(self, spec: ServerSpec) -> ManagedProcess:
-        return ManagedProcess(spec.name, build_argv(spec, self.features),
-                              self.log_dir / f"{self.name}-{spec.name}.log",
+        argv = build_argv(spec, self.features)
+        template = None
+        if self.server_start == "template":
+            template = template_for(spec.python, self.log_dir, cpu_affinity(spec))
+            if not template.can_run(argv):   # a launch prefix (ip netns exec) execs as before
+                template = None
+        return ManagedProcess(spec.name, argv, self.log_dir / f"{self.name}-{spec.name}.log",
                               env=self._env(spec), inherit_env=False,
-                              cpu_affinity=cpu_affinity(spec))
+                              cpu_affinity=cpu_affinity(spec), template=template)
 
     def launch(self) -> "Deployment":
         """Start every server (concurrently, each in its own process group); don't wait.
@@ -328,7 +336,7 @@ class ProxyDeployment:
 def plan_baseline(cell: Cell, *, model_path: str, hybrid: bool, allocator: PortAllocator,
                   placement: Placement, log_dir: Path, features: Features,
                   startup_timeout_s: float, kv_cache_bytes: int | None = None,
-                  start_slots: StartSlots | None = None) -> Deployment:
+                  start_slots: StartSlots | None = None, server_start: str = "exec") -> Deployment:
     port = allocator.reserve(1, owner=f"baseline:{cell.cell_id}")[0]
     internal = allocator.reserve_block(INTERNAL_PORT_BLOCK, owner=f"baseline-vllm:{cell.cell_id}")
     spec = plan_server(cell, "baseline", 0, model_path=model_path, hybrid=hybrid, port=port,
@@ -336,14 +344,15 @@ def plan_baseline(cell: Cell, *, model_path: str, hybrid: bool, allocator: PortA
                        internal_port=internal[0])
     return Deployment(f"baseline-{cell.baseline_key}", [spec], log_dir=log_dir, features=features,
                       startup_timeout_s=startup_timeout_s, allocator=allocator,
-                      reserved_ports=[port, *internal], start_slots=start_slots)
+                      reserved_ports=[port, *internal], start_slots=start_slots,
+                      server_start=server_start)
 
 
 def plan_pair(cell: Cell, *, model_path: str, hybrid: bool, allocator: PortAllocator,
               placement: Placement, log_dir: Path, features: Features,
               startup_timeout_s: float, kv_cache_bytes: int | None = None,
               start_slots: StartSlots | None = None, arm_faults: bool = False,
-              kv_digest: bool = False) -> Deployment:
+              kv_digest: bool = False, server_start: str = "exec") -> Deployment:
     specs, reserved = [], []
     # the topology ledger lives with the port registry (a dry run's: a throwaway one)
     topology = (TwoHostTopology.reserve(f"{log_dir}/{cell.cell_id}",
@@ -368,4 +377,5 @@ def plan_pair(cell: Cell, *, model_path: str, hybrid: bool, allocator: PortAlloc
         cell.decode_tp, "armed" if arm_faults else "ok", *([topology.tag] if topology else ())))
     return Deployment(name, specs, log_dir=log_dir, features=features,
                       startup_timeout_s=startup_timeout_s, allocator=allocator, reserved_ports=reserved,
-                      start_slots=start_slots, topology=topology, kv_digest=kv_digest)
+                      start_slots=start_slots, topology=topology, kv_digest=kv_digest,
+                      server_start=server_start)

@@ -31,6 +31,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import psutil
 import requests
@@ -53,6 +54,9 @@ from harness.serve.process_registry import (
     total_rss_bytes,
 )
 from harness.serve.spawn import PDEATHSIG_SUPPORTED, call_from_long_lived_thread, child_preexec
+
+if TYPE_CHECKING:
+    from harness.serve.template_client import ServerTemplate
 
 LOG = logging.getLogger(__name__)
 
@@ -125,6 +129,7 @@ class ManagedProcess:
         inherit_env: bool = True,
         pdeathsig: bool = True,
         cpu_affinity: Iterable[int] | None = None,
+        template: "ServerTemplate | None" = None,
     ) -> None:
         if not argv:
             raise ValueError(f"{name}: empty argv")
@@ -137,6 +142,8 @@ class ManagedProcess:
         self.pdeathsig = pdeathsig and PDEATHSIG_SUPPORTED
         # the cores the child and all it starts may run on, set before exec (None: inherited)
         self.cpu_affinity = frozenset(cpu_affinity) if cpu_affinity else None
+        # forked from a server template (vLLM imported already) instead of exec'd afresh
+        self.template = template
         self._popen: subprocess.Popen[bytes] | None = None
         self._create_time: float | None = None
         self._log_offset = 0  # where this run's output starts in the (appended) log
@@ -219,8 +226,17 @@ class ManagedProcess:
                            f"{self.command_line()} (cwd: {self.cwd or os.getcwd()})\n")
             log_file.flush()
             self._log_offset = log_file.tell()
+            announce = process_registry.prepare_start()
+            if self.template is not None:
+                log_file.close()
+                try:
+                    self._popen = self.template.launch(  # type: ignore[assignment]
+                        self.argv, env, self.cwd, self.log_path, self.cpu_affinity)
+                except (OSError, ValueError, ManagedProcessError) as exc:
+                    raise ProcessStartError(self.name, str(exc), self.log_path) from exc
+                return self._started()
             preexec = child_preexec(os.getpid() if self.pdeathsig else None,
-                                    process_registry.prepare_start(), self.cpu_affinity)
+                                    announce, self.cpu_affinity)
 
             def spawn() -> subprocess.Popen[bytes]:
                 return subprocess.Popen(
@@ -234,6 +250,10 @@ class ManagedProcess:
             except (OSError, subprocess.SubprocessError) as exc:
                 log_file.write(f"=== could not start {self.name}: {exc}\n")
                 raise ProcessStartError(self.name, str(exc), self.log_path) from exc
+        return self._started()
+
+    def _started(self) -> "ManagedProcess":
+        assert self._popen is not None
         self._create_time = process_create_time(self._popen.pid)
         process_registry.register(self)
         LOG.info("started %s pid=%s: %s (log: %s)", self.name, self.pid, self.command_line(),
