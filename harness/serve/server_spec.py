@@ -232,9 +232,11 @@ def cpu_affinity(spec: ServerSpec) -> frozenset[int] | None:
 
 
 def forks_engine(spec: ServerSpec) -> bool:
-    """A CPU server that forks its engine core and worker (the fork-start plugin): TP1 and
-    pinned to its core from launch."""
-    return spec.device == "cpu" and spec.tp == 1 and cpu_affinity(spec) is not None
+    """A server whose engine core (and CPU worker) is forked from the API server instead of
+    spawned: TP1, and on CPU pinned to its core from launch (the fork-start plugin)."""
+    if spec.tp != 1:
+        return False
+    return spec.device == "cuda" or cpu_affinity(spec) is not None
 
 
 def build_env(spec: ServerSpec, features: Features = Features(),
@@ -300,6 +302,15 @@ def build_env(spec: ServerSpec, features: Features = Features(),
         # FLASH_ATTN/TRITON_ATTN server of the first wave (gpu-h200-20261201-s5, 8 s once the
         # cache was warm). PyTorch's sampler instead; the KV path is not involved.
         env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+        # Start-up: vLLM's CLI entry point sets VLLM_WORKER_MULTIPROC_METHOD=spawn unless it is
+        # set (api_utils.cli_env_setup), so the engine core imported vLLM a second time: the
+        # H200 py-spy samples of gpu-h200-20261202-s11 show the engine core in spawn_main,
+        # 17 s between the API server's config and the engine core alone, 20-47 s with 8
+        # servers starting. vLLM's own default is fork (envs.py; the API server never touches
+        # CUDA, and vLLM switches to spawn by itself with a warning if it did). TP1 only, like
+        # CPU: a TP>1 server's workers keep the CLI's spawn.
+        if forks_engine(spec):
+            env["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
     if spec.hybrid:
         env["VLLM_SSM_CONV_STATE_LAYOUT"] = "DS"
     if spec.kv_layout != "default":
