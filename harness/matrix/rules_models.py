@@ -101,6 +101,17 @@ def _head_size(cell: Cell, ctx: RuleContext) -> str | None:
     return None
 
 
+@rule("flashinfer-sliding-window", "invalid")
+def _flashinfer_sliding(cell: Cell, ctx: RuleContext) -> str | None:
+    """FLASHINFER on CUDA refuses models with sliding-window layers (vLLM 0.26 on the H200)."""
+    if cell.device == "cuda" and cell.backend == "FLASHINFER" and ctx.model.sliding_window:
+        return (f"{cell.model} has sliding-window layers ({ctx.model.sliding_window} tokens) and vLLM "
+                f"0.26 refuses FLASHINFER for them on SM90: 'NotImplementedError: FlashInfer backend "
+                f"on SM90 currently crashes with sliding-window attention layers' (H200, 2026-12-02, "
+                f"at the baseline's start); use FLASH_ATTN or TRITON_ATTN")
+    return None
+
+
 @rule("max-model-len", "invalid")
 def _max_model_len(cell: Cell, ctx: RuleContext) -> str | None:
     """max_model_len stays within the model's max_position_embeddings."""

@@ -102,3 +102,14 @@ def test_real_vllm_cpu_platform_forks_after_the_patch(monkeypatch):
     assert fork_start.patch_platform(patched)
     inner = patched.check_and_update_config.__func__.__wrapped__
     assert inner is cpu.CpuPlatform.check_and_update_config.__func__
+
+
+def test_cuda_tp1_servers_fork_their_engine_core_and_tp2_keep_spawn():
+    # vLLM's CLI sets spawn unless the variable is set: the harness sets fork for TP1 on CUDA
+    method = fork_start.METHOD_ENV
+    for role in ("baseline", "prefill", "decode"):
+        assert build_env(make_spec(role, "cuda"), base_env={})[method] == "fork"
+        tp2 = build_env(make_spec(role, "cuda", tp=2), base_env={})
+        assert method not in tp2
+    # on CPU the platform overrides the variable anyway; the plugin restores fork there
+    assert method not in build_env(make_spec("decode", "cpu", cpu_cores="1"), base_env={})
