@@ -1,19 +1,21 @@
 """One cell on its running pair: the P/D evaluation behind the harness's proxy, look after look,
 until the judge decides (harness.judge.sequential), then its record.
 
-Each look asks the next stage's questions of the P/D pair and, when this cell is the first of
-its group to need them, of the baseline (its server is still up); the transfer evidence is
+Each look asks the next stage's questions of the P/D pair and, at the same time, when this cell
+is the first of its group to need them, of the baseline (its server is still up); the transfer evidence is
 cumulative: one proxy, one records file and one /metrics delta over all looks.
 """
 from __future__ import annotations
 
 import hashlib
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
 from harness.core.cell import Cell
 from harness.core.outcomes import CONTINUE
+from harness.eval.lmeval import EvalRun
 from harness.eval.metrics import scrape_all
 from harness.judge.compare import compare
 from harness.judge.verdict import ReferenceAccuracy, decide, fail
@@ -48,6 +50,21 @@ def round_policy(runner: Any, rnd: Any) -> tuple[Any, Any]:
     the round's order holds, and the policy that looks at those stages."""
     plan = runner.policy.plan.limited_to(rnd.order.capped(runner.policy.plan.budget))
     return plan, replace(runner.policy, stages=plan.stages)
+
+
+def both_up_to(pd: StagedRun, baseline: StagedRun, n: int) -> tuple[EvalRun, EvalRun]:
+    """A look's answers: the P/D pair's and the baseline's first `n` questions, asked at the
+    same time. They are different servers (on CPU the baseline shares the prefill's core, the
+    decode has its own): asked one after the other, the decode's core idled while the baseline
+    answered its next questions. Each server still gets the same requests, `concurrency` at a
+    time, as before."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pd-look") as pool:
+        pd_answers = pool.submit(pd.up_to, n)
+        try:
+            base_run = baseline.up_to(n)
+        finally:
+            pd_run = pd_answers.result()   # a P/D error is raised first: it is what the cell is about
+    return pd_run, base_run
 
 
 def evaluate_cell(runner: Any, cell: Cell, pair: Deployment, rnd: Any, task: str,
@@ -87,7 +104,7 @@ def evaluate_cell(runner: Any, cell: Cell, pair: Deployment, rnd: Any, task: str
             previous_n = None
             for n in plan.stages:
                 runner.progress(f"evaluating P/D {cell.cell_id} ({n} questions)")
-                pd_run, base_run = pd.up_to(n), rnd.staged.up_to(n)
+                pd_run, base_run = both_up_to(pd, rnd.staged, n)
                 proof = transfer_proof(read_proxy_records(str(records_path)),
                                        scrape_all(decode_urls).delta(before), hybrid, decode_logs,
                                        geometry, link_evidence(pair, link_before), digests)
