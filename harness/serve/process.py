@@ -31,7 +31,6 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 import psutil
 import requests
@@ -53,10 +52,10 @@ from harness.serve.process_registry import (
     sweep_orphans,
     total_rss_bytes,
 )
-from harness.serve.spawn import PDEATHSIG_SUPPORTED, call_from_long_lived_thread, child_preexec
+from harness.serve.process_memory import peak_rss_of, rss_of
+from harness.serve.spawn import (PDEATHSIG_SUPPORTED, Launcher, call_from_long_lived_thread,
+                                  child_preexec)
 
-if TYPE_CHECKING:
-    from harness.serve.template_client import ServerTemplate
 
 LOG = logging.getLogger(__name__)
 
@@ -76,30 +75,6 @@ __all__ = [
     "total_rss_bytes",
     "peak_rss_bytes",
 ]
-
-
-# ---------------------------------------------------------------------------------------------
-# Memory of one process
-# ---------------------------------------------------------------------------------------------
-
-
-def _rss_of(proc: psutil.Process) -> int:
-    try:
-        return 0 if is_zombie(proc) else proc.memory_info().rss
-    except psutil.Error:
-        return 0
-
-
-def _peak_rss_of(proc: psutil.Process) -> int:
-    # VmHWM is the kernel's own high-water mark of this process's RSS; no sampling needed.
-    try:
-        with open(f"/proc/{proc.pid}/status", encoding="ascii", errors="replace") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return _rss_of(proc)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,7 +104,7 @@ class ManagedProcess:
         inherit_env: bool = True,
         pdeathsig: bool = True,
         cpu_affinity: Iterable[int] | None = None,
-        template: "ServerTemplate | None" = None,
+        template: Launcher | None = None,
     ) -> None:
         if not argv:
             raise ValueError(f"{name}: empty argv")
@@ -410,11 +385,11 @@ class ManagedProcess:
     def rss_bytes(self) -> int:
         """Current RSS summed over the process tree (the child and all its descendants).
         Shared pages (e.g. torch libraries mapped by every worker) are counted once per process."""
-        return sum(_rss_of(proc) for proc in self._tree())
+        return sum(rss_of(proc) for proc in self._tree())
 
     def peak_rss_bytes(self) -> int:
         """Sum over the live tree of each process's own RSS high-water mark (Linux VmHWM).
         An upper bound of the tree's simultaneous peak; processes that already exited are
         not counted."""
-        return sum(_peak_rss_of(proc) for proc in self._tree())
+        return sum(peak_rss_of(proc) for proc in self._tree())
 

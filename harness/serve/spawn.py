@@ -13,10 +13,11 @@ import queue
 import signal
 import sys
 import threading
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
-__all__ = ["PDEATHSIG_SUPPORTED", "affinity_preexec", "call_from_long_lived_thread",
+__all__ = ["Launcher", "PDEATHSIG_SUPPORTED", "affinity_preexec", "call_from_long_lived_thread",
            "child_preexec", "pdeathsig_preexec"]
 
 _T = TypeVar("_T")
@@ -42,6 +43,14 @@ def pdeathsig_preexec(parent_pid: int) -> Callable[[], None]:
         if os.getppid() != parent_pid:
             os.kill(os.getpid(), signal.SIGTERM)
     return set_parent_death_signal
+
+
+class Launcher(Protocol):
+    """Starts a child elsewhere than by exec (``template_client.ServerTemplate``: a fork of a
+    warm interpreter) and returns what ``ManagedProcess`` uses of ``subprocess.Popen``."""
+
+    def launch(self, argv: Sequence[str], env: Mapping[str, str], cwd: Any, log_path: Path,
+               cores: Iterable[int] | None) -> Any: ...
 
 
 def affinity_preexec(cores: frozenset[int]) -> Callable[[], None]:
