@@ -126,14 +126,15 @@ def _reap(children: dict[int, str]) -> None:
             os.replace(tmp, rc_path)
 
 
-def _read_request(conn: socket.socket) -> dict:
+def read_json_line(conn: socket.socket) -> dict:
+    """One JSON line from ``conn`` (both sides of the protocol); {} when it closed first."""
     data = b""
     while not data.endswith(b"\n"):
         chunk = conn.recv(65536)
         if not chunk:
             break
         data += chunk
-    return json.loads(data)
+    return json.loads(data) if data.strip() else {}
 
 
 def serve(socket_path: str) -> None:
@@ -152,7 +153,7 @@ def serve(socket_path: str) -> None:
         conn, _ = listener.accept()
         with conn:
             try:
-                request = _read_request(conn)
+                request = read_json_line(conn)
             except (OSError, ValueError) as exc:
                 conn.sendall(json.dumps({"error": f"bad request: {exc}"}).encode() + b"\n")
                 continue

@@ -22,10 +22,9 @@ import psutil
 
 from harness.serve.liveness import is_zombie, process_create_time
 from harness.serve.process_errors import ProcessStartError
+from harness.serve.server_template import READY_LINE, SERVER_MODULE, read_json_line
 
 TEMPLATE_MODULE = "harness.serve.server_template"
-SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-READY_LINE = "server-template ready"
 TEMPLATE_START_TIMEOUT_S = 600.0
 
 __all__ = ["ForkedServer", "ServerTemplate", "template_for", "stop_templates"]
@@ -147,13 +146,7 @@ class ServerTemplate:
             conn.settimeout(60)
             conn.connect(str(self.socket_path))
             conn.sendall(json.dumps(request).encode() + b"\n")
-            reply = b""
-            while not reply.endswith(b"\n"):
-                chunk = conn.recv(4096)
-                if not chunk:
-                    break
-                reply += chunk
-        answer = json.loads(reply or b"{}")
+            answer = read_json_line(conn)
         if "pid" not in answer:
             raise OSError(f"server template refused: {answer.get('error', 'no answer')}")
         return ForkedServer(int(answer["pid"]), rc_path)
