@@ -29,8 +29,6 @@ Single-threaded on purpose (``select`` and ``waitpid(WNOHANG)``): a fork copies 
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import importlib
 import json
 import os
@@ -42,12 +40,13 @@ import sys
 import threading
 import traceback
 
+from harness.serve.spawn import PDEATHSIG_SUPPORTED, pdeathsig_preexec
+
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # vLLM's own forkserver mode pre-imports exactly this (api_server.py, VLLM_WORKER_MULTIPROC_METHOD
 # =forkserver): the engine client and everything below it, nothing that starts a thread or CUDA
 PRELOAD = ("vllm.v1.engine.async_llm", SERVER_MODULE)
 READY_LINE = "server-template ready"
-_PR_SET_PDEATHSIG = 1
 
 
 def preload() -> None:
@@ -67,18 +66,12 @@ def preload() -> None:
                            "fork would copy one thread only")
 
 
-def _die_with_parent(parent: int) -> None:
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-    if os.getppid() != parent:          # the template died between fork and prctl
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
 def run_child(request: dict, listener: socket.socket, template_pid: int) -> int:
     """In the fork: become the server of ``request`` and run it; returns its exit code."""
     listener.close()
     os.setsid()
-    _die_with_parent(template_pid)
+    if PDEATHSIG_SUPPORTED:
+        pdeathsig_preexec(template_pid)()   # SIGTERM when the template dies
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(signum, signal.SIG_DFL)
     if request.get("cores"):
