@@ -11,14 +11,15 @@ import hashlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from harness.core.cell import Cell
 from harness.core.outcomes import CONTINUE
 from harness.eval.lmeval import EvalRun
 from harness.eval.metrics import scrape_all
 from harness.judge.compare import compare
-from harness.judge.verdict import ReferenceAccuracy, decide, fail
+from harness.judge.verdict import ReferenceAccuracy, decide, error, fail
+from harness.run.aa_rerun import BaselineFailed
 from harness.run.stages import StagedRun
 from harness.run.transfer_evidence import (ByteGeometry, DigestFiles, link_evidence, link_start,
                                            read_proxy_records, transfer_proof)
@@ -67,6 +68,31 @@ def both_up_to(pd: StagedRun, baseline: StagedRun, n: int) -> tuple[EvalRun, Eva
     return pd_run, base_run
 
 
+# looks the pair may answer ahead while the A/A re-run runs: a clean 100 %-vs-100 % cell passes
+# at its third look (n = 200 at --limit 50), so two looks ahead are work it needs anyway; a third
+# would ask 200 more questions that a passing cell never uses
+LOOKS_AHEAD = 2
+
+
+def noise_floor_for_look(runner: Any, rnd: Any, ask_pd: Callable[[int], None],
+                         next_stages: Sequence[int]) -> EvalRun | None:
+    """The round's A/A re-run, which a look's judge needs. While it is still running on the
+    baseline (harness.run.aa_rerun), the P/D pair is asked the next looks' questions
+    (`ask_pd(n)`, at most LOOKS_AHEAD looks): the pair would idle, and an undecided cell needs
+    them next. `ask_pd` takes each of those looks' transfer proof when its questions are in."""
+    for n in list(next_stages)[:LOOKS_AHEAD]:
+        if not rnd.aa_pending():
+            break
+        runner.progress(f"asking P/D the next look's questions ({n}) while the baseline's "
+                        f"A/A re-run finishes")
+        ask_pd(n)
+    waited = time.monotonic()
+    aa = rnd.aa
+    if aa is not None and time.monotonic() - waited > 1.0:
+        runner.progress(f"waited {time.monotonic() - waited:.0f} s for the A/A re-run")
+    return aa
+
+
 def evaluate_cell(runner: Any, cell: Cell, pair: Deployment, rnd: Any, task: str,
                   data_dir: str | None, hybrid: bool, *, timings: dict,
                   reference: ReferenceAccuracy | None = None, baseline_logs: dict) -> Any:
@@ -102,13 +128,24 @@ def evaluate_cell(runner: Any, cell: Cell, pair: Deployment, rnd: Any, task: str
                                                            sample=docs, limit=n), rnd.order)
             before, link_before = scrape_all(decode_urls), link_start(pair)
             previous_n = None
-            for n in plan.stages:
+            proofs: dict[int, Any] = {}   # a look's transfer proof, taken when its P/D answers were in
+
+            def proof_now() -> Any:
+                return transfer_proof(read_proxy_records(str(records_path)),
+                                      scrape_all(decode_urls).delta(before), hybrid, decode_logs,
+                                      geometry, link_evidence(pair, link_before), digests)
+
+            def ask_ahead(n: int) -> None:
+                if n not in proofs:
+                    pd.up_to(n)
+                    proofs[n] = proof_now()
+
+            for i, n in enumerate(plan.stages):
                 runner.progress(f"evaluating P/D {cell.cell_id} ({n} questions)")
                 pd_run, base_run = both_up_to(pd, rnd.staged, n)
-                proof = transfer_proof(read_proxy_records(str(records_path)),
-                                       scrape_all(decode_urls).delta(before), hybrid, decode_logs,
-                                       geometry, link_evidence(pair, link_before), digests)
-                cmp = compare(base_run, pd_run, proof, baseline_aa=rnd.aa,
+                proof = proofs.pop(n) if n in proofs else proof_now()
+                aa = noise_floor_for_look(runner, rnd, ask_ahead, plan.stages[i + 1:])
+                cmp = compare(base_run, pd_run, proof, baseline_aa=aa,
                               alpha=runner.policy.alpha)
                 verdict = decide(cmp, policy, cell.expected_failure, reference=reference,
                                  previous_n=previous_n)
@@ -117,6 +154,10 @@ def evaluate_cell(runner: Any, cell: Cell, pair: Deployment, rnd: Any, task: str
                 if verdict.status != CONTINUE:
                     break
                 previous_n = cmp.n
+    except BaselineFailed as exc:   # the baseline's A/A re-run: environmental, as at its start
+        return runner.record(cell, error(str(exc), cell.expected_failure),
+                             timings={**timings, "pd_eval_s": time.monotonic() - started},
+                             artifacts=artifacts, run_id=rnd.run_id)
     except Exception as exc:  # noqa: BLE001 - the baseline worked, so a P/D failure is FAIL
         reason = f"P/D evaluation failed: {type(exc).__name__}: {str(exc)[:300]}"
         lines = decisive_pair_lines(pair)
@@ -130,6 +171,8 @@ def evaluate_cell(runner: Any, cell: Cell, pair: Deployment, rnd: Any, task: str
     baseline_more_s = rnd.staged.wall_s - baseline_asked_s
     metrics = {**cmp.metrics_dict(),
                "sequential": {"plan": plan.to_dict(), "looks": looks, "questions": cmp.n}}
+    if rnd.aa is not None:   # asked while the pair started and answered: not added to total_s
+        timings = {**timings, "baseline_aa_s": rnd.aa.wall_s}
     timings = {**timings, "pd_eval_s": pd.wall_s, "baseline_more_questions_s": baseline_more_s,
                "total_s": (timings.get("startup_s", 0) + timings.get("baseline_eval_s", 0)
                            + baseline_more_s + pd.wall_s)}

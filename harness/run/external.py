@@ -41,6 +41,7 @@ from harness.judge.verdict import Verdict, decide, error, fail
 from harness.run.deployment_file import (AUTO_TASK, Endpoint, ExternalDeployment,
                                          not_available_checks, to_record)
 from harness.run.cell_eval import evaluation_salt, round_policy
+from harness.run.aa_rerun import finished
 from harness.run.runner import BaselineRound, CellResult, Runner
 from harness.run.stages import QuestionOrder, StagedRun
 from harness.run.transfer_evidence import read_proxy_records, transfer_proof
@@ -236,7 +237,7 @@ class ExternalRun:
             return self.record(error(f"baseline evaluation failed: {type(exc).__name__}: "
                                      f"{str(exc)[:300]}"), run_id,
                                timings={"baseline_eval_s": time.monotonic() - started})
-        rnd = BaselineRound(run_id, order, staged, aa, samples)
+        rnd = BaselineRound(run_id, order, staged, finished(aa), samples)
         baseline_eval_s = base_run.wall_s + (aa.wall_s if aa else 0.0)
         return self.pd_looks(rnd, {"startup_s": 0.0, "baseline_eval_s": baseline_eval_s})
 

@@ -11,6 +11,7 @@ import logging
 import os
 import time
 import uuid
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any, Callable, Iterator, Sequence
 from harness.core.cell import Cell
 from harness.core.options import RunOptions
 from harness.eval.lmeval import EvalRun, evaluate_endpoint, split_size
+from harness.run.aa_rerun import AAReruns, BaselineGate
 from harness.run.cell_eval import evaluate_cell
 from harness.run.stages import QuestionOrder, StagedRun
 from harness.eval.task_choice import default_data_dir, default_task
@@ -41,18 +43,27 @@ Progress = Callable[[str], None]
 @dataclass(frozen=True)
 class BaselineRound:
     """One repeat's baseline: its question order, its answers so far (extended when a cell
-    needs more questions; the server stays up) and its A/A re-run on the first look's."""
+    needs more questions; the server stays up) and its A/A re-run on the first look's, which
+    may still be running (harness.run.aa_rerun)."""
 
     run_id: str
     order: QuestionOrder
     staged: StagedRun
-    aa: EvalRun | None
+    aa_rerun: "Future[EvalRun] | None"
     samples_path: Path
 
     @property
     def run(self) -> EvalRun:
         assert self.staged.run is not None
         return self.staged.run
+
+    @property
+    def aa(self) -> EvalRun | None:
+        """The A/A re-run, waited for; raises harness.run.aa_rerun.BaselineFailed."""
+        return None if self.aa_rerun is None else self.aa_rerun.result()
+
+    def aa_pending(self) -> bool:
+        return self.aa_rerun is not None and not self.aa_rerun.done()
 
 
 @dataclass(frozen=True)
@@ -68,6 +79,7 @@ class _Group:
     deploy_args: dict[str, Any]      # keyword arguments of plan_baseline / plan_pair
     started: float                   # time.monotonic() when its servers began to be planned
     waited: dict[str, float] = field(default_factory=dict)   # start-up the flow blocked on, once
+    gate: BaselineGate = field(default_factory=BaselineGate)  # the baseline's requests, one at a time
 
     @property
     def first(self) -> Cell:
@@ -197,15 +209,17 @@ class Runner:
         group = self._plan_group(cells)
         baseline = plan_baseline(group.first, **group.deploy_args)
         launched: list[Deployment] = []
+        aa_reruns = AAReruns(group.gate)
         try:
             first_pair = self._start_baseline_and_first_pair(group, baseline, launched)
-            rounds = self._evaluate_baseline(group, baseline)
+            rounds = self._evaluate_baseline(group, baseline, aa_reruns)
             results = self._run_pairs(group, baseline, rounds, first_pair, launched)
         except _GroupAborted as aborted:
             return aborted.results
         finally:
             for d in launched:
                 d.stop()
+            aa_reruns.close()   # after the baseline stopped: a re-run still asking it ends
         group_total = time.monotonic() - group.started
         for r in results:   # known once the group is done: the records are written again
             r.record["timings"]["group_total_s"] = group_total
@@ -259,8 +273,10 @@ class Runner:
         group.waited["baseline"] = time.monotonic() - waiting
         return first_pair
 
-    def _evaluate_baseline(self, group: _Group, baseline: Deployment) -> list[BaselineRound]:
-        """Every repeat's baseline evaluation (and A/A re-run), its samples written to disk."""
+    def _evaluate_baseline(self, group: _Group, baseline: Deployment,
+                           aa_reruns: AAReruns) -> list[BaselineRound]:
+        """Every repeat's baseline evaluation, its samples written to disk, and its A/A re-run
+        handed to `aa_reruns` (it runs while the pairs start and answer; harness.run.aa_rerun)."""
         base_ep = baseline.baseline_endpoint()
         task, data_dir, key = group.task, group.data_dir, group.first.baseline_key
         repeats = self.options.repeats
@@ -270,28 +286,37 @@ class Runner:
         try:
             for r in range(repeats):
                 order = QuestionOrder.for_repeat(size, self.options.sample_seed, r)
-                staged = StagedRun(lambda docs, n: self.evaluate(
-                    base_ep, "baseline", task, data_dir, sample=docs, limit=n), order)
+                staged = StagedRun(lambda docs, n: group.gate(lambda: self.evaluate(
+                    base_ep, "baseline", task, data_dir, sample=docs, limit=n)), order)
                 tag = f" (repeat {r + 1}/{repeats})" if repeats > 1 else ""
                 self.progress(f"evaluating baseline ({task}, {limit} questions){tag}")
                 base_run = staged.up_to(limit)
-                base_aa = None
-                if self.options.noise_floor:
-                    self.progress("evaluating baseline again at concurrency 1 (A/A noise floor)")
-                    base_aa = self.evaluate(base_ep, "baseline-aa", task, data_dir, concurrency=1,
-                                            sample=order.docs(0, limit), limit=limit)
                 run_id = self.run_id if repeats == 1 else f"{self.run_id}-r{r:02d}"
                 base_dir = self.results_root / run_id / "baselines"
                 samples_path = base_run.write_jsonl(base_dir / f"{key}.jsonl")
-                if base_aa is not None:
-                    base_aa.write_jsonl(base_dir / f"{key}-aa.jsonl")
-                rounds.append(BaselineRound(run_id, order, staged, base_aa, samples_path))
+                aa_rerun = None
+                if self.options.noise_floor:
+                    self.progress("evaluating baseline again at concurrency 1 (A/A noise floor), "
+                                  "in the background")
+                    aa_rerun = aa_reruns.submit(self._aa_job(
+                        base_ep, task, data_dir, order.docs(0, limit), limit,
+                        base_dir / f"{key}-aa.jsonl"))
+                rounds.append(BaselineRound(run_id, order, staged, aa_rerun, samples_path))
         except Exception as exc:  # noqa: BLE001 - any failure of the baseline is environmental
             reason = f"baseline evaluation failed: {type(exc).__name__}: {exc}"
             raise _GroupAborted([self.record(c, error(reason, c.expected_failure),
                                               artifacts={"logs": baseline.logs()})
                                  for c in group.cells]) from exc
         return rounds
+
+    def _aa_job(self, base_ep: Endpoint, task: str, data_dir: str | None,
+                sample: list[int] | None, limit: int, samples_path: Path) -> Callable[[], EvalRun]:
+        def job() -> EvalRun:
+            aa = self.evaluate(base_ep, "baseline-aa", task, data_dir, concurrency=1,
+                               sample=sample, limit=limit)
+            aa.write_jsonl(samples_path)
+            return aa
+        return job
 
     def _plan_pair(self, group: _Group, index: int) -> Deployment:
         cells = group.pairs[index]
@@ -313,8 +338,8 @@ class Runner:
                    first_pair: Deployment, launched: list[Deployment]) -> list[CellResult]:
         """Each pair in turn: wait for it, launch the next one, run its cells on every round."""
         base_samples = rounds[0].samples_path
-        baseline_eval_s = sum(b.run.wall_s + (b.aa.wall_s if b.aa else 0.0)
-                              for b in rounds) / self.options.repeats
+        # the first run's: each A/A re-run's time is in its cell's timings (it overlaps the pair)
+        baseline_eval_s = sum(b.run.wall_s for b in rounds) / self.options.repeats
         results: list[CellResult] = []
         pair: Deployment | None = first_pair
         for i, cells_of_pair in enumerate(group.pairs):
