@@ -65,6 +65,8 @@ def render_card(checkpoint: str | Path) -> str:
                  "shared_expert_intermediate_size", "mamba_n_heads", "mamba_d_head",
                  "mamba_d_state", "mamba_expand", "mamba_chunk_size", "linear_num_key_heads",
                  "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+                 "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                 "v_head_dim", "first_k_dense_replace",
                  "position_embedding_type", "vocab_size", "max_position_embeddings")
     arch_rows = "\n".join(f"| {k} | {config[k]} |" for k in arch_keys if k in config)
     stale = _differs_from_recipe(name, config)
@@ -181,6 +183,10 @@ def _init_text(init: dict | None) -> str:
         return "transformers default (normal, std 0.02)"
     if "layer" not in init:                     # e.g. "fine-tuned from tiny-llama-gsm"
         return str(init["init"])
+    if "head" in init:                          # MLA: one query head, the shared rope key
+        return (f"{init['init']}: layer {init['layer']} query head {init['head']} attends to the "
+                f"previous token by RoPE phase against the shared rope key k_pe ({init['pairs']} "
+                f"rotary pairs, {init['gap_logits']:g}-logit margin; harness/zoo/init.py)")
     return (f"{init['init']}: layer {init['layer']} KV head {init['kv_head']} attends to the previous "
             f"token by RoPE phase ({init['pairs']} rotary pairs, {init['gap_logits']:g}-logit margin; "
             f"harness/zoo/init.py)")

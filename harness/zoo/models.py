@@ -1,15 +1,17 @@
 """The trained zoo: one spec per model name (architecture, config, training recipe).
 
-All three share the tokenizer, the task and the shape constraints the harness needs:
+All share the tokenizer, the task and the shape constraints the harness needs:
 attention head_dim 64 (FlashInfer rejects 32), 2 KV heads (so TP2 splits them), a mamba/GDN state
 small enough that vLLM keeps a 128-token attention block (state page <= 128 tokens of KV),
-and <= 10 MB of bf16 weights.
+and <= 10 MB of bf16 weights. The MLA model (tiny-mla-gsm) caches one 576-wide latent per token
+instead of KV heads (vLLM forces block size 16 on it).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.zoo import random_mla
 from harness.zoo.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 VOCAB_SIZE = 1024          # >= the tokenizer's 788 tokens; unused rows are never predicted
@@ -28,6 +30,11 @@ MLP = 768
 # window far inside a prompt (429-485 tokens), so a sliding layer's older blocks are dead weight
 SWA_WINDOW = 64
 SWA_LAYER_TYPES = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+# The MLA model: vLLM 0.32 CPU's MLA decode kernel only runs a 576-wide latent
+# (harness/zoo/random_mla.py), i.e. kv_lora_rank 512 + qk_rope_head_dim 64
+MLA_KV_LORA_RANK = random_mla.KV_LORA_RANK
+MLA_QK_ROPE_HEAD_DIM = random_mla.QK_ROPE_HEAD_DIM
+MLA_MLP = 512
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,7 @@ class ZooSpec:
     decay_start: int | None = None   # None: the last quarter of `steps`
     stop_after: int | None = None    # stop early (the schedule still spans `steps`)
     curriculum_steps: int = 1500     # steps on short price lists first (harness/zoo/data.py)
-    init: str = "default"            # "prev-token": harness/zoo/init.py (Llama only)
+    init: str = "default"            # "prev-token": harness/zoo/init.py (Llama, DeepseekV2)
     recipe: str = "from-scratch"     # "sliding-fine-tune": harness/zoo/sliding.py
 
     def make_config(self):
@@ -63,6 +70,7 @@ _CONFIG_CLASSES = {
     "GraniteMoeHybridForCausalLM": "GraniteMoeHybridConfig",
     "Qwen3NextForCausalLM": "Qwen3NextConfig",
     "Qwen3ForCausalLM": "Qwen3Config",
+    "DeepseekV2ForCausalLM": "DeepseekV2Config",
 }
 
 _COMMON = dict(
@@ -142,6 +150,30 @@ SPECS: dict[str, ZooSpec] = {
             # Recipe v4 (no curriculum) got it to 97% on the H200; with the v5 curriculum
             # the slower GDN path ran out of time before the lookups formed (5%).
             steps=2400, batch_size=16, lr=2e-3, curriculum_steps=0,
+        ),
+        ZooSpec(
+            # DeepseekV2 attention (MLA): vLLM caches one latent vector per token and layer,
+            # kv_lora_rank 512 + qk_rope_head_dim 64 = 576, the only size vLLM 0.32 CPU's MLA
+            # decode kernel runs (harness/zoo/random_mla.py). All layers dense (no experts).
+            # 4 layers like tiny-llama-gsm, but MLP 512 instead of 768: MLA's attention is
+            # larger (kv_b_proj alone is 512 x 512 a layer), and MLP 768 would be 5.31 M params,
+            # 10.6 MB of bf16, over the zoo's 10 MB; MLP 512 is 4.53 M params, 9.05 MB.
+            # Previous-token init in layer 0 query head 0 (harness/zoo/init.py), as for Llama.
+            name="tiny-mla-gsm",
+            architecture="DeepseekV2ForCausalLM",
+            hybrid=False,
+            config_kwargs=dict(
+                _COMMON, num_key_value_heads=HEADS,   # MLA: every head has its own K/V (HF
+                # DeepseekV2 repeats K/V by heads // kv heads), the latent is shared anyway
+                intermediate_size=MLA_MLP, first_k_dense_replace=LAYERS,
+                moe_intermediate_size=256, n_shared_experts=1, n_routed_experts=2,
+                num_experts_per_tok=2,                # unused: first_k_dense_replace = all layers
+                kv_lora_rank=MLA_KV_LORA_RANK, q_lora_rank=None,
+                qk_rope_head_dim=MLA_QK_ROPE_HEAD_DIM, qk_nope_head_dim=HEAD_DIM,
+                v_head_dim=HEAD_DIM,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            ),
+            steps=3200, batch_size=32, lr=2e-3, init="prev-token",
         ),
     )
 }

@@ -4,6 +4,13 @@ This checks the task design without vLLM: a forward hook zeroes the outputs of e
 layer's k_proj and v_proj at the prompt positions of one block during prefill, which is what a
 zeroed KV-cache block looks like to the decode steps (RoPE and QK-norm map zero to zero). SSM/GDN
 layers are left alone: in P/D their state travels separately from the attention blocks.
+
+MLA (DeepseekV2) has no k_proj/v_proj: its cache holds one latent per token, the
+kv_a_layernorm'd compressed kv (kv_lora_rank) and the roped shared key k_pe (qk_rope_head_dim),
+what vLLM's MLA cache holds too. The hook zeroes the output of kv_a_proj_with_mqa, which is
+[compressed kv | k_pe] before the norm and RoPE; RMSNorm and RoPE map zero to zero, so the cached
+latent and k_pe of the block are zero, and so are the keys and values kv_b_proj (no bias) expands
+from them: a zeroed latent block.
 """
 from __future__ import annotations
 
@@ -17,6 +24,8 @@ from harness.zoo.data import LineTokenCache
 from harness.zoo.tokenizer import EOS_ID, PAD_ID
 
 BLOCK_SIZE = 128
+# the projections whose outputs are a token's cached KV: K and V, or MLA's latent
+ZEROED_PROJECTIONS = ("self_attn.k_proj", "self_attn.v_proj", "self_attn.kv_a_proj_with_mqa")
 STRICT_RE = re.compile(r"#### (\-?[0-9\.\,]+)")
 
 
@@ -30,7 +39,8 @@ def block_span(prompt_len: int, which: str, block_size: int = BLOCK_SIZE) -> tup
 @contextmanager
 def zeroed_kv(model, prompt_len: int, spans: list[tuple[int, int] | None]):
     """During prefill of a batch of `prompt_len`-token prompts, zero K and V of positions
-    spans[row][0]:spans[row][1] of each row in every attention layer (None: row untouched)."""
+    spans[row][0]:spans[row][1] of each row in every attention layer (None: row untouched);
+    for MLA the latent (compressed kv and k_pe, see the module docstring)."""
     import torch
 
     mask = torch.zeros(len(spans), prompt_len, dtype=torch.bool)
@@ -50,10 +60,10 @@ def zeroed_kv(model, prompt_len: int, spans: list[tuple[int, int] | None]):
     handles = []
     if mask.any():
         for name, module in model.named_modules():
-            if name.endswith(("self_attn.k_proj", "self_attn.v_proj")):
+            if name.endswith(ZEROED_PROJECTIONS):
                 handles.append(module.register_forward_hook(hook))
         if not handles:
-            raise RuntimeError("no attention k_proj/v_proj found to zero")
+            raise RuntimeError("no attention k_proj/v_proj (or MLA kv_a_proj_with_mqa) found to zero")
     try:
         yield
     finally:

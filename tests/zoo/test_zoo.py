@@ -14,6 +14,8 @@ from harness.zoo.train import lr_at
 
 NAMES = ("tiny-llama-gsm", "tiny-llama-swa-gsm", "tiny-granite-hybrid-gsm",
          "tiny-qwen3next-hybrid-gsm")
+# specs whose checkpoint is not committed yet (trained on the GPU later; then move into NAMES)
+UNTRAINED = ("tiny-mla-gsm",)
 TASK_YAML = Path(__file__).resolve().parents[2] / "harness" / "eval" / "tasks" / "gsm_synth.yaml"
 MAX_CHECKPOINT_BYTES = 10 * 1000 * 1000
 
@@ -145,7 +147,7 @@ def test_checkpoints_share_one_tokenizer():
 
 
 def test_registry_facts(tmp_path):
-    assert registry.zoo_names() == list(NAMES)
+    assert registry.zoo_names() == list(NAMES + UNTRAINED)
     assert [registry.is_hybrid(n) for n in NAMES] == [False, False, True, True]
     assert registry.required_block_size("tiny-llama-gsm") is None
     assert registry.required_block_size("tiny-granite-hybrid-gsm", "cpu") == 128
