@@ -32,6 +32,7 @@ from harness.serve.deploy import (Deployment, Endpoint, Placement, ProxyDeployme
 from harness.serve.models import reference_accuracy, resolve
 from harness.serve.ports import PortAllocator
 from harness.serve.process import ManagedProcessError
+from harness.serve.process_registry import raise_if_interrupted
 from harness.serve.proxy_hops import PROXY_FAULTS
 from harness.serve.server_spec import SERVER_FAULTS, Features
 from harness.serve.start_slots import StartSlots
@@ -129,6 +130,8 @@ class Runner:
     def record(self, cell: Cell, verdict: Verdict, *, metrics: dict | None = None,
                 timings: dict | None = None, artifacts: dict | None = None,
                 run_id: str | None = None) -> CellResult:
+        # no verdict after a stop signal: what failed then is the interruption, not the cell
+        raise_if_interrupted()
         # what the cell declares decides the outcome: a canary is CAUGHT or MISSED, an expected
         # failure XFAIL only when it failed as declared
         verdict = replace(verdict, canary=cell.fault, expected_failure=cell.expected_failure,

@@ -28,6 +28,8 @@ LOG = logging.getLogger(__name__)
 __all__ = [
     "Registered",
     "install_signal_handlers",
+    "interrupted_by",
+    "raise_if_interrupted",
     "live_processes",
     "peak_rss_bytes",
     "prepare_start",
@@ -64,9 +66,10 @@ _REGISTRY_LOCK = threading.RLock()
 
 
 def prepare_start() -> Callable[[], None] | None:
-    """Before a process starts: sweep the orphans of dead harnesses off this host and make sure
-    the watchdog runs. Returns the child's ``preexec_fn`` part that registers it with the
-    watchdog before exec (None without a watchdog)."""
+    """Before a process starts: refuse after an interrupt, sweep the orphans of dead harnesses
+    off this host and make sure the watchdog runs. Returns the child's ``preexec_fn`` part that
+    registers it with the watchdog before exec (None without a watchdog)."""
+    raise_if_interrupted()
     sweep_orphans()
     return default_watchdog().announcer()
 
@@ -150,9 +153,33 @@ atexit.register(stop_all)
 
 _previous_handlers: dict[int, Any] = {}
 _signal_term_timeout_s = 15.0
+# The signal that stopped this run, latched: the KeyboardInterrupt / SystemExit the handler raises
+# lands on the main thread wherever it is, and can be replaced there by the error it causes
+# elsewhere (an evaluation thread's ServerDisconnectedError, re-raised in a `finally`) and caught
+# as a cell's failure. Measured 2026-12-02: a SIGINT during `--repeats` wrote a FAIL record for
+# every repeat not yet judged, and a `-k hybrid` run started its next group's servers.
+_interrupted_by: int | None = None
+
+
+def interrupted_by() -> int | None:
+    """The signal (SIGINT/SIGTERM/SIGHUP) that stopped this run, None while none did."""
+    return _interrupted_by
+
+
+def raise_if_interrupted() -> None:
+    """Re-raise a latched stop: KeyboardInterrupt for SIGINT, SystemExit(128 + n) otherwise.
+    Called where a run would go on (a process starting, a verdict being recorded)."""
+    if _interrupted_by is None:
+        return
+    if _interrupted_by == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise SystemExit(128 + _interrupted_by)
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
+    global _interrupted_by
+    if _interrupted_by is None:
+        _interrupted_by = signum
     if _stop_all_in_progress:
         stop_all()  # re-entered: escalates to SIGKILL, then the first invocation finishes up
         return
