@@ -24,6 +24,7 @@ class ModelInfo:
     head_dim: int | None = None
     max_position_embeddings: int | None = None
     sliding_window: int | None = None       # tokens of the local-attention layers' window
+    attention: Literal["mha", "mla"] | None = None   # "mla": a latent KV cache (DeepSeek's MLA)
     # smallest attention block vLLM accepts per device for hybrids (it raises smaller ones to
     # this, aligned to the Mamba page): {"cpu": 96}
     min_block_size: Mapping[str, int] = field(default_factory=dict)

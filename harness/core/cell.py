@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 RUNNERS = ("v1", "v2")
-GPU_BACKENDS = ("FLASHINFER", "FLASH_ATTN", "TRITON_ATTN")
+# MLA (latent KV) models take their own backends on CUDA (vLLM AttentionBackendEnum names)
+MLA_BACKENDS = ("FLASHMLA", "TRITON_MLA")
+GPU_BACKENDS = ("FLASHINFER", "FLASH_ATTN", "TRITON_ATTN") + MLA_BACKENDS
 CPU_BACKENDS = ("CPU_ATTN",)
 BACKENDS = GPU_BACKENDS + CPU_BACKENDS
 DEVICES = ("cpu", "cuda")

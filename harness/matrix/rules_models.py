@@ -5,7 +5,7 @@ Registered in the order they are checked (harness.matrix.rules runs these after 
 """
 from __future__ import annotations
 
-from harness.core.cell import Cell
+from harness.core.cell import MLA_BACKENDS, Cell
 from harness.matrix.rule_types import RuleContext, RuleList, blocks
 
 NO_PREFIX_CACHING = "--no-enable-prefix-caching"
@@ -109,6 +109,19 @@ def _flashinfer_sliding(cell: Cell, ctx: RuleContext) -> str | None:
                 f"0.26 refuses FLASHINFER for them on SM90: 'NotImplementedError: FlashInfer backend "
                 f"on SM90 currently crashes with sliding-window attention layers' (H200, 2026-12-02, "
                 f"at the baseline's start); use FLASH_ATTN or TRITON_ATTN")
+    return None
+
+
+@rule("mla-backend", "invalid")
+def _mla_backend(cell: Cell, ctx: RuleContext) -> str | None:
+    """On CUDA an MLA model needs an MLA backend and an MLA backend an MLA model (on CPU vLLM
+    picks its MLA backend itself, whatever --attention-backend says)."""
+    mla_model = ctx.model.attention == "mla"
+    if cell.device == "cuda" and mla_model and cell.backend not in MLA_BACKENDS:
+        return (f"{cell.model} caches an MLA latent; vLLM serves it only with an MLA backend "
+                f"({', '.join(MLA_BACKENDS)}), not {cell.backend}")
+    if cell.backend in MLA_BACKENDS and not mla_model:
+        return f"{cell.backend} serves MLA models only; {cell.model} is not declared attention: mla"
     return None
 
 

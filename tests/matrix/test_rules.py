@@ -20,6 +20,7 @@ CATALOG = ModelCatalog({
     "granite": ModelInfo("granite", kind="hybrid", ssm="mamba2", family="granite", min_block_size={"cpu": 64}),
     "gdn": ModelInfo("gdn", kind="hybrid", ssm="gdn", family="qwen3next"),
     "swa": ModelInfo("swa", kind="dense", num_kv_heads=2, head_dim=64, sliding_window=64),
+    "mla": ModelInfo("mla", kind="dense", attention="mla"),
 })
 CPU = PlatformInfo()
 GPU2 = PlatformInfo.from_spec("cuda:2")
@@ -120,6 +121,11 @@ CASES = [
     ("backend-head-size", cpu_cell(backend="CPU_ATTN"), gpu_cell(backend="FLASHINFER"), GPU2),
     ("flashinfer-sliding-window", gpu_cell(model="swa", backend="FLASH_ATTN"),
      gpu_cell(model="swa", backend="FLASHINFER"), GPU2),
+    ("mla-backend", gpu_cell(model="mla", backend="TRITON_MLA"),
+     gpu_cell(model="mla", backend="FLASH_ATTN"), GPU2),
+    ("mla-backend", gpu_cell(model="mla", backend="FLASHMLA", **blocks(64)),
+     gpu_cell(backend="FLASHMLA", **blocks(64)), GPU2),
+    ("mla-backend", cpu_cell(model="mla"), gpu_cell(model="mla", backend="FLASHINFER", **blocks(64)), CPU),
     ("max-model-len", cpu_cell(max_model_len=1024), cpu_cell(max_model_len=2048), CPU),
     # servers may share GPUs: TP2 pairs fit on 2 GPUs, a TP4 server does not
     ("gpu-count", gpu_cell(prefill_tp=2, decode_tp=2), gpu_cell(prefill_tp=4, decode_tp=4), GPU2),
@@ -253,7 +259,7 @@ def test_rules_are_checked_and_listed_by_subject_in_a_fixed_order():
         # the model's facts (rules_models)
         "hybrid-conv-state-layout", "hybrid-homogeneous-block", "hybrid-min-block-size",
         "hybrid-tp-multiple", "granite-hybrid-cpu-prefix-caching", "tp-divides-kv-heads",
-        "backend-head-size", "flashinfer-sliding-window", "max-model-len",
+        "backend-head-size", "flashinfer-sliding-window", "mla-backend", "max-model-len",
         # this machine (rules_machine)
         "gpu-count", "netns-host", "vllm-device", "vllm-v2-runner", "vllm-backend", "vllm-nixl",
     ]
