@@ -178,6 +178,26 @@ SPECS: dict[str, ZooSpec] = {
             # formed): the MLA init is less robust to the seed than the Llama one
             steps=3200, batch_size=32, lr=1e-3, init="prev-token",
         ),
+        ZooSpec(
+            # tiny-mla-gsm at DeepSeek's own head dims (qk_nope 128, v 128) for the GPU: vLLM
+            # 0.26's SM90 MLA prefill (FLASH_ATTN) refuses (64, 64, 64) at start-up, "No valid
+            # MLA prefill backend found ... Model does not have supported MLA dimensions" (H200,
+            # 2026-12-02). 3 layers to stay under 10 MB: 4,705,536 params, 9.41 MB.
+            name="tiny-mla-h128-gsm",
+            architecture="DeepseekV2ForCausalLM",
+            hybrid=False,
+            config_kwargs=dict(
+                _COMMON, num_hidden_layers=3, num_key_value_heads=HEADS,
+                intermediate_size=MLA_MLP, first_k_dense_replace=3,
+                moe_intermediate_size=256, n_shared_experts=1, n_routed_experts=2,
+                num_experts_per_tok=2,
+                kv_lora_rank=MLA_KV_LORA_RANK, q_lora_rank=None,
+                qk_rope_head_dim=MLA_QK_ROPE_HEAD_DIM, qk_nope_head_dim=2 * HEAD_DIM,
+                v_head_dim=2 * HEAD_DIM,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            ),
+            steps=3200, batch_size=32, lr=1e-3, init="prev-token",
+        ),
     )
 }
 
