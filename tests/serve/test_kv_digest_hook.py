@@ -241,6 +241,8 @@ def test_patching_twice_wraps_once(tmp_path):
     ((10, 2, 32, 16), "CPU_ATTN", ("head_pages", True, 32, 128)),
     ((2, 10, 64, 2, 8), "FLASH_ATTN", ("stacked_outer", False, 64, 128)),
     ((10, 2, 2, 128, 8), "FLASHINFER", ("stacked_inner", True, 128, None)),
+    ((1213, 128, 576), "TRITON_MLA", ("latent", True, 128, None)),   # vLLM 0.26 CUDA MLA
+    ((1213, 64, 576), "FLASHMLA", ("latent", True, 64, 128)),
 ])
 def test_layout_is_read_off_the_tensor_shape(shape, backend, expect):
     kernel = expect[2]
@@ -252,8 +254,25 @@ def test_layout_is_read_off_the_tensor_shape(shape, backend, expect):
 def test_an_ambiguous_or_unknown_shape_is_refused():
     with pytest.raises(ValueError, match="cannot tell tokens from heads"):
         layout_from_shape((10, 64, 64, 16), "FLASH_ATTN", 64)
+    with pytest.raises(ValueError, match="axis 1 is not a block size"):
+        layout_from_shape((10, 48, 16), "FLASH_ATTN", 64)
     with pytest.raises(ValueError, match="no known paged KV layout"):
-        layout_from_shape((10, 64, 16), "FLASH_ATTN", 64)
+        layout_from_shape((2, 2, 10, 64, 16, 1), "FLASH_ATTN", 64)
+
+
+def test_a_latent_cache_is_read_whole_in_token_order():
+    """An MLA latent cache [B, N, L]: every byte of the request's blocks, tokens in order
+    (a logical 128-token block id expands to its two 64-token kernel blocks)."""
+    import numpy as np
+
+    from harness.serve.plugins.kv_layout import canonical_kv
+
+    cache = np.arange(6 * 64 * 8, dtype=np.int16).reshape(6, 64, 8)
+    layout = layout_from_shape(cache.shape, "FLASHMLA", 64, 128)
+    kv = canonical_kv(cache, [1], 100, layout)        # logical block 1 = kernel blocks 2, 3
+    assert kv.shape == (2, 1, 100, 4)
+    tokens = np.concatenate([cache[2], cache[3]])[:100]
+    assert (np.concatenate([kv[0, 0], kv[1, 0]], axis=-1) == tokens).all()
 
 
 class MambaSpec:

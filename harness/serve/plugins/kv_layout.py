@@ -17,8 +17,8 @@ from typing import Any, Literal, Sequence
 
 import numpy as np
 
-KVSplit = Literal["content", "head_pages", "stacked_outer", "stacked_inner", "separate"]
-KV_SPLITS = ("content", "head_pages", "stacked_outer", "stacked_inner", "separate")
+KVSplit = Literal["content", "head_pages", "stacked_outer", "stacked_inner", "separate", "latent"]
+KV_SPLITS = ("content", "head_pages", "stacked_outer", "stacked_inner", "separate", "latent")
 
 
 # vLLM KVCacheLayout names (vllm/v1/kv_cache_layout.py) whose per-layer memory order keeps the
@@ -63,6 +63,9 @@ class KVLayout:
     * ``"stacked_outer"``: ``[2, B, X, Y, D]``; ``"stacked_inner"``: ``[B, 2, X, Y, D]`` (the
       pre-0.32 FLASH_ATTN / FLASHINFER shapes in memory order).
     * ``"separate"``: the cache is a ``(K, V)`` pair, each ``[B, X, Y, D]``.
+    * ``"latent"``: ``[B, N, L]``, one MLA latent vector per token (vLLM 0.26's CUDA MLA
+      backends); canonically one "head" whose K slot holds the latent's first half and whose V
+      slot its second, so every byte is digested.
 
     ``block_size`` is tokens per block of the tensor (the kernel block). ``ids_block_size`` is
     tokens per block id passed in (the scheduler's manager block, a multiple of ``block_size``;
@@ -167,6 +170,12 @@ def canonical_kv(cache: Any, block_ids: Sequence[int], num_tokens: int, layout: 
         blocks = gather_rows(cache, ids, 1)
     elif split == "stacked_inner":
         blocks = np.moveaxis(gather_rows(cache, ids, 0), 1, 0)
+    elif split == "latent":
+        latent = gather_rows(cache, ids, 0)
+        if latent.ndim != 3 or latent.shape[-1] % 2:
+            raise ValueError(f"a latent cache is [B, N, L], L even; got blocks {latent.shape}")
+        half = latent.shape[-1] // 2
+        blocks = np.stack([latent[:, None, :, :half], latent[:, None, :, half:]])
     else:
         packed = gather_rows(cache, ids, 0)
         if packed.ndim != 4 or packed.shape[-1] % 2:
@@ -237,6 +246,12 @@ def layout_from_shape(shape: Sequence[int], backend: str, kernel_block_size: int
     """
     shape = tuple(int(n) for n in shape)
     sizes = {kernel_block_size, logical_block_size or kernel_block_size}
+    if len(shape) == 3:   # MLA on CUDA: [B, N, latent]
+        if shape[1] not in sizes:
+            raise ValueError(f"latent cache {list(shape)}: axis 1 is not a block size "
+                             f"{sorted(sizes)}")
+        ids = logical_block_size if logical_block_size and logical_block_size != shape[1] else None
+        return KVLayout("latent", True, shape[1], ids)
     if len(shape) == 4:
         split, inner = "content", shape[1:3]
     elif len(shape) == 5 and shape[0] == 2:
