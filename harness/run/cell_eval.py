@@ -74,6 +74,14 @@ def both_up_to(pd: StagedRun, baseline: StagedRun, n: int) -> tuple[EvalRun, Eva
 LOOKS_AHEAD = 2
 
 
+def looks_worth_asking_ahead(cell: Cell, next_stages: Sequence[int]) -> Sequence[int]:
+    """The later looks a cell may be asked while the A/A re-run runs: only a cell expected to
+    pass needs them; a canary or an expected failure is decided at its first look
+    (calibration, 2026-12-02: asked ahead, the P64->D128 XFAIL cell answered 150 questions it
+    was never judged on, round after round)."""
+    return next_stages if cell.fault is None and cell.expected_failure is None else ()
+
+
 def noise_floor_for_look(runner: Any, rnd: Any, ask_pd: Callable[[int], None],
                          next_stages: Sequence[int]) -> EvalRun | None:
     """The round's A/A re-run, which a look's judge needs. While it is still running on the
@@ -144,7 +152,8 @@ def evaluate_cell(runner: Any, cell: Cell, pair: Deployment, rnd: Any, task: str
                 runner.progress(f"evaluating P/D {cell.cell_id} ({n} questions)")
                 pd_run, base_run = both_up_to(pd, rnd.staged, n)
                 proof = proofs.pop(n) if n in proofs else proof_now()
-                aa = noise_floor_for_look(runner, rnd, ask_ahead, plan.stages[i + 1:])
+                aa = noise_floor_for_look(runner, rnd, ask_ahead,
+                                          looks_worth_asking_ahead(cell, plan.stages[i + 1:]))
                 cmp = compare(base_run, pd_run, proof, baseline_aa=aa,
                               alpha=runner.policy.alpha)
                 verdict = decide(cmp, policy, cell.expected_failure, reference=reference,

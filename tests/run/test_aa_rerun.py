@@ -148,3 +148,12 @@ def test_the_last_look_waits_without_asking_more():
     threading.Timer(0.05, lambda: aa.set_result("aa-run")).start()
     assert noise_floor_for_look(Progress(), round_with(aa), asked.append, []) == "aa-run"
     assert asked == []
+
+
+def test_only_a_cell_expected_to_pass_is_asked_ahead():
+    from harness.run.cell_eval import looks_worth_asking_ahead
+
+    clean = Cell(model="tiny")
+    assert looks_worth_asking_ahead(clean, [100, 200]) == [100, 200]
+    assert looks_worth_asking_ahead(Cell(model="tiny", fault="corrupt-block"), [100, 200]) == ()
+    assert looks_worth_asking_ahead(Cell(model="tiny", expected_failure="upstream"), [100]) == ()
