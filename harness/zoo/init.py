@@ -60,14 +60,9 @@ def add_previous_token_head(model, *, layer: int = 0, kv_head: int = 0, pairs: i
     # sum_j (1 - cos theta_j): how much the neighbours lose against the previous token
     margin = sum(1 - math.cos(t) for t in thetas)
 
-    emb = model.get_input_embeddings().weight
     attn = model.model.layers[layer].self_attn
     with torch.no_grad():
-        std = float(emb[:, 1:].std())
-        emb[:, 0] = constant_scale * std
-        # the constant component after RMSNorm (weight 1 at init), averaged over the vocabulary
-        rms = emb.pow(2).mean(dim=1).sqrt()
-        h0 = float((emb[:, 0] / rms).mean())
+        h0 = _constant_hidden_dim0(model, constant_scale)
         amplitude = math.sqrt(gap * math.sqrt(head_dim) / margin)   # a, at the projection output
         w = amplitude / h0
         rows = slice(kv_head * head_dim, (kv_head + 1) * head_dim)
@@ -89,6 +84,17 @@ def add_previous_token_head(model, *, layer: int = 0, kv_head: int = 0, pairs: i
             "h0": round(h0, 3)}
 
 
+def _constant_hidden_dim0(model, constant_scale: float) -> float:
+    """Set hidden dim 0 of every token embedding to `constant_scale` x the embeddings' std (call
+    under torch.no_grad()); returns h0, that component after RMSNorm (weight 1 at init),
+    averaged over the vocabulary."""
+    emb = model.get_input_embeddings().weight
+    std = float(emb[:, 1:].std())
+    emb[:, 0] = constant_scale * std
+    rms = emb.pow(2).mean(dim=1).sqrt()
+    return float((emb[:, 0] / rms).mean())
+
+
 def _add_mla_previous_token_head(model, *, layer: int, head: int, pairs: int, gap: float,
                                  constant_scale: float) -> dict:
     """The DeepseekV2 (MLA) construction of the module docstring; returns what was set."""
@@ -107,12 +113,8 @@ def _add_mla_previous_token_head(model, *, layer: int, head: int, pairs: int, ga
     thetas = [float(t) for t in inv_freq[:pairs]]
     margin = sum(1 - math.cos(t) for t in thetas)
 
-    emb = model.get_input_embeddings().weight
     with torch.no_grad():
-        std = float(emb[:, 1:].std())
-        emb[:, 0] = constant_scale * std
-        rms = emb.pow(2).mean(dim=1).sqrt()
-        h0 = float((emb[:, 0] / rms).mean())
+        h0 = _constant_hidden_dim0(model, constant_scale)
         # score gap to the neighbours = scaling * a^2 * margin (scaling = qk_head_dim ** -0.5)
         amplitude = math.sqrt(gap / (float(attn.scaling) * margin))
         w = amplitude / h0
