@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from harness.core.cell import Cell
 
 RUN_ID_KEY = "pd_accuracy_run_id"
+LOADGROUP_KEY = "pd_accuracy_loadgroup"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -52,6 +53,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "used in both modes")
     g.addoption("--pd-platform", default=None,
                 help="expand for this platform instead of this machine (cpu, cuda:N)")
+    g.addoption("--pd-servers-on-one-worker", action="store_true",
+                help="with pytest-xdist: every test that starts servers (the matrix cells and "
+                     "tests marked slow) runs on one worker, one after another, and the other "
+                     "workers take the rest; for a small machine, where servers must not "
+                     "compete with servers but unit tests fit in the cores they leave idle")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -75,8 +81,10 @@ _RUN_ID = pytest.StashKey[str]()
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
-    """xdist controller: every worker writes into the same run directory."""
+    """xdist controller: every worker writes into the same run directory, and knows whether
+    tests are distributed by group."""
     node.workerinput[RUN_ID_KEY] = node.config.stash[_RUN_ID]
+    node.workerinput[LOADGROUP_KEY] = node.config.getoption("dist", None) == "loadgroup"
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -89,6 +97,56 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     if (getattr(config.option, "numprocesses", None) and not explicit
             and getattr(config.option, "dist", None) in ("no", "load")):
         config.option.dist = "loadgroup"
+
+
+SERVERS_GROUP = "pd-servers"
+
+
+def starts_servers(item: pytest.Item) -> bool:
+    """A matrix cell, or a test marked slow ("starts real processes")."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return "pd_cell" in params or item.get_closest_marker("slow") is not None
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """--pd-servers-on-one-worker: one xdist group for every test that starts servers. It
+    replaces the test's own group (a cell's is its baseline's: xdist would join the names); the
+    cells still share their baselines, since one worker runs them all. A group set on a class
+    or module is left alone."""
+    if item.config.getoption("--pd-servers-on-one-worker") and starts_servers(item):
+        item.own_markers[:] = [m for m in item.own_markers if m.name != "xdist_group"]
+        item.add_marker(pytest.mark.xdist_group(SERVERS_GROUP))
+
+
+def groups_by_xdist_group(config: pytest.Config) -> bool:
+    """An xdist worker whose controller distributes by xdist_group (`--dist loadgroup`, given
+    or set by this plugin's pytest_cmdline_main)."""
+    workerinput = getattr(config, "workerinput", None)
+    return workerinput is not None and bool(
+        workerinput.get(LOADGROUP_KEY) or getattr(config.option, "loadgroup", False))
+
+
+def suffix_xdist_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give each test with an xdist_group mark the "@group" suffix that the controller's
+    loadgroup scheduler reads. xdist 3.8's worker does it only when `--dist loadgroup` is on
+    its own command line (a worker re-parses the arguments, so the plugin's implicit loadgroup
+    never reached it), and on pytest >= 9.2 it writes the legacy `item._nodeid`, which pytest no
+    longer reads (pytest-xdist#1386; fix pending in #1388). Either way every group was spread
+    over the workers, and each worker started the same baseline. Written into the id pytest
+    reads; a test already suffixed is left alone."""
+    if not groups_by_xdist_group(config):
+        return
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        suffix = "@" + "_".join(names)
+        if not names or item.nodeid.endswith(suffix):
+            continue
+        if hasattr(item, "_id"):                       # pytest >= 9.2: structured ids
+            from _pytest.nodeid import NodeId
+            item._id = NodeId.parse(item.nodeid + suffix)
+        else:
+            item._nodeid = item.nodeid + suffix
 
 
 def run_id(config: pytest.Config) -> str:
@@ -127,8 +185,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         for c in exp.cells])
 
 
+@pytest.hookimpl(trylast=True)   # after -k/-m deselection, and after xdist's own suffixing
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
+    suffix_xdist_groups(config, items)
     session.stash[_SELECTED] = [i.callspec.params["pd_cell"] for i in items
                                 if hasattr(i, "callspec") and "pd_cell" in i.callspec.params]
 
@@ -204,6 +264,14 @@ def pd_pair(pd_runner):
     return pd_runner.running_pair
 
 
+_RAN_SERVERS = pytest.StashKey[bool]()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if starts_servers(item):
+        item.session.stash[_RAN_SERVERS] = True
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """No process of the run may outlive it (stop stragglers, fail loudly); then, once for the
     whole run (the xdist controller, or the only process), render the run's annotation, history
@@ -213,8 +281,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     say = (lambda m: reporter.write_line(m, red=True)) if reporter else print
     # this interpreter's servers, and any server group on this host whose harness is dead
-    # (farm jobs, killed runs: the process ledger); the sweep stops those itself
-    leftovers = [p for p in live_processes() if p.is_running()] + sweep_orphans()
+    # (farm jobs, killed runs: the process ledger); the sweep stops those itself. An xdist worker
+    # that ran no server test leaves the sweep to the controller: it may end while another
+    # worker's test has just killed a harness on purpose (test_teardown), its watchdog not yet
+    # done
+    sweep = not hasattr(session.config, "workerinput") or session.stash.get(_RAN_SERVERS, False)
+    leftovers = [p for p in live_processes() if p.is_running()] + (sweep_orphans() if sweep else [])
     if leftovers:
         names = ", ".join(f"{p.name} (pid {p.pid})" for p in leftovers)
         stop_all()

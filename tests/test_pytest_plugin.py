@@ -69,6 +69,73 @@ def test_xdist_without_a_dist_mode_distributes_by_group(pytester):
     assert (pytester.path / "dist.txt").read_text() == "load"     # the user's choice stands
 
 
+SERVERS_ON_ONE_WORKER = """
+import os, time, pytest
+
+def _note(kind):
+    with open(f"ran-{kind}-{os.environ['PYTEST_XDIST_WORKER']}", "a") as f:
+        f.write("x")
+
+@pytest.mark.slow
+@pytest.mark.parametrize("i", range(4))
+def test_starts_servers(i):
+    time.sleep(0.4)
+    _note("slow")
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("its-own")
+def test_starts_servers_in_its_own_group():
+    time.sleep(0.4)
+    _note("slow")
+
+@pytest.mark.parametrize("i", range(6))
+def test_unit(i):
+    time.sleep(0.2)
+    _note("unit")
+"""
+
+
+def _workers(path, kind):
+    return {p.name.rsplit("-", 1)[1] for p in path.glob(f"ran-{kind}-*")}
+
+
+def test_servers_on_one_worker_keeps_every_server_test_on_one_worker(pytester):
+    pytester.makepyfile(test_mix=SERVERS_ON_ONE_WORKER)
+    pytester.runpytest("-n", "2", "--pd-servers-on-one-worker").assert_outcomes(passed=11)
+    [servers] = _workers(pytester.path, "slow")
+    assert _workers(pytester.path, "unit") - {servers}, "no unit test ran beside the servers"
+    for p in pytester.path.glob("ran-*"):
+        p.unlink()
+    # without the option the same tests spread over both workers: the option is what holds them
+    pytester.runpytest("-n", "2").assert_outcomes(passed=11)
+    assert len(_workers(pytester.path, "slow")) == 2
+
+
+GROUPED = """
+import os, time, pytest
+
+@pytest.mark.xdist_group("one-baseline")
+@pytest.mark.parametrize("i", range(4))
+def test_cell(i):
+    time.sleep(0.3)
+    with open(f"ran-cell-{os.environ['PYTEST_XDIST_WORKER']}", "a") as f:
+        f.write("x")
+
+@pytest.mark.parametrize("i", range(4))
+def test_other(i):
+    time.sleep(0.3)
+"""
+
+
+@pytest.mark.parametrize("dist", [[], ["--dist", "loadgroup"]], ids=["implicit", "explicit"])
+def test_a_groups_tests_run_on_one_worker(pytester, dist):
+    """Where the tests ran, not only the dist mode: a worker re-parses the command line (the
+    plugin's implicit loadgroup never reached it) and pytest 9.2 ignores xdist 3.8's suffix."""
+    pytester.makepyfile(test_grouped=GROUPED)
+    pytester.runpytest("-n", "2", *dist).assert_outcomes(passed=8)
+    assert len(_workers(pytester.path, "cell")) == 1
+
+
 def test_workers_share_the_controllers_run_id(pytester):
     pytester.makepyfile(test_suite="from harness.pytest_plugin import run_id\n\n"
                         "def test_id(request):\n"
