@@ -64,8 +64,11 @@ def bench_record(run_dir: Path, wall_s: float | None = None,
     # wall time: each baseline group once; start-up: what the run sat waiting for servers
     groups = {c["group"]: c["group_total_s"] for c in cells if c["group_total_s"]}
     waited = sum(c["startup_wait_s"] or 0.0 for c in cells)
+    from harness.run.provenance import hardware
+
     return {
         "run_dir": str(run_dir),
+        "hardware": hardware("cpu"),   # CPU timings compare only across equal cpu_isa
         "wall_s": wall_s,
         "peak_rss_bytes": peak_rss_bytes,
         "servers": [{"server": Path(s.log_path).stem, "total_s": s.total_s, **s.phases}

@@ -9,8 +9,8 @@ Schema (version 1) — every key is always present; unknown values are null:
       "cell": {... Cell.to_dict(), "id": "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1"},
       "versions": {"vllm": "0.32.0", "nixl": "1.5.1", "lm_eval": "0.4.13", "torch": "2.13.0+cpu",
                    "harness": "<git sha or version>", "python": "3.11.7"},
-      "hardware": {"platform": "cpu"|"cuda", "cpu": "...", "cpu_count": 2, "gpus": ["NVIDIA H200"],
-                   "hostname": "..."},
+      "hardware": {"platform": "cpu"|"cuda", "cpu": "...", "cpu_isa": ["avx2", ...],
+                   "cpu_count": 2, "gpus": ["NVIDIA H200"], "hostname": "..."},
       "options": {... RunOptions as dict},
       "metrics": {
         "n": 50,

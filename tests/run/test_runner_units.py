@@ -97,6 +97,19 @@ def test_versions_and_hardware_shapes():
     hw = hardware("cpu")
     assert hw["platform"] == "cpu" and hw["gpus"] == []
     assert isinstance(hw["cpu_count"], int) and hw["hostname"]
+    assert isinstance(hw["cpu_isa"], list)
+
+
+def test_cpu_isa_names_the_extensions_that_decide_bf16_speed():
+    from harness.run.provenance import cpu_isa
+
+    avx2_only = "processor\t: 0\nflags\t\t: fpu sse2 avx f16c fma avx2 sha_ni\n"
+    sapphire = ("flags\t\t: avx2 avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile\n"
+                "flags\t\t: (second processor, not read)\n")
+    assert cpu_isa(avx2_only) == ["avx2"]
+    assert cpu_isa(sapphire) == ["avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16",
+                                 "amx_tile"]
+    assert cpu_isa("model name : no flags line\n") == []
 
 
 def test_hardware_names_the_gpus_platform_detection_sees(monkeypatch):
