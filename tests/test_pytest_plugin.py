@@ -136,6 +136,22 @@ def test_a_groups_tests_run_on_one_worker(pytester, dist):
     assert len(_workers(pytester.path, "cell")) == 1
 
 
+def test_the_selected_cells_are_those_left_after_k(pytester):
+    """A baseline group runs the selected cells of that group: before, the plugin read them
+    before -k deselected any, so `-k "p128d128 and not fault"` also ran the group's canaries."""
+    pytester.makeconftest("import json\n"
+                          "def pytest_collection_finish(session):\n"
+                          "    from harness.pytest_plugin import selected_cells\n"
+                          "    json.dump([c.cell_id for c in selected_cells(session)],\n"
+                          "              open('selected.json', 'w'))\n")
+    pytester.makepyfile(test_cells="def test_cell(pd_cell):\n    pass\n")
+    pytester.runpytest("--collect-only", "--pd-platform", "cpu",
+                       "-k", "tiny-llama-gsm and p128d128 and not fault")
+    import json
+    assert json.loads((pytester.path / "selected.json").read_text()) == [
+        "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager"]
+
+
 def test_workers_share_the_controllers_run_id(pytester):
     pytester.makepyfile(test_suite="from harness.pytest_plugin import run_id\n\n"
                         "def test_id(request):\n"
