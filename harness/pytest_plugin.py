@@ -120,10 +120,8 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 def groups_by_xdist_group(config: pytest.Config) -> bool:
     """An xdist worker whose controller distributes by xdist_group (`--dist loadgroup`, given
-    or set by this plugin's pytest_cmdline_main)."""
-    workerinput = getattr(config, "workerinput", None)
-    return workerinput is not None and bool(
-        workerinput.get(LOADGROUP_KEY) or getattr(config.option, "loadgroup", False))
+    or set by this plugin's pytest_cmdline_main): the controller says so in pytest_configure_node."""
+    return bool(getattr(config, "workerinput", {}).get(LOADGROUP_KEY))
 
 
 def suffix_xdist_groups(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -56,6 +56,7 @@ def cell_rows(run_dir: Path) -> list[dict[str, Any]]:
 
 def bench_record(run_dir: Path, wall_s: float | None = None,
                  peak_rss_bytes: int | None = None) -> dict[str, Any]:
+    from harness.run.provenance import hardware
     from harness.serve.startup_phases import PHASES, parse_logs, summed
 
     servers = [s for s in parse_logs(server_logs(run_dir)) if s.phases]
@@ -64,8 +65,6 @@ def bench_record(run_dir: Path, wall_s: float | None = None,
     # wall time: each baseline group once; start-up: what the run sat waiting for servers
     groups = {c["group"]: c["group_total_s"] for c in cells if c["group_total_s"]}
     waited = sum(c["startup_wait_s"] or 0.0 for c in cells)
-    from harness.run.provenance import hardware
-
     return {
         "run_dir": str(run_dir),
         "hardware": hardware("cpu"),   # CPU timings compare only across equal cpu_isa
