@@ -5,6 +5,9 @@ so each is cheap, idempotent, never raises and does nothing unless it is relevan
 
 * :mod:`harness.serve.plugins.nixl_idle` — gives NIXL's UCX progress thread a poll timeout so idle
   servers stop spinning a core (``PD_ACCURACY_NIXL_PTHR_DELAY_US``, default 1000, 0 = off).
+* :mod:`harness.serve.plugins.cpu_amx` — asks Linux for AMX tile state in every server process on
+  a host with AMX: without it vLLM CPU 0.32's decode dies of SIGILL at its first step on
+  received KV (``PD_ACCURACY_AMX_PERMISSION=0`` = off, to see that crash).
 * :mod:`harness.serve.plugins.faults` — canary KV corruption on the decode server
   (``PD_ACCURACY_FAULT=corrupt-block|swap-blocks``, unset = off).
 
