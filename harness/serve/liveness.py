@@ -3,6 +3,12 @@ of a process group. Every check goes through psutil; nothing here sends a signal
 
 A reservation records its owner as (pid, create_time, host). :func:`owner_alive` is the one rule
 for whether that owner still holds it, used by the port registry and the GPU leases alike.
+
+A create_time here is the process's start in seconds since boot (``/proc/PID/stat``, field 22):
+the same number for every reader at any time. psutil's create_time adds the boot time, which
+each process reads once from the wall clock. On 2026-12-03 a VM's clock moved 13 s after a
+harness had recorded itself. Every other process then saw that live harness as dead. A unit
+test's pytest session swept its "orphans" and SIGTERMed a running smoke cell's proxy.
 """
 from __future__ import annotations
 
@@ -17,13 +23,31 @@ __all__ = [
     "owner_alive",
     "process_create_time",
     "process_group_alive",
+    "same_start",
+    "start_since_boot",
     "this_host",
 ]
 
-# psutil's create_time is the process's start in clock ticks since boot plus the boot time, which
-# the kernel derives from the wall clock: it can move by a second between two readers. A reused
-# PID would need the PID space to wrap within that second.
+# a start since boot is exact (whole clock ticks); the tolerance stays for records written by an
+# older harness in psutil's terms (below). A reused PID would need the PID space to wrap within
+# that second.
 CREATE_TIME_TOLERANCE_S = 1.0
+# a recorded create_time above this (2001-09-09 in epoch seconds, 31 years of uptime) is psutil's
+# wall-clock create_time, written by an older harness still running on this host
+_EPOCH_RECORD = 1e9
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def start_since_boot(pid: int) -> float | None:
+    """When ``pid`` started, in seconds since boot (field 22 of ``/proc/PID/stat``: clock
+    ticks); None when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        # after the command name, which may hold spaces and parentheses: field 3 onwards
+        return int(stat[stat.rindex(b")") + 2:].split()[19]) / _CLOCK_TICKS
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def this_host() -> str:
@@ -40,15 +64,26 @@ def is_zombie(proc: psutil.Process) -> bool:
 
 
 def process_create_time(pid: int) -> float | None:
-    """``psutil`` create_time of a live, non-zombie ``pid``; None when there is no such process
-    or it cannot be read."""
+    """When a live, non-zombie ``pid`` started, in seconds since boot (psutil's create_time
+    where /proc cannot say); None when there is no such process or it cannot be read."""
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             return None
-        return proc.create_time()
+        started = start_since_boot(pid)
+        return proc.create_time() if started is None else started
     except psutil.Error:
         return None
+
+
+def same_start(pid: int, proc: psutil.Process, recorded: float) -> bool:
+    """Whether ``proc`` (PID ``pid``) is the process recorded as started at ``recorded``."""
+    if recorded > _EPOCH_RECORD:   # an older harness's record: psutil's wall-clock terms
+        return abs(proc.create_time() - recorded) < CREATE_TIME_TOLERANCE_S
+    started = start_since_boot(pid)
+    if started is None:
+        return abs(proc.create_time() - recorded) < CREATE_TIME_TOLERANCE_S
+    return abs(started - recorded) < CREATE_TIME_TOLERANCE_S
 
 
 def owner_alive(pid: int, create_time: float | None, host: str | None = None) -> bool:
@@ -75,7 +110,7 @@ def owner_alive(pid: int, create_time: float | None, host: str | None = None) ->
             return False
         if not create_time:
             return True
-        return abs(proc.create_time() - float(create_time)) < CREATE_TIME_TOLERANCE_S
+        return same_start(pid, proc, float(create_time))
     except psutil.NoSuchProcess:  # ZombieProcess included
         return False
     except psutil.AccessDenied:

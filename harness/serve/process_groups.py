@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from harness.serve.liveness import CREATE_TIME_TOLERANCE_S
+from harness.serve.liveness import CREATE_TIME_TOLERANCE_S, start_since_boot
 
 __all__ = ["ProcessTable", "TrackedGroup", "process_table", "terminate_groups"]
 
@@ -65,7 +65,11 @@ def process_table(with_groups: bool = False) -> ProcessTable:
             continue  # vanished while being read
         if with_groups and info.get("status") == psutil.STATUS_ZOMBIE:
             continue  # exited: nothing left to kill, only to reap (its parent's job)
-        parent[proc.pid], created[proc.pid] = info["ppid"], info["create_time"]
+        # in seconds since boot, as every create_time the harness records (harness.serve.liveness)
+        started = start_since_boot(proc.pid)
+        if started is None:
+            continue
+        parent[proc.pid], created[proc.pid] = info["ppid"], started
         if with_groups:
             try:
                 members.setdefault(os.getpgid(proc.pid), set()).add(proc.pid)

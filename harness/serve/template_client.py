@@ -49,7 +49,8 @@ class ForkedServer:
             pass
         try:
             proc = psutil.Process(self.pid)
-            if self._create_time is not None and proc.create_time() != self._create_time:
+            if self._create_time is not None and \
+                    process_create_time(self.pid) not in (None, self._create_time):
                 raise psutil.NoSuchProcess(self.pid)
             if not is_zombie(proc):
                 return None

@@ -13,6 +13,7 @@ import port_for
 import psutil
 import pytest
 
+from harness.serve.liveness import process_create_time
 from harness.serve.ports import PortAllocator, PortsExhaustedError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -146,7 +147,7 @@ def test_release_leaves_other_processes_ports_alone(tmp_path):
     [port] = allocator.reserve(1, owner="mine")
     registry = json.loads((tmp_path / "registry.json").read_text())
     parent = psutil.Process(os.getppid())  # a live process that is not us
-    registry["ports"][str(port)].update(pid=parent.pid, create_time=parent.create_time())
+    registry["ports"][str(port)].update(pid=parent.pid, create_time=process_create_time(parent.pid))
     (tmp_path / "registry.json").write_text(json.dumps(registry))
     allocator.release([port])
     assert allocator.reservations()[port]["pid"] == parent.pid

@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from harness.serve.liveness import process_create_time
 from harness.serve import process_ledger, process_registry, watchdog as watchdog_mod
 from harness.serve.process import ManagedProcess, live_processes
 from harness.serve.process_groups import TrackedGroup, terminate_groups
@@ -196,11 +197,11 @@ def test_a_dead_watchdog_is_replaced_with_every_group_sent_again(tmp_path):
     first = subprocess.Popen(["sleep", "300"], start_new_session=True)
     second = subprocess.Popen(["sleep", "300"], start_new_session=True)
     try:
-        dog.watch(first.pid, psutil.Process(first.pid).create_time(), "first")
+        dog.watch(first.pid, process_create_time(first.pid), "first")
         old = dog.pid
         os.kill(old, signal.SIGKILL)
         assert wait_until(lambda: gone(old), 3)
-        dog.watch(second.pid, psutil.Process(second.pid).create_time(), "second")
+        dog.watch(second.pid, process_create_time(second.pid), "second")
         assert dog.pid not in (None, old)
         new = dog.pid
         dog.close(wait_s=5)  # EOF with both groups still registered: the new one stops both
@@ -215,7 +216,7 @@ def test_an_unwatched_group_is_left_alone(tmp_path):
     dog = Watchdog(grace_s=0.3)
     child = subprocess.Popen(["sleep", "300"], start_new_session=True)
     try:
-        dog.watch(child.pid, psutil.Process(child.pid).create_time(), "sleeper")
+        dog.watch(child.pid, process_create_time(child.pid), "sleeper")
         dog.unwatch(child.pid)
         pid = dog.pid
         dog.close(wait_s=5)
@@ -229,7 +230,7 @@ def test_an_unwatched_group_is_left_alone(tmp_path):
 def test_a_group_whose_pid_was_reused_is_not_ours():
     stranger = subprocess.Popen(["sleep", "300"], start_new_session=True)
     try:
-        created = psutil.Process(stranger.pid).create_time()
+        created = process_create_time(stranger.pid)
         # the same PID, recorded with another create_time: our group is gone, the PID reused
         assert terminate_groups([TrackedGroup(stranger.pid, created - 100, "old")], 0.2) == set()
         assert stranger.poll() is None
@@ -245,7 +246,7 @@ def test_a_group_whose_pid_was_reused_is_not_ours():
 
 def dead_pid_and_create_time() -> tuple[int, float]:
     proc = subprocess.Popen(["true"])
-    created = psutil.Process(proc.pid).create_time()
+    created = process_create_time(proc.pid)
     proc.wait()
     return proc.pid, created
 
@@ -258,11 +259,11 @@ def test_sweep_stops_the_groups_of_dead_harnesses_only(tmp_path):
     dead_owner, dead_created = dead_pid_and_create_time()
     try:
         time.sleep(0.3)  # the orphan has set its handler
-        ledger.record("mine", mine.pid, psutil.Process(mine.pid).create_time())
+        ledger.record("mine", mine.pid, process_create_time(mine.pid))
         entries = json.loads(ledger.path.read_text())["groups"]
         entries[str(orphan.pid)] = {**entries[str(mine.pid)], "name": "baseline", "pid": orphan.pid,
                                     "pgid": orphan.pid,
-                                    "create_time": psutil.Process(orphan.pid).create_time(),
+                                    "create_time": process_create_time(orphan.pid),
                                     "owner_pid": dead_owner, "owner_create_time": dead_created}
         entries["1"] = {**entries[str(orphan.pid)], "name": "long gone", "pid": 999999999,
                         "pgid": 999999999}
@@ -286,7 +287,7 @@ def test_managed_process_is_in_the_ledger_while_it_runs(tmp_path, monkeypatch):
     try:
         entry = ledger.entries()[str(proc.pid)]
         assert entry["pid"] == entry["pgid"] == proc.pid and entry["name"] == "recorded"
-        assert entry["create_time"] == pytest.approx(psutil.Process(proc.pid).create_time(), abs=1)
+        assert entry["create_time"] == pytest.approx(process_create_time(proc.pid), abs=1)
         assert entry["owner_pid"] == os.getpid()
         assert proc in live_processes()
     finally:
