@@ -118,6 +118,13 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         item.add_marker(pytest.mark.xdist_group(SERVERS_GROUP))
 
 
+def runs_every_server_test(config: pytest.Config) -> bool:
+    """Whether this process runs every selected test that starts servers, in collection order:
+    no xdist worker, or a worker under --pd-servers-on-one-worker."""
+    return (not hasattr(config, "workerinput")
+            or bool(config.getoption("--pd-servers-on-one-worker")))
+
+
 def groups_by_xdist_group(config: pytest.Config) -> bool:
     """An xdist worker whose controller distributes by xdist_group (`--dist loadgroup`, given
     or set by this plugin's pytest_cmdline_main): the controller says so in pytest_configure_node."""
@@ -235,17 +242,20 @@ def pd_runner(pytestconfig: pytest.Config, pd_options, pd_policy):
     install_signal_handlers()
     reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
     say = (lambda m: reporter.write_line(f"[pd-accuracy] {m}")) if reporter else print
-    return Runner(pd_options, pd_policy, features=Features.detect(), progress=say,
-                  run_id=run_id(pytestconfig))
+    runner = Runner(pd_options, pd_policy, features=Features.detect(), progress=say,
+                    run_id=run_id(pytestconfig))
+    yield runner
+    runner.close()   # a group started ahead that no test took (-x, an interrupted session)
 
 
 @pytest.fixture(scope="session")
 def pd_judge(pd_runner):
     """pd_judge(cell) -> CellResult; pd_judge([cells]) -> [CellResult]: real servers, real
-    evaluation, one verdict per cell (cells sharing a baseline share its server)."""
-    def judge(cells):
+    evaluation, one verdict per cell (cells sharing a baseline share its server). `then`: the
+    cells the caller judges next, whose servers may start during this call's last pair."""
+    def judge(cells, then=()):
         single = not isinstance(cells, (list, tuple))
-        results = pd_runner.run([cells] if single else list(cells))
+        results = pd_runner.run([cells] if single else list(cells), then=list(then))
         return results[0] if single else results
     return judge
 

@@ -82,7 +82,19 @@ class GroupRunner:
 
     def _in_process(self, group: list[Cell]) -> dict:
         judge = self.request.getfixturevalue("pd_judge")
-        return {r.cell.cell_id: r for r in judge(group)}
+        return {r.cell.cell_id: r for r in judge(group, then=self._next_group())}
+
+    def _next_group(self) -> list[Cell]:
+        """The cells of the group this process runs next, when it is known: without xdist, or
+        with every server test on this worker (--pd-servers-on-one-worker), the tests run in
+        collection order, so it is the first group not run yet. With groups spread over
+        workers it is not known here: []."""
+        from harness.pytest_plugin import runs_every_server_test
+
+        if not runs_every_server_test(self.request.config):
+            return []
+        pending = [c for c in self.cells if c.baseline_key not in self.done]
+        return [c for c in pending if c.baseline_key == pending[0].baseline_key] if pending else []
 
     def _farm(self, group: list[Cell]) -> dict:
         from harness.ci.farm import run_farm

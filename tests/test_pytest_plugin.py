@@ -182,3 +182,46 @@ def test_the_runs_annotation_history_and_report_name_every_cell(tmp_path):
     assert (run / "annotation.md").exists() and (run / "report" / "index.html").exists()
     assert len({r["cell"]["id"] for r in load_records(run)}) >= 5
     assert render_run_outputs(tmp_path / "nothing-ran") == []
+
+
+RECORDING_JUDGE = """
+import json
+import pytest
+
+@pytest.fixture(scope="session")
+def pd_judge():
+    def judge(cells, then=()):
+        with open("calls.jsonl", "a") as f:
+            f.write(json.dumps({"run": sorted({c.baseline_key for c in cells}),
+                                "then": sorted({c.baseline_key for c in then})}) + "\\n")
+        return []
+    return judge
+"""
+GROUPS_IN_TURN = """
+from harness.pytest_suite import pd_groups  # noqa: F401
+
+def test_cell(pd_cell, pd_groups):
+    pd_groups.result(pd_cell)
+"""
+
+
+def _judge_calls(path) -> list[dict]:
+    import json
+    return [json.loads(line) for line in (path / "calls.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("args,known", [((), True), (("-n", "2", "--pd-servers-on-one-worker"), True),
+                                        (("-n", "2"), False)])
+def test_each_group_names_the_group_that_runs_next_where_it_is_known(pytester, args, known):
+    """The runner starts the next group's servers during a group's last pair (on CPU), so the
+    suite tells it which group comes next: where one process runs every server test in
+    collection order. With groups spread over workers nobody knows: nothing is named."""
+    pytester.makeconftest(RECORDING_JUDGE)
+    pytester.makepyfile(test_groups=GROUPS_IN_TURN)
+    pytester.runpytest("--pd-platform", "cpu", *args).assert_outcomes(passed=11)
+    calls = _judge_calls(pytester.path)
+    assert len(calls) == 4 and all(len(c["run"]) == 1 for c in calls)
+    if known:
+        assert [c["then"] for c in calls] == [c["run"] for c in calls[1:]] + [[]]
+    else:
+        assert all(c["then"] == [] for c in calls)

@@ -2,8 +2,9 @@
 Cell → Deployment → Endpoint → EvalRun → Comparison → Verdict → Record.
 
 Servers are shared: one baseline per `baseline_key` (its EvalRun is reused by every cell of the
-group), one P/D pair per `pair_key` (cells that differ only in a proxy-side fault reuse it), and
-the next pair of a group is launched while the current one is being evaluated.
+group), one P/D pair per `pair_key` (cells that differ only in a proxy-side fault reuse it). The
+next pair of a group is launched while the current one is being evaluated, and on CPU the next
+group's baseline and first pair while the group's last pair is (harness.run.groups_ahead).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from harness.core.options import RunOptions
 from harness.eval.lmeval import EvalRun, evaluate_endpoint, split_size
 from harness.run.aa_rerun import AAReruns, BaselineGate
 from harness.run.cell_eval import evaluate_cell
+from harness.run.groups_ahead import GroupsAhead, baseline_and_first_pair, start_ahead
 from harness.run.stages import QuestionOrder, StagedRun
 from harness.eval.task_choice import default_data_dir, default_task
 from harness.judge.verdict import Policy, ReferenceAccuracy, Verdict, error, fail
@@ -79,6 +81,9 @@ class _Group:
     reference: ReferenceAccuracy | None   # the model card's accuracy on `task`
     deploy_args: dict[str, Any]      # keyword arguments of plan_baseline / plan_pair
     started: float                   # time.monotonic() when its servers began to be planned
+    # time.monotonic() when its turn came (the previous group done): its own wall time counts
+    # from here, its servers may have been started ahead of it (`started`)
+    began: float = field(default_factory=time.monotonic)
     waited: dict[str, float] = field(default_factory=dict)   # start-up the flow blocked on, once
     gate: BaselineGate = field(default_factory=BaselineGate)  # the baseline's requests, one at a time
 
@@ -125,6 +130,7 @@ class Runner:
         self.run_dir = self.results_root / self.run_id
         self.log_dir = self.run_dir / "logs"
         self.peak_rss_bytes = 0
+        self.ahead = GroupsAhead()   # the next group's servers, started during this one's last pair
 
     # -- records ------------------------------------------------------------------------------
     def record(self, cell: Cell, verdict: Verdict, *, metrics: dict | None = None,
@@ -198,32 +204,49 @@ class Runner:
                                  records_path=records, allocator=self.allocator) as proxy:
                 yield proxy.endpoint()
 
-    def run(self, cells: Sequence[Cell]) -> list[CellResult]:
-        """Run every cell; never raises for a cell's failure (it becomes its verdict)."""
+    def run(self, cells: Sequence[Cell], *, then: Sequence[Cell] = ()) -> list[CellResult]:
+        """Run every cell; never raises for a cell's failure (it becomes its verdict). `then`:
+        the cells the caller will run next (a hint): on CPU their group's servers start during
+        this run's last pair, and the next run() takes them (close() stops what is not taken)."""
         groups: dict[str, list[Cell]] = {}
         for cell in cells:
             groups.setdefault(cell.baseline_key, []).append(cell)
+        following = [c for c in then if c.baseline_key not in groups]
+        upcoming = list(groups.values()) + ([[c for c in following
+                                               if c.baseline_key == following[0].baseline_key]]
+                                             if following else [])
         results: list[CellResult] = []
-        for group in groups.values():
-            results += self._run_group(group)
+        try:
+            for i, group in enumerate(groups.values()):
+                results += self._run_group(group, upcoming[i + 1] if i + 1 < len(upcoming) else [])
+        except BaseException:
+            self.ahead.close()
+            raise
         return results
 
-    def _run_group(self, cells: list[Cell]) -> list[CellResult]:
+    def close(self) -> None:
+        """Stop the servers of a group started ahead that no run() took."""
+        self.ahead.close()
+
+    def _run_group(self, cells: list[Cell], next_cells: Sequence[Cell] = ()) -> list[CellResult]:
         group = self._plan_group(cells)
-        baseline = plan_baseline(group.first, **group.deploy_args)
+        started_ahead = self.ahead.take(group.first.baseline_key)
+        if started_ahead is not None:   # its start-up counts from the launch
+            group = replace(group, started=started_ahead.launched_at)
         launched: list[Deployment] = []
         aa_reruns = AAReruns(group.gate)
         try:
-            first_pair = self._start_baseline_and_first_pair(group, baseline, launched)
+            baseline, first_pair = baseline_and_first_pair(self, group, started_ahead, launched)
+            self._wait_for_baseline(group, baseline)
             rounds = self._evaluate_baseline(group, baseline, aa_reruns)
-            results = self._run_pairs(group, baseline, rounds, first_pair, launched)
+            results = self._run_pairs(group, baseline, rounds, first_pair, launched, next_cells)
         except _GroupAborted as aborted:
             return aborted.results
         finally:
             for d in launched:
                 d.stop()
             aa_reruns.close()   # after the baseline stopped: a re-run still asking it ends
-        group_total = time.monotonic() - group.started
+        group_total = time.monotonic() - group.began
         for r in results:   # known once the group is done: the records are written again
             r.record["timings"]["group_total_s"] = group_total
             write_record(self.results_root, r.record)
@@ -253,17 +276,11 @@ class Runner:
                       hybrid=hybrid, reference=reference, deploy_args=deploy_args,
                       started=time.monotonic())
 
-    def _start_baseline_and_first_pair(self, group: _Group, baseline: Deployment,
-                                       launched: list[Deployment]) -> Deployment:
-        """Launch the baseline and the first pair together (start-up is the long pole on CPU)
-        and wait for the baseline; returns the first pair, still starting."""
-        first = group.first
-        self.progress(f"starting baseline for {first.model} (block {first.baseline_block_size}) "
-                      f"and the first P/D pair")
-        first_pair = self._plan_pair(group, 0)
-        launched += [baseline, first_pair]
-        baseline.launch()
-        first_pair.launch()
+    def _plan_baseline(self, group: _Group) -> Deployment:
+        return plan_baseline(group.first, **group.deploy_args)
+
+    def _wait_for_baseline(self, group: _Group, baseline: Deployment) -> None:
+        """Wait for the baseline; a baseline that cannot start is every cell's ERROR."""
         waiting = time.monotonic()
         try:
             baseline.wait()
@@ -274,7 +291,6 @@ class Runner:
                                               artifacts={"logs": baseline.logs()})
                                  for c in group.cells]) from exc
         group.waited["baseline"] = time.monotonic() - waiting
-        return first_pair
 
     def _evaluate_baseline(self, group: _Group, baseline: Deployment,
                            aa_reruns: AAReruns) -> list[BaselineRound]:
@@ -338,8 +354,10 @@ class Runner:
         return pair
 
     def _run_pairs(self, group: _Group, baseline: Deployment, rounds: list[BaselineRound],
-                   first_pair: Deployment, launched: list[Deployment]) -> list[CellResult]:
-        """Each pair in turn: wait for it, launch the next one, run its cells on every round."""
+                   first_pair: Deployment, launched: list[Deployment],
+                   next_cells: Sequence[Cell] = ()) -> list[CellResult]:
+        """Each pair in turn: wait for it, launch the next one (after the last: the next
+        group's servers), run its cells on every round."""
         base_samples = rounds[0].samples_path
         # the first run's: each A/A re-run's time is in its cell's timings (it overlaps the pair)
         baseline_eval_s = sum(b.run.wall_s for b in rounds) / self.options.repeats
@@ -364,6 +382,8 @@ class Runner:
             pair_wait = time.monotonic() - waiting + (group.waited.pop("baseline", 0.0))
             self.peak_rss_bytes = max(self.peak_rss_bytes, baseline.rss_bytes() + pair.rss_bytes())
             following = self._launch_pair(group, i + 1, launched)  # starts while this one is evaluated
+            if following is None:
+                start_ahead(self, next_cells, baseline.rss_bytes() + pair.rss_bytes())
             for cell in cells_of_pair:
                 for rnd in rounds:
                     results.append(evaluate_cell(self, 

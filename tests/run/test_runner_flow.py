@@ -10,7 +10,7 @@ import pytest
 from harness.core.cell import Cell
 from harness.core.options import RunOptions
 from harness.judge.verdict import Policy, fail
-from harness.run import runner as runner_mod
+from harness.run import groups_ahead, runner as runner_mod
 from harness.serve.models import ResolvedModel
 from harness.serve.process import ServerDiedError
 
@@ -166,3 +166,100 @@ def test_a_pair_that_does_not_start_fails_its_cells_and_the_next_pair_still_runs
         f"wait {b.cell_id}", f"run {b.cell_id} on {b.cell_id}", f"stop {b.cell_id}",
         "stop baseline", f"stop {a.cell_id}", f"stop {b.cell_id}",
     ]
+
+
+# ---- the next group's servers, started during this group's last pair ---------------------------
+@pytest.fixture
+def two_groups(flow, monkeypatch):
+    """`flow` with baselines named by their block size, and the host's memory as asked."""
+    runner, events, progress, dying = flow
+    monkeypatch.setattr(runner_mod, "plan_baseline", lambda cell, **kw: FakeDeployment(
+        f"baseline-{cell.decode_block_size}", events, f"baseline-{cell.decode_block_size}" in dying))
+    room = {"free": True}
+    monkeypatch.setattr(groups_ahead, "room_for", lambda rss: room["free"])
+    first = Cell(model="tiny", decode_block_size=16, prefill_block_size=16)
+    second = Cell(model="tiny", decode_block_size=32, prefill_block_size=32)
+    return runner, events, progress, room, first, second
+
+
+def without_aa(events: list[str]) -> list[str]:
+    return [e for e in events if e != "evaluate baseline-aa"]
+
+
+def test_the_next_group_starts_during_the_last_pair_and_is_not_started_again(two_groups):
+    runner, events, progress, _, first, second = two_groups
+    results = runner.run([first, second])
+    assert [r.cell for r in results] == [first, second]
+    assert without_aa(events) == [
+        "launch baseline-16", f"launch {first.cell_id}", "wait baseline-16", "evaluate baseline",
+        f"wait {first.cell_id}",
+        "launch baseline-32", f"launch {second.cell_id}",            # ahead, during the last pair
+        f"run {first.cell_id} on {first.cell_id}", f"stop {first.cell_id}",
+        "stop baseline-16", f"stop {first.cell_id}",
+        "wait baseline-32", "evaluate baseline",                     # taken, not launched again
+        f"wait {second.cell_id}", f"run {second.cell_id} on {second.cell_id}",
+        f"stop {second.cell_id}", "stop baseline-32", f"stop {second.cell_id}",
+    ]
+    assert ("starting baseline for tiny (block 32) and its first P/D pair ahead, during this "
+            "group's last pair") in progress
+    assert "ahead" not in "".join(p for p in progress if "block 16" in p)
+
+
+def test_a_host_without_the_memory_starts_the_next_group_in_its_turn(two_groups):
+    runner, events, progress, room, first, second = two_groups
+    room["free"] = False
+    runner.run([first, second])
+    assert without_aa(events).index("launch baseline-32") > without_aa(events).index("stop baseline-16")
+    assert "not starting the next group ahead: the host lacks the memory" in progress
+
+
+def test_gpu_groups_are_not_started_ahead(two_groups):
+    runner, events, _, _, first, second = two_groups
+    first, second = (Cell(model="tiny", device="cuda", kv_buffer_device="cuda",
+                          decode_block_size=b, prefill_block_size=b, backend="FLASH_ATTN")
+                     for b in (16, 32))
+    runner.run([first, second])
+    assert without_aa(events).index("launch baseline-32") > without_aa(events).index("stop baseline-16")
+
+
+def test_a_hinted_group_is_taken_by_the_next_run_or_stopped_by_close(two_groups):
+    runner, events, _, _, first, second = two_groups
+    runner.run([first], then=[second])
+    assert events[-2:] == ["stop baseline-16", f"stop {first.cell_id}"]
+    assert "launch baseline-32" in events and "stop baseline-32" not in events
+    runner.close()                                   # the caller never ran it
+    assert events[-2:] == [f"stop {second.cell_id}", "stop baseline-32"]
+    runner.close()                                   # once
+    assert events.count("stop baseline-32") == 1
+
+
+def test_a_hint_with_another_first_pair_keeps_the_baseline_and_replaces_the_pair(two_groups):
+    runner, events, _, _, first, second = two_groups
+    other = Cell(model="tiny", decode_block_size=32, prefill_block_size=16)  # second's baseline
+    runner.run([first], then=[second])
+    del events[:]
+    runner.run([other])
+    assert without_aa(events)[:4] == [f"stop {second.cell_id}", f"launch {other.cell_id}",
+                                      "wait baseline-32", "evaluate baseline"]
+    assert "launch baseline-32" not in events
+
+
+def test_a_group_that_raises_stops_the_group_started_ahead(two_groups, monkeypatch):
+    runner, events, _, _, first, second = two_groups
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    real_run_group = runner_mod.Runner._run_group
+    calls = []
+
+    def run_group(self, cells, next_cells=()):
+        calls.append(cells[0])
+        if len(calls) == 2:
+            interrupted()
+        return real_run_group(self, cells, next_cells)
+
+    monkeypatch.setattr(runner_mod.Runner, "_run_group", run_group)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run([first, second])
+    assert "launch baseline-32" in events and events[-1] == "stop baseline-32"
