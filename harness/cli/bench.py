@@ -6,7 +6,9 @@
 * per cell: start-up, baseline eval, P/D eval, start-up's share of the cell's wall time, and
   the KV digest's hashing time (both sides, summed over the cell's requests) against its P/D
   eval;
-* the run's wall time and peak RSS of all servers together (when it ran here).
+* the run's wall time, peak RSS of all servers together and how busy the host's cores were
+  (when it ran here: on 2 cores the smoke profile is CPU-bound, so overlapping work only fills
+  idle core time).
 
 `--json PATH` writes the same numbers as a benchmark record to commit. Numbers only, no
 thresholds: speed targets are read from records, never asserted in tests.
@@ -54,8 +56,18 @@ def cell_rows(run_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def busy_share(before: Any, after: Any) -> float | None:
+    """The share of the host's CPU time between two `psutil.cpu_times()` readings that was
+    not idle (idle and iowait count as idle)."""
+    spent = {f: getattr(after, f) - getattr(before, f) for f in after._fields}
+    total = sum(spent.values())
+    idle = spent.get("idle", 0.0) + spent.get("iowait", 0.0)
+    return (total - idle) / total if total > 0 else None
+
+
 def bench_record(run_dir: Path, wall_s: float | None = None,
-                 peak_rss_bytes: int | None = None) -> dict[str, Any]:
+                 peak_rss_bytes: int | None = None,
+                 cpu_busy_share: float | None = None) -> dict[str, Any]:
     from harness.run.provenance import hardware
     from harness.serve.startup_phases import PHASES, parse_logs, summed
 
@@ -70,6 +82,7 @@ def bench_record(run_dir: Path, wall_s: float | None = None,
         "hardware": hardware("cpu"),   # CPU timings compare only across equal cpu_isa
         "wall_s": wall_s,
         "peak_rss_bytes": peak_rss_bytes,
+        "host_cpu_busy_share": cpu_busy_share,
         "servers": [{"server": Path(s.log_path).stem, "total_s": s.total_s, **s.phases}
                     for s in servers],
         "phases_summed_s": summed(servers),
@@ -125,28 +138,33 @@ def print_bench(record: dict[str, Any]) -> None:
                   + (f"; run wall time {record['wall_s']:.0f} s" if record.get("wall_s") else "")
                   + (f"; peak RSS {record['peak_rss_bytes'] / 2**30:.2f} GiB"
                      if record.get("peak_rss_bytes") else "")
+                  + (f"; cores busy {100 * record['host_cpu_busy_share']:.0f}%"
+                     if record.get("host_cpu_busy_share") is not None else "")
                   + (f"; KV digest {100 * record['kv_digest_share_of_pd_eval']:.1f}% of P/D eval"
                      if record.get("kv_digest_share_of_pd_eval") else ""))
 
 
 def bench(args: argparse.Namespace) -> int:
-    wall = rss = None
+    wall = rss = busy = None
     if args.from_dir:
         run_dir = Path(args.from_dir)
         if not (run_dir / "logs").is_dir():
             print(f"pd-accuracy: error: {run_dir} has no logs/ (not a run directory)")
             return EXIT_USAGE
     else:
+        import psutil
+
         from harness.cli.run import run_command
 
-        started = time.monotonic()
+        started, cpu_before = time.monotonic(), psutil.cpu_times()
         holder: dict[str, Any] = {}
         code = run_command(args, on_runner=lambda r: holder.setdefault("runner", r))
         if "runner" not in holder:
             return code
         runner = holder["runner"]
         run_dir, wall, rss = runner.run_dir, time.monotonic() - started, runner.peak_rss_bytes
-    record = bench_record(run_dir, wall, rss)
+        busy = busy_share(cpu_before, psutil.cpu_times())
+    record = bench_record(run_dir, wall, rss, busy)
     print_bench(record)
     if args.bench_json:
         from harness.core.atomic import atomic_write_text
