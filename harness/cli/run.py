@@ -104,8 +104,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                           "$PD_ACCURACY_MAX_STARTING, else no cap)")
     out.add_argument("--server-start", choices=SERVER_STARTS, default=None,
                      help="exec: each server a fresh interpreter; template: each a fork of one "
-                          "interpreter per run that imported vLLM already (default: "
-                          "$PD_ACCURACY_SERVER_START, else exec)")
+                          "interpreter per run and core set that imported vLLM already; auto: "
+                          "template for pinned TP1 CPU servers, exec for the rest (default: "
+                          "$PD_ACCURACY_SERVER_START, else auto)")
     out.add_argument("--gpu-layout", choices=GPU_LAYOUTS, default=_OPT.gpu_layout,
                      help="cuda: all servers from the first visible GPU, or prefill then decode GPUs")
     out.add_argument("--kv-cache-bytes", type=int, default=None,
@@ -221,7 +222,7 @@ def options_from(args: argparse.Namespace) -> RunOptions:
         num_fewshot=args.num_fewshot, max_gen_toks=args.max_gen_toks, gpu_layout=args.gpu_layout,
         kv_cache_bytes=args.kv_cache_bytes, repeats=args.repeats, sample_seed=args.sample_seed,
         max_starting=max_starting, profile=args.profile,
-        server_start=args.server_start or os.environ.get("PD_ACCURACY_SERVER_START", "exec"))
+        server_start=args.server_start or os.environ.get("PD_ACCURACY_SERVER_START", "auto"))
 
 
 def run_parser() -> argparse.ArgumentParser:

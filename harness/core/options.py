@@ -10,7 +10,7 @@ from typing import Any
 GPU_LAYOUTS = ("shared", "split")
 # how a server process starts: "exec" a fresh interpreter per server, or "template" a fork of
 # one interpreter per run that imported vLLM already (harness.serve.server_template)
-SERVER_STARTS = ("exec", "template")
+SERVER_STARTS = ("auto", "exec", "template")
 
 
 class UsageError(ValueError):
@@ -42,7 +42,7 @@ class RunOptions:
     startup_timeout_s: float = 600.0      # three servers starting on a loaded 2-core machine: ≤ 7 min
     max_starting: int | None = None       # servers of this host in start-up at once (None: no cap)
     gpu_layout: str = "shared"
-    server_start: str = "exec"            # SERVER_STARTS
+    server_start: str = "auto"            # SERVER_STARTS (auto: harness.serve.deploy.uses_template)
     kv_cache_bytes: int | None = None     # per server (None: the deployment's default)
     # where results go
     results_dir: str = "results/runs"

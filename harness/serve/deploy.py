@@ -27,7 +27,8 @@ from harness.serve.process import ManagedProcess, ServerStartTimeout
 from harness.serve.plugins.fault_spec import BY_REQUEST
 from harness.serve.plugins.kv_digest_hook import DIGEST_FILE_ENV
 from harness.serve.server_spec import (Features, ServerSpec, build_argv, build_env,
-                                       cpu_affinity, engine_settings, render_command)
+                                       cpu_affinity, engine_settings, forks_engine,
+                                       render_command)
 from harness.serve.start_slots import StartSlots
 from harness.serve.template_client import template_for
 
@@ -87,6 +88,18 @@ def pair_key(cell: Cell) -> tuple:
             cell.kv_buffer_device, cell.kv_layout, cell.network)
 
 
+def uses_template(server_start: str, spec: ServerSpec) -> bool:
+    """Whether `spec`'s server forks from a server template (harness.serve.server_template).
+    "auto" arms it where it is measured and calibrated: a CPU server pinned to its cores whose
+    engine core forks (TP1). On 2 cores it cut the smoke profile's summed `imports` from
+    194-395 s to 15 s and its cells from 463 s to 405 s (results/benchmarks/
+    cpu-smoke-20261203-s14). GPU servers keep exec: the template is measured there (s11) but
+    not in the GPU reference runs."""
+    if server_start == "auto":
+        return spec.device == "cpu" and forks_engine(spec)
+    return server_start == "template"
+
+
 class Deployment:
     """A set of vLLM servers started together and stopped together (context manager)."""
 
@@ -135,7 +148,7 @@ class Deployment:
     def _process(self, spec: ServerSpec) -> ManagedProcess:
         argv = build_argv(spec, self.features)
         template = None
-        if self.server_start == "template":
+        if uses_template(self.server_start, spec):
             template = template_for(spec.python, self.log_dir, cpu_affinity(spec))
             if not template.can_run(argv):   # a launch prefix (ip netns exec) execs as before
                 template = None

@@ -89,3 +89,18 @@ def test_deployment_forks_plain_launches_only(tmp_path):
 def test_server_start_is_checked_before_anything_starts():
     with pytest.raises(UsageError, match="--server-start"):
         RunOptions(server_start="zygote")
+
+
+@pytest.mark.parametrize("kw,forks", [
+    (dict(device="cpu", cpu_cores="0"), True),                    # pinned TP1 CPU: the smoke cells
+    (dict(device="cpu", cpu_cores=None), False),                  # unpinned: forks would share a core
+    (dict(device="cpu", cpu_cores="0-1", tp=2), False),           # TP2 spawns its ranks
+    (dict(device="cuda"), False),                                 # measured, not in the GPU reference
+])
+def test_auto_forks_pinned_tp1_cpu_servers_only(kw, forks):
+    from harness.serve.deploy import uses_template
+
+    spec = make_spec("decode", **kw)
+    assert uses_template("auto", spec) is forks
+    assert uses_template("template", spec) is True
+    assert uses_template("exec", spec) is False
