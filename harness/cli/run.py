@@ -293,7 +293,10 @@ def run_command(args: argparse.Namespace, on_runner=None) -> int:
     if on_runner is not None:
         on_runner(runner)
     print(f"run {runner.run_id}: {len(cells)} cell(s), results in {runner.run_dir}", flush=True)
-    results = runner.run(cells)
+    try:
+        results = runner.run(cells)
+    finally:
+        runner.close()
     return finish(results, args, runner, started)
 
 

@@ -225,8 +225,12 @@ class Runner:
         return results
 
     def close(self) -> None:
-        """Stop the servers of a group started ahead that no run() took."""
+        """Stop the servers of a group started ahead that no run() took, and the server
+        templates this run's servers forked from (harness.serve.template_client)."""
+        from harness.serve.template_client import stop_templates
+
         self.ahead.close()
+        stop_templates(self.log_dir)
 
     def _run_group(self, cells: list[Cell], next_cells: Sequence[Cell] = ()) -> list[CellResult]:
         group = self._plan_group(cells)

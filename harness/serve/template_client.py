@@ -170,9 +170,10 @@ def template_for(python: str, log_dir: Path, cores: Iterable[int] | None = None)
         return _TEMPLATES[key]
 
 
-def stop_templates() -> None:
+def stop_templates(log_dir: Path | None = None) -> None:
+    """Stop this interpreter's templates (those writing to ``log_dir``, when given)."""
     with _TEMPLATES_LOCK:
-        templates = list(_TEMPLATES.values())
-        _TEMPLATES.clear()
+        keys = [k for k in _TEMPLATES if log_dir is None or k[1] == str(log_dir)]
+        templates = [_TEMPLATES.pop(k) for k in keys]
     for template in templates:
         template.stop()

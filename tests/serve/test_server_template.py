@@ -104,3 +104,17 @@ def test_auto_forks_pinned_tp1_cpu_servers_only(kw, forks):
     assert uses_template("auto", spec) is forks
     assert uses_template("template", spec) is True
     assert uses_template("exec", spec) is False
+
+
+def test_a_run_stops_the_templates_of_its_own_log_folder_only(tmp_path):
+    """A pytest session ends with a check that no server process is left; a template is one
+    until its run's Runner.close() stops it."""
+    from harness.serve import template_client
+
+    mine = template_for("/py", tmp_path / "mine", {0})
+    other = template_for("/py", tmp_path / "other", {0})
+    template_client.stop_templates(tmp_path / "mine")
+    assert template_for("/py", tmp_path / "mine", {0}) is not mine     # gone: a new one
+    assert template_for("/py", tmp_path / "other", {0}) is other
+    template_client.stop_templates(tmp_path / "other")
+    template_client.stop_templates(tmp_path / "mine")
