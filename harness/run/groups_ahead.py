@@ -73,6 +73,11 @@ class GroupsAhead:
             started.baseline.stop()
 
 
+def first_group(cells: Sequence[Cell]) -> list[Cell]:
+    """The cells of the first baseline group among `cells` ([] for none)."""
+    return [c for c in cells if c.baseline_key == cells[0].baseline_key] if cells else []
+
+
 def start_ahead(runner: Any, cells: Sequence[Cell], current_rss_bytes: int) -> None:
     """Launch the baseline and first pair of the group of `cells` now, into `runner.ahead`: on
     CPU, and when the host has memory for them next to the current group."""

@@ -23,7 +23,8 @@ from harness.core.options import RunOptions
 from harness.eval.lmeval import EvalRun, evaluate_endpoint, split_size
 from harness.run.aa_rerun import AAReruns, BaselineGate
 from harness.run.cell_eval import evaluate_cell
-from harness.run.groups_ahead import GroupsAhead, baseline_and_first_pair, start_ahead
+from harness.run.groups_ahead import (GroupsAhead, baseline_and_first_pair, first_group,
+                                      start_ahead)
 from harness.run.stages import QuestionOrder, StagedRun
 from harness.eval.task_choice import default_data_dir, default_task
 from harness.judge.verdict import Policy, ReferenceAccuracy, Verdict, error, fail
@@ -38,6 +39,7 @@ from harness.serve.process_registry import raise_if_interrupted
 from harness.serve.proxy_hops import PROXY_FAULTS
 from harness.serve.server_spec import SERVER_FAULTS, Features
 from harness.serve.start_slots import StartSlots
+from harness.serve.template_client import stop_templates
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
@@ -211,14 +213,12 @@ class Runner:
         groups: dict[str, list[Cell]] = {}
         for cell in cells:
             groups.setdefault(cell.baseline_key, []).append(cell)
-        following = [c for c in then if c.baseline_key not in groups]
-        upcoming = list(groups.values()) + ([[c for c in following
-                                               if c.baseline_key == following[0].baseline_key]]
-                                             if following else [])
+        # each group's successor: the next one here, after the last the caller's next group
+        upcoming = [*groups.values(), first_group([c for c in then if c.baseline_key not in groups])]
         results: list[CellResult] = []
         try:
             for i, group in enumerate(groups.values()):
-                results += self._run_group(group, upcoming[i + 1] if i + 1 < len(upcoming) else [])
+                results += self._run_group(group, upcoming[i + 1])
         except BaseException:
             self.ahead.close()
             raise
@@ -227,8 +227,6 @@ class Runner:
     def close(self) -> None:
         """Stop the servers of a group started ahead that no run() took, and the server
         templates this run's servers forked from (harness.serve.template_client)."""
-        from harness.serve.template_client import stop_templates
-
         self.ahead.close()
         stop_templates(self.log_dir)
 
