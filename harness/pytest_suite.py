@@ -90,11 +90,11 @@ class GroupRunner:
         collection order, so it is the first group not run yet. With groups spread over
         workers it is not known here: []."""
         from harness.pytest_plugin import runs_every_server_test
+        from harness.run.groups_ahead import first_group
 
         if not runs_every_server_test(self.request.config):
             return []
-        pending = [c for c in self.cells if c.baseline_key not in self.done]
-        return [c for c in pending if c.baseline_key == pending[0].baseline_key] if pending else []
+        return first_group([c for c in self.cells if c.baseline_key not in self.done])
 
     def _farm(self, group: list[Cell]) -> dict:
         from harness.ci.farm import run_farm

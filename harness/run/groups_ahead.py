@@ -18,7 +18,7 @@ harness.run.runner.Runner as `runner` (this module must not import it: the runne
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import psutil
 
@@ -41,10 +41,9 @@ class StartedAhead:
     launched_at: float            # time.monotonic() when they were planned and launched
 
 
-def room_for(current_rss_bytes: int, available_bytes: Callable[[], int] | None = None) -> bool:
+def room_for(current_rss_bytes: int) -> bool:
     """Whether the host can hold another group of about `current_rss_bytes`."""
-    available = (available_bytes or (lambda: psutil.virtual_memory().available))()
-    return available >= MEMORY_HEADROOM * current_rss_bytes
+    return psutil.virtual_memory().available >= MEMORY_HEADROOM * current_rss_bytes
 
 
 class GroupsAhead:

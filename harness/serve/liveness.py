@@ -78,12 +78,10 @@ def process_create_time(pid: int) -> float | None:
 
 def same_start(pid: int, proc: psutil.Process, recorded: float) -> bool:
     """Whether ``proc`` (PID ``pid``) is the process recorded as started at ``recorded``."""
-    if recorded > _EPOCH_RECORD:   # an older harness's record: psutil's wall-clock terms
-        return abs(proc.create_time() - recorded) < CREATE_TIME_TOLERANCE_S
-    started = start_since_boot(pid)
-    if started is None:
-        return abs(proc.create_time() - recorded) < CREATE_TIME_TOLERANCE_S
-    return abs(started - recorded) < CREATE_TIME_TOLERANCE_S
+    # an older harness's record is in psutil's wall-clock terms, as is any start /proc cannot say
+    started = None if recorded > _EPOCH_RECORD else start_since_boot(pid)
+    return abs((proc.create_time() if started is None else started) - recorded) \
+        < CREATE_TIME_TOLERANCE_S
 
 
 def owner_alive(pid: int, create_time: float | None, host: str | None = None) -> bool:
