@@ -161,7 +161,7 @@ def run_id(config: pytest.Config) -> str:
 def expansion(config: pytest.Config):
     from harness import matrix
     from harness.core.platform import PlatformInfo
-    from harness.serve.vllm_features import detect_platform
+    from harness.serve.launch.vllm_features import detect_platform
 
     spec = matrix.load_matrix(config.getoption("--pd-matrix"))
     plat = config.getoption("--pd-platform")
@@ -236,8 +236,8 @@ def pd_policy(pd_options):
 @pytest.fixture(scope="session")
 def pd_runner(pytestconfig: pytest.Config, pd_options, pd_policy):
     from harness.run.runner import Runner
-    from harness.serve.process import install_signal_handlers
-    from harness.serve.server_spec import Features
+    from harness.serve.supervision.process import install_signal_handlers
+    from harness.serve.launch.server_spec import Features
 
     install_signal_handlers()
     reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
@@ -284,7 +284,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """No process of the run may outlive it (stop stragglers, fail loudly); then, once for the
     whole run (the xdist controller, or the only process), render the run's annotation, history
     and HTML report, which must name every cell that has a record."""
-    from harness.serve.process import live_processes, stop_all, sweep_orphans
+    from harness.serve.supervision.process import live_processes, stop_all, sweep_orphans
 
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     say = (lambda m: reporter.write_line(m, red=True)) if reporter else print

@@ -37,7 +37,7 @@ KV_CANARY_MIN_DROP = 0.30
 
 def _is_trained(model: str) -> bool:
     from harness.eval.task_choice import default_task
-    from harness.serve.models import reference_accuracy, resolve
+    from harness.serve.launch.models import reference_accuracy, resolve
 
     resolved = resolve(model)
     return reference_accuracy(resolved, default_task(resolved)) is not None

@@ -12,7 +12,7 @@ the decode server is armed for). Writes one deployment file per way of judging i
 
 then `ready.json` (the files and server URLs), and keeps everything up until SIGTERM/SIGINT
 or until its stdin closes. Three vLLM servers at most (baseline, prefill, decode); every
-process is in its own group and is stopped on every exit path (harness.serve.process).
+process is in its own group and is stopped on every exit path (harness.serve.supervision.process).
 
     python scripts/deploy_for_external.py --out /tmp/ext-deploy &   # kill -TERM it to stop
     ... | python scripts/deploy_for_external.py --out DIR     # or: stops when the pipe closes
@@ -34,11 +34,11 @@ import yaml
 from harness.core.atomic import atomic_write_text
 from harness.core.cell import Cell
 from harness.serve.deploy import Placement, ProxyDeployment, plan_baseline, plan_pair
-from harness.serve.models import resolve
-from harness.serve.plugins.fault_spec import request_tag_for
-from harness.serve.ports import PortAllocator
-from harness.serve.process import install_signal_handlers
-from harness.serve.server_spec import Features
+from harness.serve.launch.models import resolve
+from harness.serve.plugins.faults.spec import request_tag_for
+from harness.serve.host.ports import PortAllocator
+from harness.serve.supervision.process import install_signal_handlers
+from harness.serve.launch.server_spec import Features
 
 CELL = Cell(model="tiny-llama-gsm", compile="eager")   # CPU_ATTN, block 128: the smoke cell
 ROUTERS = {   # file name -> (proxy fault, request tag)

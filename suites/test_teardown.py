@@ -19,7 +19,7 @@ RUN_ARGV = [sys.executable, "-m", "harness.cli.main", "run", "--model", "tiny-ll
             "--limit", "5", "--max-model-len", "4096", "--num-fewshot", "1", "--max-gen-toks", "16"]
 # the start-up phases below are an exec'd server's (imports, engine init, compile warm-up); the
 # default on CPU (auto) forks each server from a per-core template, checked while serving
-SERVER_MARKS = ("vllm.entrypoints", "harness.serve.server_template")
+SERVER_MARKS = ("vllm.entrypoints", "harness.serve.template.server")
 
 
 def _is_server(cmd: str) -> bool:

@@ -19,9 +19,9 @@ import psutil
 import pytest
 
 from harness.core.platform import netns_unavailable_reason
-from harness.serve.netns import LEDGER_NAME
-from harness.serve.ports import default_lock_dir
-from harness.serve.process_ledger import LEDGER_NAME as PROCESS_LEDGER
+from harness.serve.net.netns import LEDGER_NAME
+from harness.serve.host.ports import default_lock_dir
+from harness.serve.supervision.ledger import LEDGER_NAME as PROCESS_LEDGER
 
 REASON = netns_unavailable_reason()
 pytestmark = [pytest.mark.slow, pytest.mark.extended,

@@ -1,7 +1,7 @@
 """ServerSpec builders shared by the unit tests of server planning (no server starts)."""
 from __future__ import annotations
 
-from harness.serve.server_spec import ServerSpec
+from harness.serve.launch.server_spec import ServerSpec
 
 
 def make_spec(role: str = "baseline", device: str = "cpu", gpu_backend: str = "FLASH_ATTN",

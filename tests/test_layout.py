@@ -16,6 +16,9 @@ ROOT = Path(__file__).resolve().parents[1] / "harness"
 # bottom first: a package may import its own modules and those of packages before it
 LAYERS = ("core", "zoo", "matrix", "serve", "eval", "judge", "run", "report", "ci", "cli")
 TOP_LEVEL_ALLOWED = {"__init__", "pytest_plugin", "pytest_suite"}
+# serve/'s rooms, bottom first; `deploy` (the module at serve/'s top) composes them all
+SERVE_ROOMS = ("plugins", "connectors", "host", "launch", "net", "supervision", "template", "proxy",
+               "deploy")
 MAX_LINES = 400
 
 
@@ -89,6 +92,30 @@ def test_dependencies_point_down():
             if dep_pkg is not None and LAYERS.index(dep_pkg) > LAYERS.index(pkg):
                 wrong.append(f"{module} imports {dep} ({pkg} may not depend on {dep_pkg})")
     assert not wrong, "\n".join(sorted(wrong))
+
+
+def serve_room_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "serve" else None
+
+
+def test_serve_rooms_depend_downwards():
+    wrong = []
+    for module, deps in import_graph().items():
+        room = serve_room_of(module)
+        if room is None:
+            continue
+        for dep in deps:
+            dep_room = serve_room_of(dep)
+            if dep_room is not None and SERVE_ROOMS.index(dep_room) > SERVE_ROOMS.index(room):
+                wrong.append(f"{module} imports {dep} ({room} may not depend on {dep_room})")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_every_serve_module_is_in_a_room():
+    rooms = {p.stem if p.is_file() else p.name for p in (ROOT / "serve").iterdir()
+             if p.name != "__init__.py" and p.name != "__pycache__"}
+    assert rooms == set(SERVE_ROOMS)
 
 
 def test_every_subpackage_has_a_layer():

@@ -6,7 +6,7 @@ executes those here, with the semantics Buildkite gives them:
 
 * commands are interpolated the way ``buildkite-agent pipeline upload`` does
   (harness.ci.steps.interpolate), then run as one ``bash -e -c`` script, like the agent's
-  default shell, in a process group of its own (harness.serve.process.ManagedProcess);
+  default shell, in a process group of its own (harness.serve.supervision.process.ManagedProcess);
 * ``depends_on`` (steps or whole groups) orders the jobs; a step whose dependency failed is not
   run unless it sets ``allow_dependency_failure``;
 * ``parallelism: N`` gives N jobs with ``BUILDKITE_PARALLEL_JOB``/``..._COUNT`` set;
@@ -43,7 +43,7 @@ from typing import Any, Mapping, Sequence
 from harness.ci.steps import FarmStep, farm_steps, interpolate
 from harness.core.outcomes import EXIT_ERROR, EXIT_FAIL, EXIT_OK
 from harness.core.platform import detect_gpus
-from harness.serve.process import ManagedProcess
+from harness.serve.supervision.process import ManagedProcess
 
 KILL_GRACE_S = 10.0
 EXIT_POLL_S = 0.05    # how often a running job is checked for having exited

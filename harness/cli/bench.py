@@ -1,7 +1,7 @@
 """`pd-accuracy bench`: where the time of a run went. Runs the selected cells exactly as
 `pd-accuracy run` does (same arguments), or reads a finished run (`--from RUN_DIR`), then prints
 
-* every server's start-up, broken into phases read from its log (harness.serve.startup_phases),
+* every server's start-up, broken into phases read from its log (harness.serve.launch.startup_phases),
   and the phases summed over all servers;
 * per cell: start-up, baseline eval, P/D eval, start-up's share of the cell's wall time, and
   the KV digest's hashing time (both sides, summed over the cell's requests) against its P/D
@@ -69,7 +69,7 @@ def bench_record(run_dir: Path, wall_s: float | None = None,
                  peak_rss_bytes: int | None = None,
                  cpu_busy_share: float | None = None) -> dict[str, Any]:
     from harness.run.provenance import hardware
-    from harness.serve.startup_phases import PHASES, parse_logs, summed
+    from harness.serve.launch.startup_phases import PHASES, parse_logs, summed
 
     servers = [s for s in parse_logs(server_logs(run_dir)) if s.phases]
     cells = cell_rows(run_dir)

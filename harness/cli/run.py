@@ -17,7 +17,7 @@ from harness.core.cell import (ASYNC_SCHEDULING, COMPILE_MODES, CUDAGRAPH_MODES,
                                SPEC_DECODE_METHODS, Cell)
 from harness.report.junit import write_junit
 from harness.core.options import GPU_LAYOUTS, SERVER_STARTS, RunOptions, UsageError
-from harness.serve.start_slots import StartSlots
+from harness.serve.host.start_slots import StartSlots
 from harness.core.outcomes import EXIT_CODES, EXIT_USAGE, MISSED, summary_line, worst_outcome
 
 
@@ -155,7 +155,7 @@ def select_cells(args: argparse.Namespace) -> tuple[list[Cell], object]:
     """The cells to run, validated; raises UsageError with one line on bad input."""
     from harness import matrix
     from harness.core.platform import PlatformInfo
-    from harness.serve.vllm_features import detect_platform
+    from harness.serve.launch.vllm_features import detect_platform
 
     platform = (PlatformInfo.from_spec(args.platform) if args.platform
                 else detect_platform())
@@ -194,7 +194,7 @@ def select_cells(args: argparse.Namespace) -> tuple[list[Cell], object]:
         matrix.validate_or_die(cells, platform, rules_catalog)
     except matrix.InvalidCellError as exc:
         raise UsageError(str(exc)) from None
-    from harness.serve.models import ModelNotFound, resolve
+    from harness.serve.launch.models import ModelNotFound, resolve
     for model in dict.fromkeys(c.model for c in cells):
         try:
             resolve(model)
@@ -280,10 +280,10 @@ def run_command(args: argparse.Namespace, on_runner=None) -> int:
     if args.dry_run:
         return dry_run(cells, options, hybrid_models)
 
-    from harness.serve.process import install_signal_handlers
+    from harness.serve.supervision.process import install_signal_handlers
     from harness.run.runner import Runner
     install_signal_handlers()
-    from harness.serve.server_spec import Features
+    from harness.serve.launch.server_spec import Features
 
     features = Features.detect()
     policy = Policy.from_options(options)
@@ -319,7 +319,7 @@ def deployment_command(args: argparse.Namespace, on_runner=None) -> int:
     from harness.judge.verdict import Policy
     from harness.run.external import run_external
     from harness.run.runner import Runner
-    from harness.serve.process import install_signal_handlers
+    from harness.serve.supervision.process import install_signal_handlers
 
     install_signal_handlers()
     started = time.monotonic()
@@ -356,10 +356,10 @@ def dry_run(cells: Sequence[Cell], options: RunOptions, hybrid_models: Sequence[
     import tempfile
 
     from harness.serve.deploy import Placement, plan_baseline, plan_pair
-    from harness.serve.models import resolve
-    from harness.serve.plugins.fault_spec import FAULT_KINDS as SERVER_FAULTS
-    from harness.serve.ports import PortAllocator
-    from harness.serve.server_spec import Features
+    from harness.serve.launch.models import resolve
+    from harness.serve.plugins.faults.spec import FAULT_KINDS as SERVER_FAULTS
+    from harness.serve.host.ports import PortAllocator
+    from harness.serve.launch.server_spec import Features
 
     placement = Placement.detect(options.gpu_layout)
     log_dir = Path(options.results_dir) / "RUN_ID" / "logs"

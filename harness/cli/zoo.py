@@ -150,7 +150,7 @@ def _card(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from harness.serve.process import ManagedProcessError
+    from harness.serve.supervision.process import ManagedProcessError
     from harness.zoo import card, registry
     from harness.run.zoo_eval import measure
 

@@ -11,7 +11,7 @@ where the attention bytes per token are ``2 (K and V) x KV heads x head dim x dt
 over the attention layers, whatever the backend's physical layout or kernel block size (the bytes
 of one logical block are the same however it is split). A recurrent layer's state bytes are not
 derivable from config.json alone (vLLM keeps the SSM state in float32 on CPU and in the model
-dtype on the H200), so they come from the decode server's own log line (harness.serve.logscan).
+dtype on the H200), so they come from the decode server's own log line (harness.serve.launch.logscan).
 
 An MLA model caches one latent vector per token and layer (``kv_lora_rank + qk_rope_head_dim``
 elements, no K/V pair, no heads): 2,906 blocks x 16 tokens x 576 x 2 bytes x 2 layers was

@@ -9,7 +9,7 @@ from typing import Any
 
 GPU_LAYOUTS = ("shared", "split")
 # how a server process starts: "exec" a fresh interpreter per server, or "template" a fork of
-# one interpreter per run that imported vLLM already (harness.serve.server_template)
+# one interpreter per run that imported vLLM already (harness.serve.template.server)
 SERVER_STARTS = ("auto", "exec", "template")
 
 

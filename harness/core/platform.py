@@ -2,7 +2,7 @@
 
 `PlatformInfo.detect()` answers "how many GPUs, how big" from nvidia-smi (or torch as a fallback)
 without importing vLLM; the matrix uses it to exclude cells the machine cannot hold. `VllmFeatures`
-is the value the probe in `harness.serve.vllm_features` returns; it lives here because the matrix
+is the value the probe in `harness.serve.launch.vllm_features` returns; it lives here because the matrix
 rules read it and must not depend on the code that starts servers.
 """
 from __future__ import annotations
@@ -121,7 +121,7 @@ def visible_devices(devices: Iterable[GpuDevice], cuda_visible: str | None) -> l
 
 
 def netns_unavailable_reason() -> str | None:
-    """Why this machine cannot make the two-host topology (harness.serve.netns), or None: network
+    """Why this machine cannot make the two-host topology (harness.serve.net.netns), or None: network
     namespaces and veth links need Linux, root and iproute2's `ip`."""
     if not sys.platform.startswith("linux"):
         return "network namespaces (network: netns) are Linux only"
@@ -157,7 +157,7 @@ class PlatformInfo:
     @classmethod
     def detect(cls, vllm: VllmFeatures | None = None) -> "PlatformInfo":
         """This machine's GPUs (`detect_gpus`); `vllm` is what the caller probed, if anything
-        (`harness.serve.vllm_features.detect_platform` probes it)."""
+        (`harness.serve.launch.vllm_features.detect_platform` probes it)."""
         return dataclasses.replace(cls.from_devices(detect_gpus(), vllm=vllm),
                                    netns_unavailable=netns_unavailable_reason())
 

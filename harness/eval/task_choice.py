@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from harness.eval.lmeval import default_gsm8k_dir
-from harness.serve.models import ResolvedModel
+from harness.serve.launch.models import ResolvedModel
 from harness.zoo import registry, shared_prefix
 
 # a task -> its shared-prefix variant (the matrix's prefix_reuse cells: every prompt opens with

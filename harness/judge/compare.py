@@ -34,7 +34,7 @@ class TransferProof:
     byte_account: dict | None = None
     byte_account_skipped: str | None = None
     # network: netns cells: the bytes the decode's P<->D link received over the evaluation, the
-    # namespaces' addresses and the UCX transports each server ran with (harness.serve.netns
+    # namespaces' addresses and the UCX transports each server ran with (harness.serve.net.netns
     # TwoHostTopology.evidence); None for a cell on one host
     link: dict | None = None
     # both sides' KV digests joined per request (harness.run.kv_digest_evidence), or None with

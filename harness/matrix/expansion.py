@@ -94,7 +94,7 @@ def expand(spec: MatrixSpec, profile: str, platform: PlatformInfo | None = None)
     """All cells of `profile` (with includes), split into runnable and excluded-with-reason.
 
     `platform=None` expands for any machine (pipeline generation): only invalid cells are
-    excluded. Pass `PlatformInfo.detect()` (or `harness.serve.vllm_features.detect_platform()` to
+    excluded. Pass `PlatformInfo.detect()` (or `harness.serve.launch.vllm_features.detect_platform()` to
     also check the installed vLLM) to exclude what this machine cannot run, or
     `PlatformInfo.from_spec("cuda:8")` to see what a bigger one would.
     """

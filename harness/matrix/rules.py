@@ -57,7 +57,7 @@ def check_cell(cell: Cell, platform: PlatformInfo | None, catalog: ModelCatalog)
     """Every rule's verdict on `cell`, in rule order (empty: nothing to say).
 
     `platform=None` checks the cell alone, for any machine: rules about this machine's GPUs and
-    installed vLLM ("unavailable") stay silent. Pass `harness.serve.vllm_features.detect_platform()`
+    installed vLLM ("unavailable") stay silent. Pass `harness.serve.launch.vllm_features.detect_platform()`
     before a run.
     """
     ctx = RuleContext(platform=platform, model=catalog.get(cell.model), catalog=catalog)

@@ -24,9 +24,9 @@ from harness.run.stages import StagedRun
 from harness.run.transfer_evidence import (ByteGeometry, DigestFiles, link_evidence, link_start,
                                            read_proxy_records, transfer_proof)
 from harness.serve.deploy import Deployment, ProxyDeployment
-from harness.serve.plugins.fault_spec import request_tag_for
-from harness.serve.process import most_decisive_line
-from harness.serve.proxy_hops import PROXY_FAULTS
+from harness.serve.plugins.faults.spec import request_tag_for
+from harness.serve.supervision.process import most_decisive_line
+from harness.serve.proxy.hops import PROXY_FAULTS
 
 
 def decisive_pair_lines(pair: Deployment) -> list[str]:

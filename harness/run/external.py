@@ -6,7 +6,7 @@ floor), the P/D endpoint is asked the same questions look after look (harness.ju
 the decode (and prefill) /metrics are read before and after the P/D evaluation for the transfer
 evidence, and the same Policy decides; the record goes to the usual results directory.
 
-* ``router: harness-proxy``: the harness starts its own proxy (harness.serve.proxy, through
+* ``router: harness-proxy``: the harness starts its own proxy (harness.serve.proxy.app, through
   harness.serve.deploy.ProxyDeployment) in front of the user's prefill and decode servers, so
   every transfer check runs on its per-request records.
 * a user router: the checks that read those records are not available; the verdict and the
@@ -115,7 +115,7 @@ def model_facts(dep: ExternalDeployment, dataset_dir: str | None = None) -> Mode
     """A zoo model served under its zoo name gets its task, card and kind; a model of the
     default matrix its kind; anything else is dense, on GSM8K, with no reference."""
     from harness.matrix import load_matrix
-    from harness.serve.models import reference_accuracy, resolve
+    from harness.serve.launch.models import reference_accuracy, resolve
     from harness.zoo import registry
 
     model = resolve(dep.model) if dep.model in registry.zoo_names() else None

@@ -1,6 +1,6 @@
 """A cell's KV digest evidence: did the decode hold, for every request, the prompt KV its own
 prefill computed? Read from the digest files the P/D servers wrote
-(harness.serve.plugins.kv_digest_hook) and joined through the proxy's records:
+(harness.serve.plugins.kv_digest.hook) and joined through the proxy's records:
 
 * the prefill's line is the one of the request id its response named (``remote_request_id`` in
   the kv_transfer_params the proxy *received*: the question's own prefill);
@@ -8,7 +8,7 @@ prefill computed? Read from the digest files the P/D servers wrote
 
 So a decode that read another request's blocks (foreign params) differs from its question's
 prefill even though the bytes it read were intact. Per request the two sides' digests are
-compared on the prompt positions the decode received (harness.serve.plugins.kv_digest); the
+compared on the prompt positions the decode received (harness.serve.plugins.kv_digest.digest); the
 summary names the first differing layer, K/V, head, token range and decode block, and the share
 of requests affected. Servers share the digest files across cells: only this cell's records
 are looked at.
@@ -21,8 +21,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterable
 
-from harness.serve.plugins.kv_digest import KVDigest, compare_digests, merge_tp_ranks
-from harness.serve.plugins.kv_digest_hook import RAW_PIECE_TOKENS
+from harness.serve.plugins.kv_digest.digest import KVDigest, compare_digests, merge_tp_ranks
+from harness.serve.plugins.kv_digest.hook import RAW_PIECE_TOKENS
 
 _UUID = re.compile(r"[0-9a-f]{32}")
 
@@ -94,7 +94,7 @@ def host_copy_difference(ours: dict) -> dict | None:
 
 def side_of(lines: list[dict]) -> dict:
     """One side of a request from its TP ranks' lines (one per rank, the first kept): the
-    ranks' digests merged into all heads (harness.serve.plugins.kv_digest.merge_tp_ranks); raw
+    ranks' digests merged into all heads (harness.serve.plugins.kv_digest.digest.merge_tp_ranks); raw
     bytes only from a single rank (a rank's bytes hold its own heads only)."""
     ranks: dict[int, dict] = {}
     for line in lines:

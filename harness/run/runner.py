@@ -32,14 +32,14 @@ from harness.run.provenance import hardware, versions
 from harness.run.record import SCHEMA_VERSION, write_record
 from harness.serve.deploy import (Deployment, Endpoint, Placement, ProxyDeployment, pair_key,
                                   plan_baseline, plan_pair)
-from harness.serve.models import reference_accuracy, resolve
-from harness.serve.ports import PortAllocator
-from harness.serve.process import ManagedProcessError
-from harness.serve.process_registry import raise_if_interrupted
-from harness.serve.proxy_hops import PROXY_FAULTS
-from harness.serve.server_spec import SERVER_FAULTS, Features
-from harness.serve.start_slots import StartSlots
-from harness.serve.template_client import stop_templates
+from harness.serve.launch.models import reference_accuracy, resolve
+from harness.serve.host.ports import PortAllocator
+from harness.serve.supervision.process import ManagedProcessError
+from harness.serve.supervision.registry import raise_if_interrupted
+from harness.serve.proxy.hops import PROXY_FAULTS
+from harness.serve.launch.server_spec import SERVER_FAULTS, Features
+from harness.serve.host.start_slots import StartSlots
+from harness.serve.template.client import stop_templates
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
@@ -226,7 +226,7 @@ class Runner:
 
     def close(self) -> None:
         """Stop the servers of a group started ahead that no run() took, and the server
-        templates this run's servers forked from (harness.serve.template_client)."""
+        templates this run's servers forked from (harness.serve.template.client)."""
         self.ahead.close()
         stop_templates(self.log_dir)
 

@@ -1,7 +1,7 @@
 """A cell's transfer evidence, read from what its P/D evaluation left on disk: the proxy's
 per-request records (which kv_transfer_params prefill returned and decode received) and the
 fault lines the canary plugin wrote to the decode servers' logs; for a network: netns pair, the
-bytes its decode's P<->D link received (harness.serve.netns) and the UCX settings its servers
+bytes its decode's P<->D link received (harness.serve.net.netns) and the UCX settings its servers
 ran with."""
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from harness.eval.metrics import TransferCounters
 from harness.judge.compare import TransferProof
 from harness.run.kv_digest_evidence import digest_evidence
 from harness.serve.deploy import Deployment
-from harness.serve.netns import process_env
-from harness.serve.plugins.fault_spec import APPLIED_PREFIX, parse_fault_log
+from harness.serve.net.netns import process_env
+from harness.serve.plugins.faults.spec import APPLIED_PREFIX, parse_fault_log
 
 
 def read_proxy_records(path: str | None) -> list[dict]:

@@ -37,11 +37,11 @@ def measure(name: str, *, limit: int = 200, startup_timeout_s: float = 600.0,
     """Start the server, run gsm_synth on `limit` test docs, record the result; return it."""
     from harness.serve.deploy import Placement, plan_baseline
     from harness.eval.lmeval import evaluate_endpoint
-    from harness.serve.models import resolve
-    from harness.serve.ports import PortAllocator
+    from harness.serve.launch.models import resolve
+    from harness.serve.host.ports import PortAllocator
     from harness.run.provenance import versions
     from harness.eval.task_choice import default_data_dir
-    from harness.serve.server_spec import Features
+    from harness.serve.launch.server_spec import Features
     from harness.zoo import card
 
     model = resolve(name)

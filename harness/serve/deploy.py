@@ -2,11 +2,11 @@
 
 A Deployment owns the processes of one side of a comparison: either the non-disaggregated
 baseline server, or a P/D pair (prefill server(s) + decode server(s)) plus the harness's proxy.
-It reserves ports, plans every server's command (harness.serve.server_spec), starts them concurrently in
+It reserves ports, plans every server's command (harness.serve.launch.server_spec), starts them concurrently in
 their own process groups, waits for health with a deadline, and stops them on every exit path.
-With host-wide start slots (harness.serve.start_slots) a server starts only when it holds a slot, and
+With host-wide start slots (harness.serve.host.start_slots) a server starts only when it holds a slot, and
 its deadline counts from then. A pair of a `network: netns` cell runs in a two-host topology
-(harness.serve.netns) created at launch and removed after its servers stopped.
+(harness.serve.net.netns) created at launch and removed after its servers stopped.
 The proxy is separate (`ProxyDeployment`) so that cells differing only in a proxy-side fault
 reuse one P/D pair. P/D servers write their KV digests next to their logs.
 """
@@ -20,17 +20,17 @@ from pathlib import Path
 from typing import Sequence
 
 from harness.core.cell import Cell
-from harness.serve.netns import TopologyLedger, TwoHostTopology
-from harness.serve.placement import Placement
-from harness.serve.ports import PortAllocator
-from harness.serve.process import ManagedProcess, ServerStartTimeout
-from harness.serve.plugins.fault_spec import BY_REQUEST
-from harness.serve.plugins.kv_digest_hook import DIGEST_FILE_ENV
-from harness.serve.server_spec import (Features, ServerSpec, build_argv, build_env,
+from harness.serve.net.netns import TopologyLedger, TwoHostTopology
+from harness.serve.launch.placement import Placement
+from harness.serve.host.ports import PortAllocator
+from harness.serve.supervision.process import ManagedProcess, ServerStartTimeout
+from harness.serve.plugins.faults.spec import BY_REQUEST
+from harness.serve.plugins.kv_digest.hook import DIGEST_FILE_ENV
+from harness.serve.launch.server_spec import (Features, ServerSpec, build_argv, build_env,
                                        cpu_affinity, engine_settings, forks_engine,
                                        render_command)
-from harness.serve.start_slots import StartSlots
-from harness.serve.template_client import template_for
+from harness.serve.host.start_slots import StartSlots
+from harness.serve.template.client import template_for
 
 # Size of the CPU KV cache per server: tiny models need little; never let one server take all RAM.
 # (tiny zoo models need a few MiB; a real model on a GPU farm passes --kv-cache-bytes)
@@ -89,7 +89,7 @@ def pair_key(cell: Cell) -> tuple:
 
 
 def uses_template(server_start: str, spec: ServerSpec) -> bool:
-    """Whether `spec`'s server forks from a server template (harness.serve.server_template).
+    """Whether `spec`'s server forks from a server template (harness.serve.template.server).
     "auto" arms it where it is measured and calibrated: a CPU server pinned to its cores whose
     engine core forks (TP1). On 2 cores it cut the smoke profile's summed `imports` from
     194-395 s to 15 s and its cells from 463 s to 405 s (results/benchmarks/
@@ -131,7 +131,7 @@ class Deployment:
         """Each server's launch line as `_process` starts it (its env, `ip netns exec`)."""
         return [render_command(s, self.features, env=self._env(s, {})) for s in self.specs]
 
-    def digest_path(self, spec: ServerSpec) -> Path:   # harness.serve.plugins.kv_digest_hook
+    def digest_path(self, spec: ServerSpec) -> Path:   # harness.serve.plugins.kv_digest.hook
         return self.log_dir / f"{self.name}-{spec.name}.kv-digest.jsonl"
 
     def digest_files(self, role: str) -> list[str]:
@@ -305,7 +305,7 @@ class ProxyDeployment:
         self.records_path = Path(records_path)
         self.fault = fault
         self.allocator = allocator
-        argv = [python, "-m", "harness.serve.proxy", "--host", "127.0.0.1", "--port", str(port)]
+        argv = [python, "-m", "harness.serve.proxy.app", "--host", "127.0.0.1", "--port", str(port)]
         for url in pair.urls("prefill"):
             argv += ["--prefill", url]
         for url in pair.urls("decode"):

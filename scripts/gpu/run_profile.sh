@@ -30,7 +30,7 @@ if [ ! -f $site/.unpacked ]; then
 fi
 export PYTHONPATH=$site CUDA_HOME=/usr/local/cuda PATH=$site/bin:$PATH
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 HF_HUB_OFFLINE=1
-export VLLM_FLASHINFER_ALLREDUCE_BACKEND=trtllm   # vLLM's "auto" = mnnvl = cuMulticastCreate (see harness/serve/server_spec.py)
+export VLLM_FLASHINFER_ALLREDUCE_BACKEND=trtllm   # vLLM's "auto" = mnnvl = cuMulticastCreate (see harness/serve/launch/server_spec.py)
 export CUDA_VISIBLE_DEVICES=${GPUS:-$(seq -s, 0 $((NGPU - 1)))}
 export PD_ACCURACY_MAX_STARTING=${MAX_STARTING:-0}
 if [ ! -f $site/.harness ]; then

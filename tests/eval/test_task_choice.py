@@ -7,7 +7,7 @@ import pytest
 
 from harness.eval.lmeval import materialize_task
 from harness.eval.task_choice import default_data_dir, default_task
-from harness.serve.models import ResolvedModel
+from harness.serve.launch.models import ResolvedModel
 from harness.zoo import shared_prefix
 
 

@@ -11,8 +11,8 @@ from harness.core.cell import Cell
 from harness.core.options import RunOptions
 from harness.judge.verdict import Policy, fail
 from harness.run import groups_ahead, runner as runner_mod
-from harness.serve.models import ResolvedModel
-from harness.serve.process import ServerDiedError
+from harness.serve.launch.models import ResolvedModel
+from harness.serve.supervision.process import ServerDiedError
 
 
 class FakeDeployment:

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 from harness.eval.metrics import TransferCounters
 from harness.run.transfer_evidence import link_evidence, link_start, transfer_proof
-from harness.serve.netns import TwoHostTopology
-from harness.serve.netns_plan import TopologyPlan
+from harness.serve.net.netns import TwoHostTopology
+from harness.serve.net.netns_plan import TopologyPlan
 
 
 class Counter:

@@ -6,8 +6,8 @@ import types
 
 import pytest
 
-from harness.serve.plugins import compile_key
-from harness.serve.server_spec import build_env
+from harness.serve.plugins.startup import compile_key
+from harness.serve.launch.server_spec import build_env
 from server_specs import make_spec
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.serve.plugins import cpu_amx
+from harness.serve.plugins.startup import cpu_amx
 
 
 class FakeCpu:

@@ -5,8 +5,8 @@ from pathlib import Path
 
 from harness.core.cell import Cell
 from harness.serve.deploy import INTERNAL_PORT_BLOCK, Placement, plan_baseline, plan_pair
-from harness.serve.ports import PortAllocator
-from harness.serve.server_spec import Features
+from harness.serve.host.ports import PortAllocator
+from harness.serve.launch.server_spec import Features
 
 
 def _plan(tmp_path: Path, cell: Cell):
@@ -52,7 +52,7 @@ def test_cpu_binding_gives_each_tp_rank_a_core():
 
 
 def test_pd_servers_write_kv_digests_next_to_their_logs_unless_turned_off(tmp_path, monkeypatch):
-    from harness.serve.plugins.kv_digest_hook import DIGEST_FILE_ENV
+    from harness.serve.plugins.kv_digest.hook import DIGEST_FILE_ENV
 
     monkeypatch.setenv(DIGEST_FILE_ENV, "/inherited/from/the/shell.jsonl")
     cell = Cell(model="tiny-llama-gsm")

@@ -10,10 +10,12 @@ import types
 import pytest
 
 from harness.run.transfer_evidence import count_fault_lines
-from harness.serve.plugins import fail_transfer, fault_spec, faults
-from harness.serve.plugins.fault_spec import (BY_REQUEST, FAIL_TRANSFER, FaultSpec,
+from harness.serve.plugins.faults import fail_transfer
+from harness.serve.plugins.faults import spec as fault_spec
+from harness.serve.plugins.faults import decode as faults
+from harness.serve.plugins.faults.spec import (BY_REQUEST, FAIL_TRANSFER, FaultSpec,
                                               request_tag_for)
-from harness.serve.proxy_hops import new_request_id, tag_for
+from harness.serve.proxy.hops import new_request_id, tag_for
 
 BY_REQUEST_SPEC = FaultSpec(BY_REQUEST)
 
@@ -33,7 +35,7 @@ OTHER_CANARY = engine_id(new_request_id(request_tag_for("corrupt-block")))
 
 def test_fail_transfer_is_a_server_fault_with_a_request_tag():
     from harness.core.cell import FAULTS
-    from harness.serve.server_spec import SERVER_FAULTS
+    from harness.serve.launch.server_spec import SERVER_FAULTS
 
     assert FAIL_TRANSFER in fault_spec.FAULT_KINDS and FAIL_TRANSFER in FAULTS
     assert FAIL_TRANSFER in SERVER_FAULTS and FAIL_TRANSFER not in fault_spec.KV_FAULT_KINDS

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from harness.serve.plugins import fork_start
-from harness.serve.server_spec import build_env, cpu_affinity
+from harness.serve.plugins.startup import fork_start
+from harness.serve.launch.server_spec import build_env, cpu_affinity
 from server_specs import make_spec
 
 
@@ -77,7 +77,7 @@ def test_a_pinned_server_is_started_on_its_cores_only(tmp_path):
     # child and a grandchild it forks (vLLM's engine core and worker) are confined
     import sys
 
-    from harness.serve.process import ManagedProcess
+    from harness.serve.supervision.process import ManagedProcess
 
     core = sorted(os.sched_getaffinity(0))[-1]
     script = tmp_path / "fork_and_report.py"

@@ -1,4 +1,4 @@
-"""A stop signal is latched (harness.serve.process_registry): once SIGINT/SIGTERM arrived, no
+"""A stop signal is latched (harness.serve.supervision.registry): once SIGINT/SIGTERM arrived, no
 process starts and no verdict is recorded, even where the KeyboardInterrupt it raised was replaced
 by the error it caused (an evaluation thread's ServerDisconnectedError) and caught as a cell's."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from harness.core.cell import Cell
 from harness.core.options import RunOptions
 from harness.judge.verdict import Policy, fail
 from harness.run.runner import Runner
-from harness.serve import process_registry
+from harness.serve.supervision import registry as process_registry
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.serve.plugins.kv_layout import KVLayout, canonical_kv, kernel_block_ids
-from harness.serve.plugins.kv_digest import (
+from harness.serve.plugins.kv_digest.layout import KVLayout, canonical_kv, kernel_block_ids
+from harness.serve.plugins.kv_digest.digest import (
     DigestMismatch,
     KVDigest,
     compare_digests,
@@ -335,7 +335,7 @@ def test_bad_layouts_and_short_block_lists_are_refused():
 
 
 def test_module_imports_without_torch_or_vllm():
-    code = ("import sys, harness.serve.plugins.kv_digest, harness.serve.plugins.kv_layout; "
+    code = ("import sys, harness.serve.plugins.kv_digest.digest, harness.serve.plugins.kv_digest.layout; "
             "print(sorted(m for m in ('torch', 'vllm') if m in sys.modules))")
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
@@ -344,7 +344,7 @@ def test_module_imports_without_torch_or_vllm():
 
 
 def test_token_ranges_are_aligned_to_absolute_prompt_positions():
-    from harness.serve.plugins.kv_digest import chunk_bounds
+    from harness.serve.plugins.kv_digest.digest import chunk_bounds
 
     assert chunk_bounds(0, 70, 32) == [(0, 32), (32, 64), (64, 70)]
     assert chunk_bounds(48, 40, 32) == [(48, 64), (64, 88)]

@@ -12,8 +12,8 @@ import pytest
 
 from harness.judge.kv_digest_check import describe
 from harness.run.kv_digest_evidence import digest_evidence
-from harness.serve.plugins import kv_digest_hook
-from harness.serve.plugins.kv_layout import layout_from_shape
+from harness.serve.plugins.kv_digest import hook as kv_digest_hook
+from harness.serve.plugins.kv_digest.layout import layout_from_shape
 
 HEADS, DIM, TOKENS = 2, 8, 100
 LAYERS = ("layers.0.attn", "layers.1.attn")
@@ -265,7 +265,7 @@ def test_a_latent_cache_is_read_whole_in_token_order():
     (a logical 128-token block id expands to its two 64-token kernel blocks)."""
     import numpy as np
 
-    from harness.serve.plugins.kv_layout import canonical_kv
+    from harness.serve.plugins.kv_digest.layout import canonical_kv
 
     cache = np.arange(6 * 64 * 8, dtype=np.int16).reshape(6, 64, 8)
     layout = layout_from_shape(cache.shape, "FLASHMLA", 64, 128)

@@ -8,7 +8,7 @@ import time
 
 import psutil
 
-from harness.serve.liveness import (
+from harness.serve.host.liveness import (
     CREATE_TIME_TOLERANCE_S,
     owner_alive,
     process_create_time,

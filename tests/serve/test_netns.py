@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from harness.core.cell import Cell
-from harness.serve import netns as netns_mod
+from harness.serve.net import netns as netns_mod
 from harness.serve.deploy import Placement, pair_key, plan_pair
-from harness.serve.netns import NetnsError, TopologyLedger, TwoHostTopology, process_env
-from harness.serve.netns import sweep_orphan_topologies
-from harness.serve.netns_plan import TopologyPlan, choose_subnet, subnets_in_use
-from harness.serve.ports import PortAllocator
-from harness.serve.server_spec import Features, build_argv, build_env
+from harness.serve.net.netns import NetnsError, TopologyLedger, TwoHostTopology, process_env
+from harness.serve.net.netns import sweep_orphan_topologies
+from harness.serve.net.netns_plan import TopologyPlan, choose_subnet, subnets_in_use
+from harness.serve.host.ports import PortAllocator
+from harness.serve.launch.server_spec import Features, build_argv, build_env
 
 
 class FakeIp:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness.core.platform import netns_unavailable_reason
-from harness.serve.netns import TopologyLedger, TwoHostTopology
+from harness.serve.net.netns import TopologyLedger, TwoHostTopology
 
 REASON = netns_unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"needs root and `ip`: {REASON}")

@@ -8,8 +8,12 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from harness.serve.plugins import fault_spec, faults, nixl_idle
-from harness.serve.plugins.fault_spec import FaultOutcome, FaultSpec
+from harness.serve.plugins.faults import spec as fault_spec
+
+from harness.serve.plugins.faults import decode as faults
+
+from harness.serve.connectors import nixl_idle
+from harness.serve.plugins.faults.spec import FaultOutcome, FaultSpec
 
 
 # ---------------------------------------------------------------- nixl_idle

@@ -13,8 +13,8 @@ import port_for
 import psutil
 import pytest
 
-from harness.serve.liveness import process_create_time
-from harness.serve.ports import PortAllocator, PortsExhaustedError
+from harness.serve.host.liveness import process_create_time
+from harness.serve.host.ports import PortAllocator, PortsExhaustedError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,7 +62,7 @@ def test_concurrent_processes_never_get_the_same_port(tmp_path):
 def test_reservation_of_dead_pid_is_reclaimed(tmp_path):
     # A harness that dies without atexit (os._exit, SIGKILL) leaves its entries behind.
     child_code = (
-        "import json, os; from harness.serve.ports import PortAllocator; "
+        "import json, os; from harness.serve.host.ports import PortAllocator; "
         f"ports = PortAllocator(lock_dir={str(tmp_path)!r}).reserve(2, owner='doomed'); "
         "print(json.dumps(ports), flush=True); os._exit(0)")
     out = subprocess.run([sys.executable, "-c", child_code], capture_output=True, text=True,

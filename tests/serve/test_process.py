@@ -16,9 +16,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness.serve import process as process_mod
-from harness.serve.ports import PortAllocator
-from harness.serve.process import (
+from harness.serve.supervision import process as process_mod
+from harness.serve.host.ports import PortAllocator
+from harness.serve.supervision.process import (
     ManagedProcess,
     ProcessStartError,
     ServerDiedError,
@@ -332,7 +332,7 @@ def test_rss_sums_the_process_tree(tmp_path):
 
 DRIVER = """
     import json, sys, time
-    from harness.serve.process import ManagedProcess, install_signal_handlers
+    from harness.serve.supervision.process import ManagedProcess, install_signal_handlers
     log_dir, term_timeout_s, b_ignores_sigterm = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "1"
     install_signal_handlers(term_timeout_s=term_timeout_s)
     a = ManagedProcess("a", ["sleep", "300"], log_dir + "/a.log").start()

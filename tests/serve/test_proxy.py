@@ -1,4 +1,4 @@
-"""harness.serve.proxy against fake prefill/decode servers (aiohttp apps on ephemeral ports).
+"""harness.serve.proxy.app against fake prefill/decode servers (aiohttp apps on ephemeral ports).
 
 No pytest-asyncio: each test drives its scenario with asyncio.run and aiohttp's test utilities.
 """
@@ -21,7 +21,7 @@ import port_for
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from harness.serve.proxy import create_app
+from harness.serve.proxy.app import create_app
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REQUEST_ID_PATTERN = re.compile(r"^pdacc-[0-9a-f]{32}$")
@@ -480,7 +480,7 @@ def test_models_passes_through_to_decode() -> None:
 
 def test_cli_runs_the_proxy_as_a_subprocess() -> None:
     port = port_for.select_random()
-    command = [sys.executable, "-m", "harness.serve.proxy", "--port", str(port),
+    command = [sys.executable, "-m", "harness.serve.proxy.app", "--port", str(port),
                "--prefill", "http://127.0.0.1:8100", "--prefill", "http://127.0.0.1:8101",
                "--decode", "http://127.0.0.1:8200", "--fault", "drop-transfer"]
     process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE,
@@ -544,8 +544,8 @@ def test_a_connection_closed_by_the_server_is_retried_once_on_a_new_one() -> Non
 def test_a_share_of_the_questions_carries_the_fault_tag():
     """PD_ACCURACY_FAULT_SHARE: the tag on a fixed share of the prompts (hash, so the same
     questions every run), "" on the others; without a share every request carries it."""
-    from harness.serve.plugins.fault_spec import parse_request_fault, request_tag_for
-    from harness.serve.proxy_hops import tag_for
+    from harness.serve.plugins.faults.spec import parse_request_fault, request_tag_for
+    from harness.serve.proxy.hops import tag_for
 
     tag = request_tag_for("corrupt-block", (("PD_ACCURACY_FAULT_BLOCK", "2"),
                                             ("PD_ACCURACY_FAULT_SHARE", "0.15")))

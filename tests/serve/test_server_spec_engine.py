@@ -9,7 +9,7 @@ import pytest
 from server_specs import flag, make_spec
 from harness.core.cell import Cell
 from harness.serve.deploy import Placement, plan_server
-from harness.serve.server_spec import (ROLES, SPEC_DECODE_CONFIGS, ServerSpec, build_argv, build_env,
+from harness.serve.launch.server_spec import (ROLES, SPEC_DECODE_CONFIGS, ServerSpec, build_argv, build_env,
                                        engine_argv, engine_settings, kv_transfer_config, Features)
 
 

@@ -1,4 +1,4 @@
-"""The server template (harness.serve.server_template + template_client): one interpreter that
+"""The server template (harness.serve.template.server + template_client): one interpreter that
 imported vLLM forks each server into its own session, environment, log, cores and exit status.
 The real template with the installed vLLM; the forked "server" is `api_server --help` (it
 parses its argv and exits 0) or a bad flag (exit 2), so no engine starts."""
@@ -11,9 +11,9 @@ import time
 import pytest
 
 from harness.core.options import RunOptions, UsageError
-from harness.serve.process import ManagedProcess
-from harness.serve.server_spec import build_argv, cpu_affinity
-from harness.serve.template_client import SERVER_MODULE, ServerTemplate, template_for
+from harness.serve.supervision.process import ManagedProcess
+from harness.serve.launch.server_spec import build_argv, cpu_affinity
+from harness.serve.template.client import SERVER_MODULE, ServerTemplate, template_for
 from server_specs import make_spec
 
 pytest.importorskip("vllm")
@@ -109,7 +109,7 @@ def test_auto_forks_pinned_tp1_cpu_servers_only(kw, forks):
 def test_a_run_stops_the_templates_of_its_own_log_folder_only(tmp_path):
     """A pytest session ends with a check that no server process is left; a template is one
     until its run's Runner.close() stops it."""
-    from harness.serve import template_client
+    from harness.serve.template import client as template_client
 
     mine = template_for("/py", tmp_path / "mine", {0})
     other = template_for("/py", tmp_path / "other", {0})

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from harness.serve.deploy import Deployment
-from harness.serve.ports import PortAllocator
-from harness.serve.process import ManagedProcess, ServerDiedError
-from harness.serve.server_spec import ServerSpec
-from harness.serve.start_slots import ENV_VAR, StartSlots, StartSlotTimeout
+from harness.serve.host.ports import PortAllocator
+from harness.serve.supervision.process import ManagedProcess, ServerDiedError
+from harness.serve.launch.server_spec import ServerSpec
+from harness.serve.host.start_slots import ENV_VAR, StartSlots, StartSlotTimeout
 
 FAKE_SERVER = textwrap.dedent("""
     import http.server, sys, time
@@ -104,7 +104,7 @@ def test_limit_holds_across_threads_and_a_freed_slot_is_reused(tmp_path):
 def test_a_slot_held_by_another_process_counts_and_goes_with_it(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
-        from harness.serve.start_slots import StartSlots
+        from harness.serve.host.start_slots import StartSlots
         slot = StartSlots(1, lock_dir={str(tmp_path / 'slots')!r}).acquire()
         print("held", flush=True)
         time.sleep(60)

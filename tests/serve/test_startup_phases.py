@@ -1,7 +1,7 @@
 """Start-up phases read from server logs (the lines are copied from real vLLM 0.32 CPU logs)."""
 from __future__ import annotations
 
-from harness.serve.startup_phases import PHASES, parse_startup, summed
+from harness.serve.launch.startup_phases import PHASES, parse_startup, summed
 
 COMPILED = """\
 === 2026-12-01T12:28:35 start baseline: python -m vllm.entrypoints.openai.api_server --model m

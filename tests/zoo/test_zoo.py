@@ -254,7 +254,7 @@ def test_prev_token_init_refuses_other_architectures():
 def test_reference_accuracy_comes_from_the_model_card_for_its_task(tmp_path):
     import json
 
-    from harness.serve.models import ResolvedModel, reference_accuracy, resolve
+    from harness.serve.launch.models import ResolvedModel, reference_accuracy, resolve
 
     ref = reference_accuracy(resolve("tiny-llama-gsm"), "gsm_synth")
     assert ref is not None and ref.accuracy >= 0.9 and ref.n == 200
@@ -277,7 +277,7 @@ def test_zoo_eval_plans_the_baseline_cell_each_model_needs():
 def test_record_vllm_accuracy_writes_what_the_card_and_baseline_health_read(tmp_path):
     import json
 
-    from harness.serve.models import ResolvedModel, reference_accuracy
+    from harness.serve.launch.models import ResolvedModel, reference_accuracy
     from harness.zoo.card import VLLM_EVAL_JSON, record_vllm_accuracy
 
     record_vllm_accuracy(tmp_path, n=200, strict_match=0.975, flexible_extract=0.975,

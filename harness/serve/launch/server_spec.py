@@ -1,0 +1,339 @@
+"""ServerSpec → the exact argv and environment of one vLLM OpenAI server.
+
+Pure functions only: nothing here starts a process, so `--dry-run` and the unit tests can show
+every command before anything runs. The vLLM flags that differ between versions are chosen from
+`VllmFeatures` (what the installed package accepts), never from a hard-coded version list.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from harness.core.cell import Cell
+from harness.serve.plugins.startup.compile_key import ENV as COMPILE_KEY_ENV
+from harness.serve.plugins.startup.fork_start import ENV as FORK_START_ENV
+from harness.serve.plugins.faults.spec import BY_REQUEST
+from harness.serve.plugins.faults.spec import FAULT_KINDS as SERVER_FAULTS
+
+ROLES = ("baseline", "prefill", "decode")
+KV_ROLE_FOR = {"prefill": "kv_producer", "decode": "kv_consumer"}
+# SERVER_FAULTS: the faults that live inside the decode server (the fault plugin's kinds); the
+# others are the proxy's (harness.serve.proxy.hops.PROXY_FAULTS)
+DEFAULT_CPU_KV_CACHE_BYTES = 256 * 1024 * 1024
+# Cell.spec_decode -> vLLM's --speculative-config. ngram proposes the next tokens by matching the
+# last 2-4 generated tokens in the prompt: GSM8K-style answers quote the prompt, so drafts are
+# accepted often and the decode verifies several tokens per step against the received KV.
+SPEC_DECODE_CONFIGS = {
+    "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+              "prompt_lookup_min": 2},
+}
+# vLLM requires max_num_batched_tokens >= max_num_seqs (CPU's default max_num_seqs is 128 per
+# rank): a chunked-prefill budget below it lowers max_num_seqs with it, still far above the
+# evaluation's concurrency
+MAX_NUM_SEQS_CAP = 128
+# CUDA: vLLM 0.26 defaults to 1024 sequences on an H200, and start-up pays for that size twice:
+# CUDA graphs are captured for 51 batch sizes up to 512 (2 x max_num_seqs, capped), and the V2
+# runner's kernel warm-up runs a batch of max_num_seqs requests through every sampling feature
+# (14 s between "Graph capturing finished" and the JIT monitor on every V2 server of
+# gpu-h200-20261201-s7). The evaluation sends at most --concurrency requests at once (16 by
+# default), so 64 is never reached; batches up to 128 tokens stay CUDA-graphed.
+CUDA_MAX_NUM_SEQS = 64
+ROLES_GENERATING = ("baseline", "decode")   # where speculative decoding runs
+
+
+@dataclass(frozen=True)
+class Features:
+    """The subset of what the installed vLLM accepts that command construction needs.
+
+    `harness.vllm_features.detect()` fills this from the installed package; tests build it by
+    hand. Defaults describe vLLM 0.26–0.32."""
+
+    attention_backend_flag: bool = True    # `--attention-backend` (else VLLM_ATTENTION_BACKEND)
+    v2_runner_env: bool = True             # VLLM_USE_V2_MODEL_RUNNER exists
+    kv_roles: tuple[str, ...] = ("kv_producer", "kv_consumer", "kv_both")
+    kv_cache_memory_bytes_flag: bool = True
+
+    @classmethod
+    def detect(cls) -> "Features":
+        """From the installed vLLM (harness.vllm_features.detect, cached per version)."""
+        from harness.serve.launch.vllm_features import detect
+
+        vf = detect()
+        return cls(attention_backend_flag=vf.attention_backend_flag,
+                   v2_runner_env=vf.v2_runner_env,
+                   kv_roles=tuple(vf.kv_roles) or cls().kv_roles)
+
+    def kv_role(self, role: str) -> str:
+        wanted = KV_ROLE_FOR[role]
+        return wanted if wanted in self.kv_roles else "kv_both"
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    role: str                      # baseline | prefill | decode
+    index: int                     # instance number within its role
+    model_path: str
+    served_model_name: str
+    port: int
+    backend: str
+    block_size: int
+    runner: str = "v1"
+    device: str = "cpu"
+    dtype: str = "bfloat16"
+    tp: int = 1
+    max_model_len: int = 2048
+    compile: str = "default"                   # "eager": --enforce-eager (no torch.compile/CUDA graphs)
+    kv_buffer_device: str = "cpu"
+    side_channel_port: int | None = None      # NIXL handshake port (prefill/decode only)
+    internal_port: int | None = None          # VLLM_PORT: first of the ports vLLM binds inside
+    kv_cache_bytes: int | None = DEFAULT_CPU_KV_CACHE_BYTES
+    cpu_cores: str | None = None               # VLLM_CPU_OMP_THREADS_BIND, e.g. "0" or "0-1"
+    gpu_ids: tuple[int, ...] = ()
+    gpu_memory_utilization: float | None = None
+    hybrid: bool = False
+    seed: int = 0
+    extra_args: tuple[str, ...] = ()
+    extra_env: tuple[tuple[str, str], ...] = ()
+    fault: str | None = None                   # server-side fault (decode only)
+    fault_block: str = "first"
+    # engine settings (harness.core.cell; `engine_settings` says which role runs which)
+    async_scheduling: str = "default"          # on: --async-scheduling, off: --no-async-scheduling
+    spec_decode: str | None = None             # SPEC_DECODE_CONFIGS key: --speculative-config
+    prefix_caching: bool = False               # --enable-prefix-caching (vLLM's default, made explicit)
+    max_num_batched_tokens: int | None = None  # chunked prefill at this token budget per step
+    cudagraph_mode: str = "default"            # --compilation-config {"cudagraph_mode": ...}
+    kv_layout: str = "default"                 # VLLM_KV_CACHE_LAYOUT (HND | NHD)
+    python: str = field(default_factory=lambda: sys.executable)
+    # where it runs (harness.serve.net.netns): the address it binds and is reached at, the NIXL side
+    # channel's address, and what runs it (``ip netns exec NS``); by default this host's loopback
+    host: str = "127.0.0.1"
+    side_channel_host: str | None = None       # None: `host`
+    launch_prefix: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.role if self.role == "baseline" else f"{self.role}-{self.index}"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def engine_settings(cell: Cell, role: str) -> dict[str, Any]:
+    """The ServerSpec fields that `cell`'s engine settings give its server of `role`.
+
+    Scheduling, prefix caching, the chunked-prefill budget and the CUDA-graph mode apply to every
+    server (P/D is compared with a baseline that runs the same engine). Speculative decoding runs
+    where tokens are generated: the decode and the baseline, which generates like the decode;
+    the prefill produces one token and hands its KV over. The KV layout is the decode's alone:
+    its prefill keeps the layout NIXL picks for P/D (HND), so an NHD decode receives HND blocks.
+    """
+    if role not in ROLES:
+        raise ValueError(f"unknown server role {role!r}")
+    return {
+        "async_scheduling": cell.async_scheduling,
+        "spec_decode": cell.spec_decode if role in ROLES_GENERATING else None,
+        "prefix_caching": cell.prefix_reuse,
+        "max_num_batched_tokens": cell.chunked_prefill,
+        "cudagraph_mode": cell.cudagraph_mode,
+        "kv_layout": cell.kv_layout if role == "decode" else "default",
+    }
+
+
+def kv_transfer_config(spec: ServerSpec, features: Features) -> dict | None:
+    if spec.role == "baseline":
+        return None
+    config: dict[str, Any] = {
+        "kv_connector": "NixlConnector",
+        "kv_role": features.kv_role(spec.role),
+        "kv_buffer_device": spec.kv_buffer_device,
+    }
+    if spec.role == "decode" and spec.kv_layout == "NHD":
+        # NIXL's own P/D layout is HND; an NHD decode refuses HND blocks at the handshake
+        # ("expects same kv_cache_layout") unless told to permute them on receipt
+        config["enable_permute_local_kv"] = True
+    return config
+
+
+def max_num_seqs_cap(spec: ServerSpec) -> int:
+    """The most sequences a server of ``spec`` batches: far above the evaluation's concurrency."""
+    return CUDA_MAX_NUM_SEQS if spec.device == "cuda" else MAX_NUM_SEQS_CAP
+
+
+def engine_argv(spec: ServerSpec) -> list[str]:
+    """The vLLM flags of the spec's engine settings (empty when all are vLLM's defaults)."""
+    argv: list[str] = []
+    if spec.async_scheduling == "on":
+        argv.append("--async-scheduling")
+    elif spec.async_scheduling == "off":
+        argv.append("--no-async-scheduling")
+    if spec.spec_decode:
+        argv += ["--speculative-config",
+                 json.dumps(SPEC_DECODE_CONFIGS[spec.spec_decode], separators=(",", ":"))]
+    if spec.prefix_caching:
+        argv.append("--enable-prefix-caching")
+    if spec.max_num_batched_tokens is not None:
+        budget = spec.max_num_batched_tokens
+        argv += ["--enable-chunked-prefill", "--max-num-batched-tokens", str(budget),
+                 "--max-num-seqs", str(min(budget, max_num_seqs_cap(spec)))]
+    if spec.cudagraph_mode != "default":
+        argv += ["--compilation-config",
+                 json.dumps({"cudagraph_mode": spec.cudagraph_mode}, separators=(",", ":"))]
+    return argv
+
+
+def build_argv(spec: ServerSpec, features: Features = Features()) -> list[str]:
+    if spec.role not in ROLES:
+        raise ValueError(f"unknown server role {spec.role!r}")
+    argv = [
+        *spec.launch_prefix, spec.python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", spec.model_path,
+        "--served-model-name", spec.served_model_name,
+        "--host", spec.host,
+        "--port", str(spec.port),
+        "--dtype", spec.dtype,
+        "--max-model-len", str(spec.max_model_len),
+        "--block-size", str(spec.block_size),
+        "--tensor-parallel-size", str(spec.tp),
+        "--seed", str(spec.seed),
+    ]
+    if features.attention_backend_flag:
+        argv += ["--attention-backend", spec.backend]
+    if spec.kv_cache_bytes and features.kv_cache_memory_bytes_flag:
+        argv += ["--kv-cache-memory-bytes", str(spec.kv_cache_bytes)]
+    if spec.gpu_memory_utilization is not None:
+        argv += ["--gpu-memory-utilization", f"{spec.gpu_memory_utilization:.4f}"]
+    if spec.compile == "eager":
+        argv.append("--enforce-eager")
+    if spec.device == "cuda" and spec.max_num_batched_tokens is None:
+        argv += ["--max-num-seqs", str(CUDA_MAX_NUM_SEQS)]   # a chunk budget caps it itself
+    argv += engine_argv(spec)
+    ktc = kv_transfer_config(spec, features)
+    if ktc is not None:
+        argv += ["--kv-transfer-config", json.dumps(ktc, separators=(",", ":"))]
+    argv += list(spec.extra_args)
+    return argv
+
+
+def cpu_affinity(spec: ServerSpec) -> frozenset[int] | None:
+    """The cores a CPU server's processes are confined to from launch: its
+    VLLM_CPU_OMP_THREADS_BIND cores ("0", "0|1", "0-3", "0,2"); None on GPU or unplaced."""
+    if spec.device != "cpu" or not spec.cpu_cores:
+        return None
+    cores: set[int] = set()
+    for part in spec.cpu_cores.replace("|", ",").split(","):
+        first, _, last = part.strip().partition("-")
+        cores.update(range(int(first), int(last or first) + 1))
+    return frozenset(cores)
+
+
+def forks_engine(spec: ServerSpec) -> bool:
+    """A server whose engine core (and CPU worker) is forked from the API server instead of
+    spawned: TP1, and on CPU pinned to its core from launch (the fork-start plugin)."""
+    if spec.tp != 1:
+        return False
+    return spec.device == "cuda" or cpu_affinity(spec) is not None
+
+
+def build_env(spec: ServerSpec, features: Features = Features(),
+              base_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base_env is None else base_env)
+    env.update({
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "PYTHONUNBUFFERED": "1",
+        # the NIXL port out of torch.compile's cache key: pairs share their baseline's cache
+        COMPILE_KEY_ENV: "1",
+    })
+    if features.v2_runner_env:
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if spec.runner == "v2" else "0"
+    if not features.attention_backend_flag:
+        env["VLLM_ATTENTION_BACKEND"] = spec.backend
+    if spec.role != "baseline":
+        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = spec.side_channel_host or spec.host
+        if spec.side_channel_port is not None:
+            env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(spec.side_channel_port)
+    if spec.internal_port is not None:
+        # vLLM's torch.distributed rendezvous otherwise probes a free ephemeral port, closes it
+        # and binds it later: servers starting together can pick the same one (on the H200 a
+        # baseline died with "DistNetworkError ... port: 36225 ... EADDRINUSE"). From VLLM_PORT
+        # it counts up from a port the harness reserved for this server alone.
+        env["VLLM_PORT"] = str(spec.internal_port)
+    env.pop(FORK_START_ENV, None)          # a parent shell's setting does not leak in
+    if spec.device == "cpu":
+        # Forking (harness/serve/plugins/startup/fork_start.py) starts a lone server in 16.7 s instead
+        # of 29.4 s. Armed only where the server is pinned to its one core from launch
+        # (cpu_affinity, applied by ManagedProcess before exec): a forked worker does not bind
+        # its OpenMP threads itself (all 47 allowed on cores 0-1 unpinned), pinned every thread
+        # of all three processes sat on the server's core, as spawned. TP>1 keeps spawning:
+        # each rank binds its own core, which a forked rank was not seen to do.
+        if forks_engine(spec):
+            env[FORK_START_ENV] = "1"
+        if spec.cpu_cores is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpu_cores
+        if spec.kv_cache_bytes:
+            # also size it the CPU-specific way (GiB, at least 1) in case the flag is ignored
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, spec.kv_cache_bytes // 2**30)))
+    else:
+        if spec.gpu_ids:
+            # gpu_ids index the GPUs this harness may use: a lease or farm job that already set
+            # CUDA_VISIBLE_DEVICES=2,3 makes gpu 0 the physical GPU 2
+            inherited = [g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(
+                inherited[i] if i < len(inherited) else str(i) for i in spec.gpu_ids)
+        # shared H200 hosts: never use NVLink multicast, even if the parent env enables it
+        # (a cell that really wants it says so in extra_env, applied last). Besides NCCL, torch
+        # and NVSHMEM, vLLM >= 0.26 fuses all-reduce + RMSNorm for TP>1 on Hopper through
+        # FlashInfer, whose "auto" backend picks "mnnvl" on one node and calls cuMulticastCreate:
+        # on the 2xH200 (2026-11-29/30) every TP2 Llama server that did so died in start-up
+        # (CUBLAS_STATUS_INTERNAL_ERROR, illegal memory access). "trtllm" is the same fusion
+        # over CUDA IPC buffers, without multicast.
+        env.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                    "NVSHMEM_DISABLE_NVLS": "1", "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm"})
+        # Start-up: the harness decodes greedily, so top-k/top-p sampling never runs, but
+        # vLLM warms FlashInfer's sampler up anyway, and on a fresh H200 that JIT-compiles it:
+        # 80 s between "Graph capturing finished" and "Kernel JIT monitor activated" on every
+        # FLASH_ATTN/TRITON_ATTN server of the first wave (gpu-h200-20261201-s5, 8 s once the
+        # cache was warm). PyTorch's sampler instead; the KV path is not involved.
+        env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+        # Start-up: vLLM's CLI entry point sets VLLM_WORKER_MULTIPROC_METHOD=spawn unless it is
+        # set (api_utils.cli_env_setup), so the engine core imported vLLM a second time: the
+        # H200 py-spy samples of gpu-h200-20261202-s11 show the engine core in spawn_main,
+        # 17 s between the API server's config and the engine core alone, 20-47 s with 8
+        # servers starting. vLLM's own default is fork (envs.py; the API server never touches
+        # CUDA, and vLLM switches to spawn by itself with a warning if it did). TP1 only, like
+        # CPU: a TP>1 server's workers keep the CLI's spawn.
+        if forks_engine(spec):
+            env["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+    if spec.hybrid:
+        env["VLLM_SSM_CONV_STATE_LAYOUT"] = "DS"
+    if spec.kv_layout != "default":
+        env["VLLM_KV_CACHE_LAYOUT"] = spec.kv_layout
+    if spec.fault == BY_REQUEST and spec.role == "decode":
+        env["PD_ACCURACY_FAULT"] = BY_REQUEST   # armed; each canary request names its fault
+    elif spec.fault in SERVER_FAULTS and spec.role == "decode":
+        env["PD_ACCURACY_FAULT"] = spec.fault
+        env["PD_ACCURACY_FAULT_BLOCK"] = spec.fault_block
+    else:
+        env.pop("PD_ACCURACY_FAULT", None)
+    env.update(dict(spec.extra_env))
+    return env
+
+
+def render_command(spec: ServerSpec, features: Features = Features(),
+                   env_keys: Sequence[str] = ("VLLM_", "CUDA_VISIBLE_DEVICES", "PD_ACCURACY_"),
+                   env: Mapping[str, str] | None = None) -> str:
+    """A copy-pasteable shell line for --dry-run and error messages (`env`: the server's own,
+    when the caller adds to build_env's)."""
+    env = build_env(spec, features, base_env={}) if env is None else env
+    shown = {k: v for k, v in sorted(env.items()) if k.startswith(tuple(env_keys))}
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items())
+    cores = cpu_affinity(spec)
+    pin = ["taskset", "-c", ",".join(map(str, sorted(cores)))] if cores else []
+    return (prefix + " " if prefix else "") + shlex.join(pin + build_argv(spec, features))

@@ -1,0 +1,245 @@
+"""What the canary fault plugin injects and how it reports it; pure, importable without vLLM.
+
+The decode server's environment picks the fault (:func:`parse_fault_env`):
+
+* ``PD_ACCURACY_FAULT=corrupt-block``: the chosen block's K and V in every attention layer are
+  overwritten (``PD_ACCURACY_FAULT_VALUE=zero`` (default) or ``noise``: Gaussian noise at the
+  block's own scale).
+* ``PD_ACCURACY_FAULT=perturb-kv``: every received block's K and V in every attention layer is
+  multiplied by ``1 + scale * N(0, 1)`` (``PD_ACCURACY_FAULT_SCALE``, default 1e-3): a fault the
+  size of a bf16/fp8 round-trip that answers, generations and logprobs do not see. Block "all".
+* ``PD_ACCURACY_FAULT=swap-blocks``: the chosen block's contents are swapped with the request's
+  block at the other end (first <-> last). A request with a single block is skipped.
+* ``PD_ACCURACY_FAULT_BLOCK=first|last|<int>`` picks the block by its position in the request's
+  received (kernel) block list; an int is 0-based, negative counts from the end. Default first
+  (:func:`select_block_positions`).
+* ``PD_ACCURACY_FAULT=fail-transfer``: the KV arrives intact, but the decode's NIXL worker
+  reports the request's read as *failed* (:mod:`harness.serve.plugins.faults.fail_transfer`), so vLLM's
+  own failure path runs: the failed-transfer counter, the scheduler's load-failure policy and
+  what the client is answered. Block and value do not apply.
+
+``PD_ACCURACY_FAULT=by-request`` arms the same hooks without a fault of their own: a request is
+broken only when its id carries a fault tag (:func:`request_fault_tag`, put there by the harness's
+proxy for a canary's requests; :func:`parse_request_fault` reads it back), so canaries share the
+clean cell's servers and every other request passes untouched.
+
+Each broken request (corrupted KV, or a read reported failed) gives one WARNING line starting
+with :data:`APPLIED_PREFIX`; a request the fault could not be applied to gives one line starting
+with :data:`SKIPPED_PREFIX` (:func:`format_fault_line`). :func:`parse_fault_log` reads them back
+for the harness.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+FAULT_ENV = "PD_ACCURACY_FAULT"
+BLOCK_ENV = "PD_ACCURACY_FAULT_BLOCK"
+VALUE_ENV = "PD_ACCURACY_FAULT_VALUE"
+SHARE_ENV = "PD_ACCURACY_FAULT_SHARE"   # by-request only: break this share of the questions
+KV_FAULT_KINDS = ("corrupt-block", "swap-blocks", "perturb-kv")   # break the received KV
+FAIL_TRANSFER = "fail-transfer"                      # report an intact read as failed
+FAULT_KINDS = KV_FAULT_KINDS + (FAIL_TRANSFER,)
+BY_REQUEST = "by-request"          # PD_ACCURACY_FAULT value: the fault comes with each request
+FAULT_VALUES = ("zero", "noise")
+BLOCK_NAMES = ("first", "last", "all")
+SCALE_ENV = "PD_ACCURACY_FAULT_SCALE"    # perturb-kv: the relative noise's scale
+DEFAULT_PERTURB_SCALE = 1e-3
+
+APPLIED_PREFIX = "pd-accuracy fault:"
+SKIPPED_PREFIX = "pd-accuracy fault-skipped:"
+ARMED_PREFIX = "pd-accuracy fault-armed:"
+SETUP_PREFIX = "pd-accuracy fault-setup:"
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """What to break: ``kind`` in FAULT_KINDS, ``block`` "first"/"last"/position, ``value``."""
+
+    kind: str
+    block: str | int = "first"
+    value: str = "zero"
+
+
+@dataclass(frozen=True)
+class FaultOutcome:
+    """What happened to one request: block ids touched per attention group, or why not."""
+
+    applied: bool
+    block_ids: tuple[tuple[int, ...], ...] = ()
+    num_layers: int = 0
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class FaultLogLine:
+    """One parsed fault line of a decode server log."""
+
+    applied: bool
+    kind: str
+    request_id: str
+    block_ids: tuple[tuple[int, ...], ...]
+    num_layers: int
+    reason: str
+
+
+def perturb_scale(env: Mapping[str, str]) -> float:
+    """perturb-kv's relative noise scale from ``env`` (PD_ACCURACY_FAULT_SCALE, default 1e-3)."""
+    raw = env.get(SCALE_ENV, "").strip()
+    try:
+        scale = float(raw) if raw else DEFAULT_PERTURB_SCALE
+    except ValueError:
+        raise ValueError(f"{SCALE_ENV}={raw!r}: expected a number") from None
+    if not scale > 0:
+        raise ValueError(f"{SCALE_ENV}={raw!r}: expected a positive scale")
+    return scale
+
+
+def parse_fault_env(env: Mapping[str, str]) -> FaultSpec | None:
+    """The fault asked for by ``env``, or None when PD_ACCURACY_FAULT is unset/empty.
+
+    Raises ValueError on an unknown fault, block selector or value.
+    """
+    kind = env.get(FAULT_ENV, "").strip()
+    if not kind:
+        return None
+    if kind == BY_REQUEST:
+        return FaultSpec(kind=BY_REQUEST)
+    if kind not in FAULT_KINDS:
+        raise ValueError(f"{FAULT_ENV}={kind!r}: expected one of {FAULT_KINDS}")
+    raw_block = env.get(BLOCK_ENV, "").strip() or ("all" if kind == "perturb-kv" else "first")
+    block: str | int
+    if raw_block in BLOCK_NAMES:
+        block = raw_block
+    else:
+        try:
+            block = int(raw_block)
+        except ValueError:
+            raise ValueError(
+                f"{BLOCK_ENV}={raw_block!r}: expected first, last or an integer position"
+            ) from None
+    value = env.get(VALUE_ENV, "").strip() or ("noise" if kind == "perturb-kv" else "zero")
+    if value not in FAULT_VALUES:
+        raise ValueError(f"{VALUE_ENV}={value!r}: expected one of {FAULT_VALUES}")
+    return FaultSpec(kind=kind, block=block, value=value)
+
+
+_TAG_RE = re.compile(r"pdacc-fault\.(?P<kind>[a-z-]+)\.(?P<block>[^.]+)\.(?P<value>[a-z]+)\.")
+
+
+def request_fault_tag(spec: FaultSpec) -> str:
+    """What a canary request's id carries after ``pdacc-``: ``fault.<kind>.<block>.<value>.``"""
+    return f"fault.{spec.kind}.{spec.block}.{spec.value}."
+
+
+def request_tag_for(fault: str | None, fault_env: tuple[tuple[str, str], ...] = ()) -> str:
+    """The tag of a server-side canary's requests (its block/value from the cell's
+    PD_ACCURACY_FAULT_* env; ``@SHARE`` when PD_ACCURACY_FAULT_SHARE asks for the fault on that
+    share of the questions only); "" for any other cell."""
+    if fault not in FAULT_KINDS:
+        return ""
+    env = dict(fault_env)
+    spec = parse_fault_env({FAULT_ENV: fault, **env})
+    share = env.get(SHARE_ENV, "").strip()
+    if share:
+        if not 0 < float(share) <= 1:
+            raise ValueError(f"{SHARE_ENV}={share!r}: expected a share in (0, 1]")
+        return f"{request_fault_tag(spec)}@{float(share)}"
+    return request_fault_tag(spec) if spec else ""
+
+
+def parse_request_fault(request_id: str) -> FaultSpec | None:
+    """The fault a request id carries (vLLM keeps the proxy's X-Request-Id inside its own id),
+    or None for a request to leave alone."""
+    match = _TAG_RE.search(request_id)
+    if match is None or match["kind"] not in FAULT_KINDS or match["value"] not in FAULT_VALUES:
+        return None
+    raw = match["block"]
+    block: str | int = raw if raw in BLOCK_NAMES else int(raw) if raw.lstrip("-").isdigit() else ""
+    if block == "":
+        return None
+    return FaultSpec(kind=match["kind"], block=block, value=match["value"])
+
+
+def select_block_positions(num_blocks: int, spec: FaultSpec) -> tuple[int, ...] | None:
+    """Positions in a request's block list the fault touches, or None if it cannot apply.
+
+    corrupt-block -> ``(chosen,)``; swap-blocks -> ``(chosen, partner)`` where partner is the
+    last block, or the first when the chosen one is the last. A position outside the list, an
+    empty list, or a swap on a single block gives None.
+    """
+    if num_blocks <= 0:
+        return None
+    if spec.block == "all":
+        return tuple(range(num_blocks)) if spec.kind != "swap-blocks" else None
+    if spec.block == "first":
+        chosen = 0
+    elif spec.block == "last":
+        chosen = num_blocks - 1
+    else:
+        chosen = int(spec.block)
+        if chosen < 0:
+            chosen += num_blocks
+        if not 0 <= chosen < num_blocks:
+            return None
+    if spec.kind == "corrupt-block":
+        return (chosen,)
+    if spec.kind == "perturb-kv":
+        return tuple(range(num_blocks))
+    if num_blocks < 2:
+        return None
+    partner = num_blocks - 1 if chosen != num_blocks - 1 else 0
+    return (chosen, partner)
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def format_fault_line(request_id: str, spec: FaultSpec, outcome: FaultOutcome) -> str:
+    """The one log line for a request; applied and skipped lines have distinct prefixes."""
+    blocks = _compact([list(ids) for ids in outcome.block_ids])
+    # block and value only steer the KV faults; a failed transfer names the blocks vLLM is told
+    # did not load (layers=0: no cache was touched)
+    selector = f" selector={spec.block}" if spec.kind in KV_FAULT_KINDS else ""
+    if outcome.applied:
+        value = f" value={spec.value}" if spec.kind == "corrupt-block" else ""
+        return (
+            f"{APPLIED_PREFIX} fault={spec.kind} request={request_id} block_ids={blocks} "
+            f"layers={outcome.num_layers}{selector}{value}"
+        )
+    return (
+        f"{SKIPPED_PREFIX} fault={spec.kind} request={request_id}{selector} "
+        f"reason={outcome.reason or 'unknown'}"
+    )
+
+
+_LINE_RE = re.compile(
+    r"(?P<prefix>pd-accuracy fault(?:-skipped)?:) fault=(?P<kind>\S+) request=(?P<request>\S+)"
+    r"(?: block_ids=(?P<blocks>\S+) layers=(?P<layers>\d+))?.*?(?: reason=(?P<reason>\S+))?$"
+)
+
+
+def parse_fault_log(log_text: str) -> list[FaultLogLine]:
+    """Every applied/skipped fault line in ``log_text`` (a decode server log), in order."""
+    lines = []
+    for raw_line in log_text.splitlines():
+        if "pd-accuracy fault" not in raw_line:
+            continue
+        match = _LINE_RE.search(raw_line)
+        if match is None:
+            continue
+        blocks = json.loads(match["blocks"]) if match["blocks"] else []
+        lines.append(
+            FaultLogLine(
+                applied=match["prefix"] == APPLIED_PREFIX,
+                kind=match["kind"],
+                request_id=match["request"],
+                block_ids=tuple(tuple(group) for group in blocks),
+                num_layers=int(match["layers"] or 0),
+                reason=match["reason"] or "",
+            )
+        )
+    return lines

@@ -1,0 +1,222 @@
+"""Layout-independent digests of a request's prompt KV: do prefill and decode hold the same bytes?
+
+The prefill server hashes each request's prompt KV after its forward pass; the decode server
+hashes what it holds once NIXL has finished receiving (after host-buffer sync and block-size /
+layout post-processing). Both first read one attention layer's blocks into the canonical
+``[2 (K, V), heads, tokens, head_dim]`` array (harness.serve.plugins.kv_digest.layout), then hash it per
+(K/V, head, token range): blake2b over the raw little-endian bytes, so equal bits give equal
+digests and any change, even -0.0 for 0.0, shows. Token ranges are aligned to absolute prompt
+positions, so a decode that received only the tail of a prompt (a local prefix-cache hit) lines
+up with the prefill's whole-prompt digest. Pure: numpy at import time; vLLM is never imported.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping, Sequence, Union
+
+import numpy as np
+
+from harness.serve.plugins.kv_digest.layout import KVLayout, gather_rows, to_numpy, canonical_kv
+
+KV_NAMES = ("K", "V")
+STATE = "state"
+DIGEST_BYTES = 8  # 64-bit blake2b per entry: a chance collision is ~2**-64 per compared entry
+DEFAULT_TOKEN_CHUNK = 128
+LayerKey = Union[str, int]
+
+
+@dataclass(frozen=True)
+class KVDigest:
+    """Hashes of one attention layer's canonical KV: ``hashes[kv][local head][token chunk]``.
+
+    Heads are ``head_offset .. head_offset + num_heads - 1`` in GLOBAL numbering, so a TP rank's
+    digest lines up with the full-head one. Tokens are prompt positions ``token_offset ..
+    token_offset + num_tokens - 1``; chunk boundaries fall on multiples of ``token_chunk`` in
+    that absolute numbering, chunk ``c`` covering ``token_range(c)``.
+    """
+
+    head_offset: int
+    num_tokens: int
+    token_chunk: int
+    dtype: str
+    hashes: tuple[tuple[tuple[str, ...], ...], ...]
+    token_offset: int = 0
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.hashes[0])
+
+    @property
+    def heads(self) -> range:
+        return range(self.head_offset, self.head_offset + self.num_heads)
+
+    def token_range(self, chunk: int) -> tuple[int, int]:
+        """Absolute prompt positions ``[start, end)`` of chunk ``chunk``."""
+        return chunk_bounds(self.token_offset, self.num_tokens, self.token_chunk)[chunk]
+
+    def entries(self) -> dict[tuple[str, int, tuple[int, int]], str]:
+        """``(K|V, global head, (start, end)) -> hash`` for every entry."""
+        return {(KV_NAMES[kv], self.head_offset + head, self.token_range(chunk)): value
+                for kv, per_head in enumerate(self.hashes)
+                for head, per_chunk in enumerate(per_head)
+                for chunk, value in enumerate(per_chunk)}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``json`` writes the tuples as lists)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "KVDigest":
+        hashes = tuple(tuple(tuple(str(h) for h in chunks) for chunks in per_head)
+                       for per_head in data["hashes"])
+        return cls(int(data["head_offset"]), int(data["num_tokens"]), int(data["token_chunk"]),
+                   str(data["dtype"]), hashes, int(data.get("token_offset", 0)))
+
+
+def chunk_bounds(offset: int, num_tokens: int, token_chunk: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of each chunk of positions ``offset .. offset + num_tokens - 1`` when
+    boundaries fall on multiples of ``token_chunk``: the first chunk may be short."""
+    end = offset + num_tokens
+    starts = [offset] + list(range((offset // token_chunk + 1) * token_chunk, end, token_chunk))
+    return [(start, min(nxt, end)) for start, nxt in zip(starts, starts[1:] + [end])]
+
+
+def digest(canonical: Any, token_chunk: int = DEFAULT_TOKEN_CHUNK, head_offset: int = 0,
+           token_offset: int = 0) -> KVDigest:
+    """Hash each ``[kv, head, token chunk]`` slice of a canonical ``[2, H, T, D]`` array;
+    ``head_offset`` is the global index of its first head (a TP rank's first KV head),
+    ``token_offset`` the prompt position of its first token.
+    """
+    if token_chunk < 1:
+        raise ValueError(f"token_chunk must be >= 1, got {token_chunk}")
+    array = _little_endian(to_numpy(canonical))
+    if array.ndim != 4 or array.shape[0] != 2:
+        raise ValueError(f"canonical KV is [2, heads, tokens, head_dim]; got {array.shape}")
+    _, heads, tokens, _ = array.shape
+    if token_offset < 0:
+        raise ValueError(f"token_offset must be >= 0, got {token_offset}")
+    spans = [(start - token_offset, end - token_offset)
+             for start, end in chunk_bounds(token_offset, tokens, token_chunk)] if tokens else []
+    hashes = tuple(tuple(tuple(hash_array(array[kv, head, a:b]) for a, b in spans)
+                         for head in range(heads)) for kv in range(2))
+    return KVDigest(head_offset, tokens, token_chunk, array.dtype.name, hashes, token_offset)
+
+
+def digest_layer(cache: Any, block_ids: Sequence[int], num_tokens: int, layout: KVLayout, *,
+                 token_chunk: int = DEFAULT_TOKEN_CHUNK, head_offset: int = 0,
+                 token_offset: int = 0) -> KVDigest:
+    """``digest(canonical_kv(...))`` for one layer: ``block_ids`` hold prompt positions
+    ``token_offset .. token_offset + num_tokens - 1`` (the offset is a block boundary)."""
+    return digest(canonical_kv(cache, block_ids, num_tokens, layout), token_chunk, head_offset,
+                  token_offset)
+
+
+def digest_state(state: Any, block_ids: Sequence[int] | None = None) -> str:
+    """Hash a hybrid model's conv / SSM state's bytes (C order, little-endian): with
+    ``block_ids``, those rows of dim 0 (the state cache's block axis), in that order."""
+    if block_ids is None:
+        array = to_numpy(state)
+    else:
+        array = gather_rows(state, np.asarray(block_ids, dtype=np.int64).reshape(-1), 0)
+    return hash_array(_little_endian(array))
+
+
+def merge_heads(parts: Sequence[KVDigest]) -> KVDigest:
+    """One layer's digest over all heads from its TP ranks' digests (any order, no gaps)."""
+    ordered = sorted(parts, key=lambda part: part.head_offset)
+    first, offset = ordered[0], ordered[0].head_offset
+    for part in ordered:
+        if (part.num_tokens, part.token_chunk, part.dtype, part.head_offset,
+                part.token_offset) != (first.num_tokens, first.token_chunk, first.dtype, offset,
+                                       first.token_offset):
+            raise ValueError(f"TP digests differ in tokens, chunk or dtype, or heads from "
+                             f"{offset} are missing or repeated")
+        offset += part.num_heads
+    hashes = tuple(sum((part.hashes[kv] for part in ordered), ()) for kv in range(2))
+    return KVDigest(first.head_offset, first.num_tokens, first.token_chunk, first.dtype, hashes,
+                    first.token_offset)
+
+
+def merge_tp_ranks(ranks: Sequence[Mapping[LayerKey, KVDigest | str]]
+                   ) -> dict[LayerKey, KVDigest | str]:
+    """Per-layer digests of a whole TP group from each rank's. A state digest the ranks agree
+    on is kept once; a sharded state's differing ones are kept per rank as ``layer@rank``."""
+    merged: dict[LayerKey, KVDigest | str] = {}
+    for layer in dict.fromkeys(layer for rank in ranks for layer in rank):
+        values = {index: rank[layer] for index, rank in enumerate(ranks) if layer in rank}
+        if all(isinstance(value, KVDigest) for value in values.values()):
+            merged[layer] = merge_heads(list(values.values()))  # type: ignore[arg-type]
+        elif len(set(values.values())) == 1:
+            merged[layer] = next(iter(values.values()))
+        else:
+            merged.update((f"{layer}@{index}", value) for index, value in values.items())
+    return merged
+
+
+@dataclass(frozen=True)
+class DigestMismatch:
+    """The first differing entry (layers in the prefill side's order, then K before V, head,
+    token range) and how many entries differ in all. ``kv`` is ``"state"`` for an SSM state,
+    whose ``head`` and ``token_range`` are None."""
+
+    layer: LayerKey
+    kv: str
+    head: int | None
+    token_range: tuple[int, int] | None
+    differing: int
+    total: int
+
+    @property
+    def share(self) -> float:
+        return self.differing / self.total if self.total else 0.0
+
+
+def compare_digests(prefill: Mapping[LayerKey, KVDigest | str],
+                    decode: Mapping[LayerKey, KVDigest | str], *,
+                    shared_heads_only: bool = False, received_only: bool = False
+                    ) -> DigestMismatch | None:
+    """The first difference between two sides' per-layer digests, or None when identical.
+
+    An entry present on one side only counts as differing. ``shared_heads_only`` compares only
+    the heads both sides hold in a layer (one decode TP rank against the full prefill side).
+    ``received_only`` compares only the prompt positions the decode side's digest covers (it
+    received the tail after a local prefix-cache hit); its first chunk, when that starts off a
+    chunk boundary, has no prefill counterpart and is left out.
+    """
+    first: tuple[Any, ...] | None = None
+    differing = total = 0
+    for layer in list(prefill) + [layer for layer in decode if layer not in prefill]:
+        ours, theirs = prefill.get(layer), decode.get(layer)
+        if isinstance(ours, str) or isinstance(theirs, str):
+            pairs = [((STATE, None, None), ours, theirs)]
+        else:
+            mine = ours.entries() if ours else {}
+            other = theirs.entries() if theirs else {}
+            if shared_heads_only and ours and theirs:
+                shared = set(ours.heads) & set(theirs.heads)
+                mine, other = ({k: v for k, v in e.items() if k[1] in shared}
+                               for e in (mine, other))
+            if received_only and ours and theirs:
+                low, high = theirs.token_offset, theirs.token_offset + theirs.num_tokens
+                mine = {k: v for k, v in mine.items() if low <= k[2][0] and k[2][1] <= high}
+                if low % theirs.token_chunk:
+                    other = {k: v for k, v in other.items() if k[2][0] != low}
+            keys = sorted(mine.keys() | other.keys(), key=lambda k: (KV_NAMES.index(k[0]), *k[1:]))
+            pairs = [(key, mine.get(key), other.get(key)) for key in keys]
+        for key, our_hash, their_hash in pairs:
+            total += 1
+            if our_hash != their_hash:
+                differing += 1
+                first = first or (layer, *key)
+    if first is None:
+        return None
+    return DigestMismatch(*first, differing=differing, total=total)
+
+
+def hash_array(array: np.ndarray) -> str:
+    return hashlib.blake2b(np.ascontiguousarray(array).data, digest_size=DIGEST_BYTES).hexdigest()
+
+
+def _little_endian(array: np.ndarray) -> np.ndarray:
+    return array.astype(array.dtype.newbyteorder("<"), copy=False)

@@ -1,0 +1,137 @@
+"""The two hops of one P/D request, without any HTTP: what the prefill and decode servers are
+sent, the canary faults on the ``kv_transfer_params`` handed from one hop to the other, and the
+record the proxy keeps of each request (``harness.serve.proxy.app`` is the aiohttp app around it).
+"""
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import hashlib
+import json
+import uuid
+from typing import Any
+
+__all__ = [
+    "FAULT_DROP_TRANSFER",
+    "FAULT_FOREIGN_PARAMS",
+    "PREFILL_KV_TRANSFER_PARAMS",
+    "PROXY_FAULTS",
+    "REQUEST_ID_PREFIX",
+    "build_decode_body",
+    "build_prefill_body",
+    "new_record",
+    "new_request_id",
+    "params_for_decode",
+    "tag_for",
+    "with_cache_salt",
+]
+
+FAULT_DROP_TRANSFER = "drop-transfer"
+FAULT_FOREIGN_PARAMS = "foreign-params"
+# Faults the proxy implements itself; any other fault name is passed through and only recorded
+# (those are implemented inside vLLM by the harness's fault plugin).
+PROXY_FAULTS = (FAULT_DROP_TRANSFER, FAULT_FOREIGN_PARAMS)
+
+REQUEST_ID_PREFIX = "pdacc-"
+
+# What the prefill hop asks for: compute the prompt, keep its KV blocks for a remote decoder.
+PREFILL_KV_TRANSFER_PARAMS: dict[str, Any] = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+
+
+def new_request_id(tag: str = "") -> str:
+    """The id both hops of one request carry (``X-Request-Id``). ``tag`` is what a canary's
+    requests carry for the decode server's fault plugin (``fault.<kind>.<block>.<value>.``)."""
+    return f"{REQUEST_ID_PREFIX}{tag}{uuid.uuid4().hex}"
+
+
+def tag_for(request_tag: str, body: dict[str, Any]) -> str:
+    """The tag this request carries: ``request_tag``, or for ``TAG@SHARE`` the tag on a fixed
+    share of the questions (by a hash of the prompt, so the same questions every run) and ""
+    on the others: a fault on some requests only costs a fraction of the accuracy."""
+    tag, _, share = request_tag.partition("@")
+    if not tag or not share:
+        return tag
+    digest = hashlib.sha256(json.dumps(body.get("prompt"), sort_keys=True).encode()).hexdigest()
+    return tag if int(digest[:8], 16) / 0xFFFFFFFF < float(share) else ""
+
+
+def with_cache_salt(body: dict[str, Any], salt: str | None) -> dict[str, Any]:
+    """``body`` with vLLM's ``cache_salt`` (unless the client set one): one evaluation's requests
+    never meet another evaluation's prefix-cache blocks on the same servers (a canary's broken
+    blocks stay its own; a clean run finds no blocks a canary left)."""
+    if not salt or "cache_salt" in body:
+        return body
+    return {**body, "cache_salt": salt}
+
+
+def build_prefill_body(original_body: dict[str, Any]) -> dict[str, Any]:
+    """The prefill hop's body: compute the prompt and one token, keep the KV for remote decode."""
+    prefill_body = copy.deepcopy(original_body)
+    prefill_body["max_tokens"] = 1
+    if "max_completion_tokens" in prefill_body:
+        prefill_body["max_completion_tokens"] = 1
+    # vLLM rejects min_tokens > max_tokens, and the prefill hop only ever makes one token.
+    prefill_body.pop("min_tokens", None)
+    prefill_body["stream"] = False
+    prefill_body.pop("stream_options", None)
+    prefill_body["kv_transfer_params"] = dict(PREFILL_KV_TRANSFER_PARAMS)
+    return prefill_body
+
+
+def build_decode_body(
+    original_body: dict[str, Any], kv_transfer_params: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The decode hop's body: the client's original body plus the kv params to pull from.
+
+    With no params the key is left out, so decode recomputes the prompt (what a broken transfer
+    looks like, and exactly what the drop-transfer fault simulates)."""
+    decode_body = copy.deepcopy(original_body)
+    decode_body.pop("kv_transfer_params", None)
+    if kv_transfer_params is not None:
+        decode_body["kv_transfer_params"] = kv_transfer_params
+    return decode_body
+
+
+def params_for_decode(
+    fault: str | None,
+    received: dict[str, Any] | None,
+    predecessor: dict[str, Any] | None,
+) -> tuple[dict[str, Any] | None, bool]:
+    """The kv params the decode hop gets, and whether a fault changed them.
+
+    ``received``: what this request's prefill answered; ``predecessor``: what the previous
+    request's prefill answered. drop-transfer sends none; foreign-params sends the predecessor's
+    (not applicable to the first request); any other fault leaves the params alone."""
+    if fault == FAULT_DROP_TRANSFER:
+        return None, True
+    if fault == FAULT_FOREIGN_PARAMS and predecessor is not None:
+        return predecessor, True
+    return received, False
+
+
+def new_record(request_id: str, endpoint: str, prefill_url: str, decode_url: str,
+               fault: str | None) -> dict[str, Any]:
+    """A request's record before its hops: every key present, the outcomes still None."""
+    return {
+        "request_id": request_id,
+        "endpoint": endpoint,
+        "prefill_url": prefill_url,
+        "decode_url": decode_url,
+        "prefill_status": None,
+        "decode_status": None,
+        "received_kv_transfer_params": None,
+        "sent_kv_transfer_params": None,
+        "fault": fault,
+        "fault_applied": False,
+        "prefill_ms": None,
+        "decode_ms": None,
+        "started_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "error": None,
+    }
