@@ -6,8 +6,14 @@ range and decode block, and the share of requests affected), whose decode covere
 positions than the prefill computed, or that could not be compared at all (a side wrote no
 digest: the decode never received, say). What it cannot see: a decode that *reads* the right
 bytes through a wrong block table (harness README, "What each check catches").
+:func:`compare_digests` compares one request's two sides, entry by entry.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from harness.serve.plugins.kv_digest.digest import KV_NAMES, STATE, KVDigest, LayerKey
 
 
 def describe(evidence: dict) -> tuple[bool, str]:
@@ -54,3 +60,63 @@ def entered(e: dict, first: dict) -> str:
                 f"prefill block {raw['prefill_block']} of layer {raw['layer']} on{counts}")
     return ("entered after the transfer: NIXL wrote the bytes exactly as sent, the decode's "
             f"post-processing (block size / layout) or later changed them{counts}")
+
+
+@dataclass(frozen=True)
+class DigestMismatch:
+    """The first differing entry (layers in the prefill side's order, then K before V, head,
+    token range) and how many entries differ in all. ``kv`` is ``"state"`` for an SSM state,
+    whose ``head`` and ``token_range`` are None."""
+
+    layer: LayerKey
+    kv: str
+    head: int | None
+    token_range: tuple[int, int] | None
+    differing: int
+    total: int
+
+    @property
+    def share(self) -> float:
+        return self.differing / self.total if self.total else 0.0
+
+
+def compare_digests(prefill: Mapping[LayerKey, KVDigest | str],
+                    decode: Mapping[LayerKey, KVDigest | str], *,
+                    shared_heads_only: bool = False, received_only: bool = False
+                    ) -> DigestMismatch | None:
+    """The first difference between two sides' per-layer digests, or None when identical.
+
+    An entry present on one side only counts as differing. ``shared_heads_only`` compares only
+    the heads both sides hold in a layer (one decode TP rank against the full prefill side).
+    ``received_only`` compares only the prompt positions the decode side's digest covers (it
+    received the tail after a local prefix-cache hit); its first chunk, when that starts off a
+    chunk boundary, has no prefill counterpart and is left out.
+    """
+    first: tuple[Any, ...] | None = None
+    differing = total = 0
+    for layer in list(prefill) + [layer for layer in decode if layer not in prefill]:
+        ours, theirs = prefill.get(layer), decode.get(layer)
+        if isinstance(ours, str) or isinstance(theirs, str):
+            pairs = [((STATE, None, None), ours, theirs)]
+        else:
+            mine = ours.entries() if ours else {}
+            other = theirs.entries() if theirs else {}
+            if shared_heads_only and ours and theirs:
+                shared = set(ours.heads) & set(theirs.heads)
+                mine, other = ({k: v for k, v in e.items() if k[1] in shared}
+                               for e in (mine, other))
+            if received_only and ours and theirs:
+                low, high = theirs.token_offset, theirs.token_offset + theirs.num_tokens
+                mine = {k: v for k, v in mine.items() if low <= k[2][0] and k[2][1] <= high}
+                if low % theirs.token_chunk:
+                    other = {k: v for k, v in other.items() if k[2][0] != low}
+            keys = sorted(mine.keys() | other.keys(), key=lambda k: (KV_NAMES.index(k[0]), *k[1:]))
+            pairs = [(key, mine.get(key), other.get(key)) for key in keys]
+        for key, our_hash, their_hash in pairs:
+            total += 1
+            if our_hash != their_hash:
+                differing += 1
+                first = first or (layer, *key)
+    if first is None:
+        return None
+    return DigestMismatch(*first, differing=differing, total=total)

@@ -8,7 +8,7 @@ prefill computed? Read from the digest files the P/D servers wrote
 
 So a decode that read another request's blocks (foreign params) differs from its question's
 prefill even though the bytes it read were intact. Per request the two sides' digests are
-compared on the prompt positions the decode received (harness.serve.plugins.kv_digest.digest); the
+compared on the prompt positions the decode received (harness.judge.kv_digest_check); the
 summary names the first differing layer, K/V, head, token range and decode block, and the share
 of requests affected. Servers share the digest files across cells: only this cell's records
 are looked at.
@@ -21,7 +21,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterable
 
-from harness.serve.plugins.kv_digest.digest import KVDigest, compare_digests, merge_tp_ranks
+from harness.judge.kv_digest_check import compare_digests
+from harness.serve.plugins.kv_digest.digest import KVDigest, merge_tp_ranks
 from harness.serve.plugins.kv_digest.hook import RAW_PIECE_TOKENS
 
 _UUID = re.compile(r"[0-9a-f]{32}")

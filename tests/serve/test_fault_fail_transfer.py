@@ -1,6 +1,6 @@
-"""The fail-transfer canary's hook: fake NIXL workers for the harness's own logic, and one run of
-vLLM 0.32's real get_transfer_results (no server, no NIXL agent) to see its failure path take
-the request."""
+"""The fail-transfer canary: on the interface's ``arrived`` event, through the NIXL module's read
+poll (fake workers for the harness's own logic, and one run of vLLM 0.32's real
+get_transfer_results, no server, no NIXL agent, to see its failure path take the request)."""
 from __future__ import annotations
 
 import logging
@@ -15,6 +15,9 @@ from harness.serve.plugins.faults import spec as fault_spec
 from harness.serve.plugins.faults import decode as faults
 from harness.serve.plugins.faults.spec import (BY_REQUEST, FAIL_TRANSFER, FaultSpec,
                                               request_tag_for)
+from harness.serve.plugins.kv_events import interface
+from harness.serve.plugins.kv_events.by_connector import nixl
+from harness.serve.plugins.kv_events.interface import Received
 from harness.serve.proxy.hops import new_request_id, tag_for
 
 BY_REQUEST_SPEC = FaultSpec(BY_REQUEST)
@@ -68,14 +71,17 @@ class FakeStats:
         self.failed += 1
 
 
-def make_worker_module(with_vllm_failure_path: bool = True):
-    """A module like vLLM 0.32's base_worker: every handle of `_recving_transfers` is DONE."""
-    module = types.ModuleType(fail_transfer.WORKER_MODULE)
+@pytest.fixture(autouse=True)
+def no_listeners(monkeypatch):
+    monkeypatch.setattr(interface, "_listeners", {event: [] for event in interface.EVENTS})
 
+
+def make_worker_class(with_vllm_failure_path: bool = True, spec: FaultSpec = BY_REQUEST_SPEC):
+    """A class like vLLM 0.32's NIXL worker: every handle of `_recving_transfers` is DONE; its
+    read poll wrapped by the NIXL module, fail-transfer listening on ``arrived``."""
     class NixlBaseConnectorWorker:
-        def __init__(self, transfers: dict, metadata: dict):
+        def __init__(self, transfers: dict):
             self._recving_transfers = transfers
-            self._recving_metadata = metadata
             self.xfer_stats = FakeStats()
             self.logged: list[str] = []
 
@@ -102,30 +108,33 @@ def make_worker_module(with_vllm_failure_path: bool = True):
 
         NixlBaseConnectorWorker._log_failure = _log_failure
         NixlBaseConnectorWorker._handle_failed_transfer = _handle_failed_transfer
-    module.NixlBaseConnectorWorker = NixlBaseConnectorWorker
-    return module
+    assert nixl.patch_worker_class(NixlBaseConnectorWorker, interface.arrived)
+    assert not nixl.patch_worker_class(NixlBaseConnectorWorker, interface.arrived)  # once
+    interface.subscribe("arrived", fail_transfer.make_on_arrived(spec))
+    return NixlBaseConnectorWorker
 
 
-def meta(*groups):
-    return types.SimpleNamespace(local_block_ids=[list(g) for g in groups])
+def connect(worker, plans: dict):
+    """The worker's connector, holding the plans of the reads it awaits (block ids per group)."""
+    connector = types.SimpleNamespace(connector_worker=worker)
+    for request_id, groups in plans.items():
+        interface.state(connector)["plans"][request_id] = Received(
+            request_id, None, tuple(tuple(g) for g in groups), 0, 8)
+    nixl.link_worker(connector)
+    return worker
 
 
 def test_tagged_reads_are_reported_failed_and_counted_once_each(caplog, tmp_path):
-    module = make_worker_module()
-    hook = fail_transfer._make_hook(BY_REQUEST_SPEC)
-    hook(module)
-    hook(module)  # idempotent: a second import hook does not wrap again
     broken = engine_id(new_request_id(request_tag_for(FAIL_TRANSFER)))
     transfers = {TAGGED: [1], CLEAN: [2], OTHER_CANARY: [3], broken: ["ERR"]}
-    worker = module.NixlBaseConnectorWorker(
-        transfers, {TAGGED: meta([4, 5]), CLEAN: meta([6]), OTHER_CANARY: meta([7]),
-                    broken: meta([8])})
+    worker = connect(make_worker_class()(transfers), {
+        TAGGED: [[4, 5]], CLEAN: [[6]], OTHER_CANARY: [[7]], broken: [[8]]})
     with caplog.at_level(logging.WARNING, logger="vllm.pd_accuracy"):
         done, failed = worker._pop_done_transfers(worker._recving_transfers)
     assert done == {TAGGED, CLEAN, OTHER_CANARY, broken}
     assert failed == {TAGGED, broken}            # the really failed one stays failed, once
     assert worker.xfer_stats.failed == 1         # what vLLM counts into nixl_num_failed_transfers
-    assert worker.logged == [f"transfer_failed {TAGGED} {fail_transfer.LOG_REASON}"]
+    assert worker.logged == [f"transfer_failed {TAGGED} {nixl.FAIL_REASON}"]
     [line] = fault_spec.parse_fault_log(caplog.text)
     assert (line.applied, line.kind, line.request_id, line.block_ids, line.num_layers) == (
         True, FAIL_TRANSFER, TAGGED, ((4, 5),), 0)
@@ -137,18 +146,15 @@ def test_tagged_reads_are_reported_failed_and_counted_once_each(caplog, tmp_path
 
 
 def test_only_the_receive_side_is_touched():
-    module = make_worker_module()
-    fail_transfer._make_hook(FaultSpec(FAIL_TRANSFER))(module)
-    worker = module.NixlBaseConnectorWorker({}, {})
+    worker = connect(make_worker_class(spec=FaultSpec(FAIL_TRANSFER))({}), {TAGGED: [[1]]})
     sending = {TAGGED: [1]}                      # a push-mode producer polls another dict
     assert worker._pop_done_transfers(sending) == ({TAGGED}, set())
     assert worker.xfer_stats.failed == 0
 
 
 def test_without_vllms_failure_helper_the_stat_is_still_counted(caplog):
-    module = make_worker_module(with_vllm_failure_path=False)
-    fail_transfer._make_hook(FaultSpec(FAIL_TRANSFER))(module)
-    worker = module.NixlBaseConnectorWorker({CLEAN: [1]}, {CLEAN: meta([3])})
+    worker = connect(make_worker_class(False, FaultSpec(FAIL_TRANSFER))({CLEAN: [1]}),
+                     {CLEAN: [[3]]})
     with caplog.at_level(logging.WARNING, logger="vllm.pd_accuracy"):
         assert worker._pop_done_transfers(worker._recving_transfers) == ({CLEAN}, {CLEAN})
     assert worker.xfer_stats.failed == 1
@@ -156,9 +162,8 @@ def test_without_vllms_failure_helper_the_stat_is_still_counted(caplog):
 
 
 def test_a_broken_worker_gives_a_skipped_line_never_an_exception(caplog):
-    module = make_worker_module(with_vllm_failure_path=False)
-    fail_transfer._make_hook(FaultSpec(FAIL_TRANSFER))(module)
-    worker = module.NixlBaseConnectorWorker({CLEAN: [1]}, {})
+    worker = connect(make_worker_class(False, FaultSpec(FAIL_TRANSFER))({CLEAN: [1]}),
+                     {CLEAN: [[3]]})
     worker.xfer_stats = None                     # record_failed_transfer raises AttributeError
     with caplog.at_level(logging.WARNING, logger="vllm.pd_accuracy"):
         assert worker._pop_done_transfers(worker._recving_transfers) == ({CLEAN}, set())
@@ -166,30 +171,24 @@ def test_a_broken_worker_gives_a_skipped_line_never_an_exception(caplog):
     assert not line.applied and line.reason == "AttributeError"
 
 
-def test_an_older_worker_is_reported_not_armed(caplog):
-    module = types.ModuleType(fail_transfer.WORKER_MODULE)
-    module.NixlBaseConnectorWorker = type("NixlBaseConnectorWorker", (), {})
-    with caplog.at_level(logging.ERROR, logger="vllm.pd_accuracy"):
-        fail_transfer._make_hook(BY_REQUEST_SPEC)(module)
+def test_a_connector_without_a_read_moment_is_reported_not_armed(caplog):
+    generic = type("SomeOtherConnector", (), {})()
+    with caplog.at_level(logging.WARNING, logger="vllm.pd_accuracy"):
+        fail_transfer.on_registered(generic, None)
+    assert "connector SomeOtherConnector has no read moment" in caplog.text
     assert "fail-transfer NOT armed" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="vllm.pd_accuracy"):
+        fail_transfer.on_registered(type("NixlPushConnector", (), {})(), None)
+    assert "NOT armed" not in caplog.text and "connector=NixlPushConnector" in caplog.text
 
 
 def test_the_kv_hook_leaves_fail_transfer_requests_alone(monkeypatch):
-    """By-request arms both hooks; the KV hook must never corrupt (or swap) a fail-transfer
-    request, even one whose failure a broken fail-transfer hook did not report."""
+    """By-request arms both; the KV fault must never corrupt (or swap) a fail-transfer request,
+    even one whose failure a broken fail-transfer hook did not report."""
     applied = []
     monkeypatch.setattr(faults, "apply_fault", lambda *args: applied.append(args))
-    results = types.SimpleNamespace(finished_sending=set(), finished_recving={TAGGED},
-                                    failed_recving=set())
-
-    class Worker:
-        _recving_metadata = {TAGGED: meta([1])}
-
-        def get_transfer_results(self):
-            return results
-
-    faults.patch_worker_class(Worker, BY_REQUEST_SPEC)
-    assert Worker().get_transfer_results() is results
+    faults.make_on_received(BY_REQUEST_SPEC)(None, object(), Received(TAGGED, None, ((1,),), 0, 8))
     assert applied == []
 
 
@@ -200,11 +199,13 @@ def test_register_arms_the_hooks_of_the_mode(monkeypatch, mode, kv_hooks, fail_h
 
     hooks: list[str] = []
     monkeypatch.setattr(wrapt, "register_post_import_hook", lambda hook, name: hooks.append(name))
+    monkeypatch.setattr(interface, "_installed", False)
     monkeypatch.setattr(faults, "_registered", False)
     monkeypatch.setenv(fault_spec.FAULT_ENV, mode)
     faults.register()
-    expected = [m for m, _ in faults.WORKER_TARGETS] if kv_hooks else []
-    assert hooks == expected + ([fail_transfer.WORKER_MODULE] if fail_hook else [])
+    assert hooks == [interface.FACTORY_MODULE]
+    assert len(interface._listeners["received"]) == int(kv_hooks)
+    assert len(interface._listeners["arrived"]) == int(fail_hook)
 
 
 # ---------------------------------------------------------------- vLLM 0.32's own failure path
@@ -214,7 +215,7 @@ def test_vllms_get_transfer_results_fails_the_tagged_request():
     get_block_ids_with_load_errors on a worker without NIXL: the tagged request comes out in
     failed_recving with its blocks invalid and one failed transfer counted; the clean one is
     received normally."""
-    base_worker = pytest.importorskip(fail_transfer.WORKER_MODULE)
+    base_worker = pytest.importorskip(nixl.WORKER_MODULE)
     stats_module = pytest.importorskip("vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats")
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import ReqMeta, RemoteMeta
 
@@ -274,8 +275,10 @@ def test_vllms_get_transfer_results_fails_the_tagged_request():
         return ReqMeta(local_block_ids=[blocks], local_physical_block_ids=[blocks], tp_size=1,
                        remote=remote, region_blocks_to_zero=[])
 
-    assert fail_transfer.patch_worker_class(Worker, BY_REQUEST_SPEC)  # the subclass only
-    worker = Worker({TAGGED: req_meta([4, 5]), CLEAN: req_meta([6])})
+    assert nixl.patch_worker_class(Worker, interface.arrived)  # the subclass only
+    interface.subscribe("arrived", fail_transfer.make_on_arrived(BY_REQUEST_SPEC))
+    worker = connect(Worker({TAGGED: req_meta([4, 5]), CLEAN: req_meta([6])}),
+                     {TAGGED: [[4, 5]], CLEAN: [[6]]})
     results = worker.get_transfer_results()
     assert results.finished_recving == {TAGGED, CLEAN}
     assert results.failed_recving == {TAGGED}

@@ -15,10 +15,9 @@ import numpy as np
 import pytest
 
 from harness.serve.plugins.kv_digest.layout import KVLayout, canonical_kv, kernel_block_ids
+from harness.judge.kv_digest_check import DigestMismatch, compare_digests
 from harness.serve.plugins.kv_digest.digest import (
-    DigestMismatch,
     KVDigest,
-    compare_digests,
     digest,
     digest_layer,
     digest_state,

@@ -1,7 +1,8 @@
-"""The digest plugin's flow on a stand-in NIXL connector (numpy caches, no vLLM): the prefill
-side hashes at the bind after request_finished, the decode side when its read completes, and
-harness.run.kv_digest_evidence joins both through the proxy's records. Evidence that P/D works
-comes from the real cells (tests/suites); this checks the plugin's own bookkeeping."""
+"""The digest plugin's flow through the connector interface on a stand-in connector (numpy
+caches, no vLLM): the prefill side hashes at the bind after request_finished, the decode side
+when the connector reports its read complete, and harness.run.kv_digest_evidence joins both
+through the proxy's records. Evidence that P/D works comes from the real cells (tests/suites);
+this checks the plugin's own bookkeeping."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,8 @@ from harness.judge.kv_digest_check import describe
 from harness.run.kv_digest_evidence import digest_evidence
 from harness.serve.plugins.kv_digest import hook as kv_digest_hook
 from harness.serve.plugins.kv_digest.layout import layout_from_shape
+from harness.serve.plugins.kv_events import interface
+from harness.serve.plugins.kv_events.interface import KVView
 
 HEADS, DIM, TOKENS = 2, 8, 100
 LAYERS = ("layers.0.attn", "layers.1.attn")
@@ -21,10 +24,7 @@ PROXY_ID = "pdacc-" + "ab" * 16
 
 
 class Meta:
-    """Stands in for NixlConnectorMetadata: plain attributes, pickled with the step."""
-
-    def __init__(self, reqs_to_recv=None):
-        self.reqs_to_recv = reqs_to_recv or {}
+    """Stands in for a connector's metadata: plain attributes, pickled with the step."""
 
 
 def worker(block_size: int, num_blocks: int = 16, ratio: int = 1, seed: int = 0):
@@ -32,10 +32,14 @@ def worker(block_size: int, num_blocks: int = 16, ratio: int = 1, seed: int = 0)
     caches = {name: rng.standard_normal((num_blocks, HEADS, block_size, 2 * DIM)).astype(
         np.float32) for name in LAYERS}
     group = types.SimpleNamespace(layer_names=list(LAYERS), kv_cache_spec=None)
-    return types.SimpleNamespace(
-        block_size=block_size, _physical_blocks_per_logical_kv_block=ratio,
-        backend_name="FLASH_ATTN", tp_rank=0, device_kv_caches=caches,
-        kv_cache_config=types.SimpleNamespace(transfer_groups=[group]))
+    return types.SimpleNamespace(block_size=block_size, ratio=ratio, tp_rank=0, caches=caches,
+                                 groups=[group], host=None)
+
+
+def view_of(w) -> KVView:
+    return KVView(caches=w.caches, groups=w.groups, layer_specs={}, kernel_block_size=w.block_size,
+                  blocks_per_logical=w.ratio, backend="FLASH_ATTN", tp_rank=w.tp_rank,
+                  moved=w.host)
 
 
 def write_prompt(w, ids, logical_bs, kv):
@@ -44,25 +48,31 @@ def write_prompt(w, ids, logical_bs, kv):
     for t in range(kv.shape[2]):
         block = ids[t // logical_bs] * ratio + (t % logical_bs) // w.block_size
         for name in LAYERS:
-            w.device_kv_caches[name][block, :, t % w.block_size] = np.concatenate(
+            w.caches[name][block, :, t % w.block_size] = np.concatenate(
                 [kv[0, :, t], kv[1, :, t]], axis=-1)
 
 
 def make_connector(w):
     class Connector:
+        """Only KVConnectorBase_V1's methods, nothing of one connector's own."""
+
         def __init__(self):
-            self.connector_worker = w
+            self.side = w
 
         def request_finished(self, request, block_ids):
-            return True, {"do_remote_prefill": True, "remote_block_ids": [list(block_ids)],
-                          "remote_num_tokens": request.num_computed_tokens,
-                          "remote_request_id": request.request_id}
+            return True, {"remote_request_id": request.request_id}
 
         def get_num_new_matched_tokens(self, request, num_computed_tokens):
             return TOKENS - num_computed_tokens, True
 
+        def update_state_after_alloc(self, request, blocks, num_external_tokens):
+            pass
+
         def build_connector_meta(self, scheduler_output):
-            return Meta(scheduler_output)
+            return Meta()
+
+        def register_kv_caches(self, kv_caches):
+            pass
 
         def bind_connector_metadata(self, metadata):
             self.bound = metadata
@@ -70,8 +80,26 @@ def make_connector(w):
         def get_finished(self, finished_req_ids):
             return set(), set(self.done)
 
-    kv_digest_hook.patch_connector_class(Connector, str(w.path))
-    return Connector()
+    interface.patch_connector_class(Connector)
+    connector = Connector()
+    connector.register_kv_caches(w.caches)
+    return connector
+
+
+@pytest.fixture(autouse=True)
+def digest_listeners(monkeypatch):
+    """The digest plugin's listeners, each side writing to its own file (one process here)."""
+    monkeypatch.setattr(interface, "_listeners", {event: [] for event in interface.EVENTS})
+    monkeypatch.setattr(interface, "build_view", lambda connector, caches: view_of(connector.side))
+    interface.subscribe("sent", lambda c, v, s: kv_digest_hook.on_sent(str(c.side.path), c, v, s))
+    interface.subscribe("arrived", kv_digest_hook.on_arrived)
+    interface.subscribe("received",
+                        lambda c, v, r: kv_digest_hook.on_received(str(c.side.path), c, v, r))
+
+
+def blocks(groups):
+    """Stands in for vLLM's KVCacheBlocks: the blocks allocated for what arrives."""
+    return types.SimpleNamespace(get_unhashed_block_ids_all_groups=lambda: groups)
 
 
 @pytest.fixture
@@ -87,9 +115,9 @@ def run_pair(tmp_path, kv, *, p_bs=32, d_bs=64, d_ratio=1, tamper=None, cached=0
     p_ids, d_ids = [5, 2, 9, 0], [3, 1]
     write_prompt(p, p_ids, p_bs, kv)
     write_prompt(d, d_ids, d_bs, kv)
-    if p_bs == d_bs and d_ratio == 1:   # NIXL copies whole blocks, the unused tail too
+    if p_bs == d_bs and d_ratio == 1:   # a connector copies whole blocks, the unused tail too
         for name in LAYERS:
-            d.device_kv_caches[name][d_ids] = p.device_kv_caches[name][p_ids[:len(d_ids)]]
+            d.caches[name][d_ids] = p.caches[name][p_ids[:len(d_ids)]]
     if host:        # NIXL moves the blocks through host buffers (a GPU's kv_buffer_device cpu)
         host(p, d)
     if tamper:
@@ -98,14 +126,13 @@ def run_pair(tmp_path, kv, *, p_bs=32, d_bs=64, d_ratio=1, tamper=None, cached=0
     request = types.SimpleNamespace(request_id=f"cmpl-{PROXY_ID}-0-p", num_computed_tokens=TOKENS)
     prefill.request_finished(request, p_ids)
     prefill.bind_connector_metadata(prefill.build_connector_meta({}))
-    d_request = types.SimpleNamespace(request_id=f"cmpl-{PROXY_ID}-0-d",
-                                      kv_transfer_params={"do_remote_prefill": True})
+    d_request = types.SimpleNamespace(request_id=f"cmpl-{PROXY_ID}-0-d", kv_transfer_params={
+        "remote_request_id": request.request_id})
     decode.get_num_new_matched_tokens(d_request, cached)
-    received = types.SimpleNamespace(local_block_ids=[d_ids[cached // d_bs:]],
-                                     remote=types.SimpleNamespace(request_id=request.request_id))
-    decode.bind_connector_metadata(decode.build_connector_meta({d_request.request_id: received}))
+    decode.update_state_after_alloc(d_request, blocks((d_ids[cached // d_bs:],)), TOKENS - cached)
+    decode.bind_connector_metadata(decode.build_connector_meta({}))
     decode.done = {d_request.request_id}
-    kv_digest_hook.snapshot_received(d, decode.done)     # what the worker's read poll does
+    interface.arrived(decode, decode.done, set(), lambda r: None)   # a connector's read poll
     if post_process:
         post_process(d)
     decode.get_finished(set())
@@ -129,7 +156,7 @@ def test_kernel_blocks_under_a_logical_block_are_read_in_order(tmp_path, kv):
 
 def test_one_changed_value_is_found_at_its_layer_head_tokens_and_block(tmp_path, kv):
     def tamper(d):   # token 70 = decode block id 1 (position 1), offset 6; head 1, a V value
-        d.device_kv_caches[LAYERS[1]][1, 1, 70 - 64, DIM + 3] += 1e-6
+        d.caches[LAYERS[1]][1, 1, 70 - 64, DIM + 3] += 1e-6
 
     evidence, _, _ = run_pair(tmp_path, kv, tamper=tamper)
     passed, line = describe(evidence)
@@ -144,7 +171,7 @@ def test_one_changed_value_is_found_at_its_layer_head_tokens_and_block(tmp_path,
 def test_where_the_corruption_entered_is_told_from_the_raw_bytes(tmp_path, kv):
     def scramble(d):   # e.g. a block-size re-layout gone wrong: tokens 0-1 of a block swapped
         for name in LAYERS:
-            d.device_kv_caches[name][3, :, [0, 1]] = d.device_kv_caches[name][3, :, [1, 0]]
+            d.caches[name][3, :, [0, 1]] = d.caches[name][3, :, [1, 0]]
 
     evidence, _, _ = run_pair(tmp_path, kv, p_bs=64, post_process=scramble)
     assert evidence["raw_identical"] == 1 and evidence["first_mismatch"]["raw"] == {}
@@ -159,16 +186,15 @@ def test_where_the_corruption_entered_is_told_from_the_raw_bytes(tmp_path, kv):
 
 def through_host_buffers(stale_tokens=None):
     """Host buffers on both sides; ``stale_tokens`` of the prefill's first block (id 5, 64
-    tokens) missing from its device-to-host copy, so NIXL sends and the decode receives them
-    stale (vLLM 0.26 copies only a step's new blocks under chunked prefill)."""
+    tokens) missing from its device-to-host copy, so the connector sends and the decode receives
+    them stale (vLLM 0.26 copies only a step's new blocks under chunked prefill)."""
     def setup(p, d):
-        p.use_host_buffer = d.use_host_buffer = True
-        p.host_xfer_buffers = {name: c.copy() for name, c in p.device_kv_caches.items()}
+        p.host = {name: c.copy() for name, c in p.caches.items()}
         if stale_tokens:
             for name in LAYERS:
-                p.host_xfer_buffers[name][5, :, stale_tokens] = 0.0
-                d.device_kv_caches[name][3, :, stale_tokens] = 0.0      # received, synced
-        d.host_xfer_buffers = {name: c.copy() for name, c in d.device_kv_caches.items()}
+                p.host[name][5, :, stale_tokens] = 0.0
+                d.caches[name][3, :, stale_tokens] = 0.0      # received, synced
+        d.host = {name: c.copy() for name, c in d.caches.items()}
     return setup
 
 
@@ -189,15 +215,15 @@ def test_a_prefill_host_buffer_missing_tokens_is_named_before_the_transfer(tmp_p
 
 
 def test_through_host_buffers_the_raw_bytes_are_the_buffers(tmp_path, kv):
-    def unsynced(p, d):  # NIXL wrote the decode's host buffer; its KV cache is not synced yet
+    def unsynced(p, d):  # the connector wrote the decode's host buffer; its cache is not synced
         through_host_buffers()(p, d)
         for name in LAYERS:
-            d.device_kv_caches[name][[3, 1]] = 0.0
+            d.caches[name][[3, 1]] = 0.0
 
     def sync_then_break(d):   # the host-to-device sync, then a post-processing that breaks it
         for name in LAYERS:
-            d.device_kv_caches[name][[3, 1]] = d.host_xfer_buffers[name][[3, 1]]
-            d.device_kv_caches[name][3, :, [0, 1]] = d.device_kv_caches[name][3, :, [1, 0]]
+            d.caches[name][[3, 1]] = d.host[name][[3, 1]]
+            d.caches[name][3, :, [0, 1]] = d.caches[name][3, :, [1, 0]]
 
     evidence, _, _ = run_pair(tmp_path, kv, p_bs=64, host=unsynced,
                               post_process=sync_then_break)
@@ -208,7 +234,7 @@ def test_through_host_buffers_the_raw_bytes_are_the_buffers(tmp_path, kv):
 def test_a_decode_prefix_hit_compares_the_received_tail_only(tmp_path, kv):
     def tamper(d):   # garbage where the local prefix cache would be: not received, not compared
         for name in LAYERS:
-            d.device_kv_caches[name][3] = 0
+            d.caches[name][3] = 0
     evidence, _, d_path = run_pair(tmp_path, kv, tamper=tamper, cached=64)
     assert json.loads(d_path.read_text())["token_offset"] == 64
     assert describe(evidence) == (True, "identical on 1/1 requests")
@@ -224,14 +250,14 @@ def test_no_decode_digest_fails_the_check(tmp_path, kv):
     assert not passed and "compared on 0/1 requests only" in line and "from decode on 1" in line
 
 
-def test_patching_twice_wraps_once(tmp_path):
+def test_patching_twice_wraps_once():
     class Connector:
         def build_connector_meta(self, scheduler_output):
             return Meta()
 
-    kv_digest_hook.patch_connector_class(Connector, str(tmp_path / "x"))
+    interface.patch_connector_class(Connector)
     wrapped = Connector.build_connector_meta
-    kv_digest_hook.patch_connector_class(Connector, str(tmp_path / "x"))
+    interface.patch_connector_class(Connector)
     assert Connector.build_connector_meta is wrapped
 
 
@@ -284,11 +310,11 @@ def test_a_recurrent_layers_state_is_hashed_and_a_changed_byte_named(tmp_path, k
 
     def hybrid(seed, slot):
         w = worker(64, seed=seed)
-        w.kv_cache_config.transfer_groups.append(
+        w.groups.append(
             types.SimpleNamespace(layer_names=[state], kv_cache_spec=MambaSpec()))
-        w.device_kv_caches[state] = np.random.default_rng(seed).integers(
+        w.caches[state] = np.random.default_rng(seed).integers(
             -128, 127, (16, 1, 1, 40), dtype=np.int8)
-        w.device_kv_caches[state][slot] = np.arange(40, dtype=np.int8)   # the request's state
+        w.caches[state][slot] = np.arange(40, dtype=np.int8)   # the request's state
         return w
 
     p, d = hybrid(1, 7), hybrid(2, 3)
@@ -296,7 +322,7 @@ def test_a_recurrent_layers_state_is_hashed_and_a_changed_byte_named(tmp_path, k
     write_prompt(d, [3, 1], 64, kv)
     lines = []
     for side, w, ids in (("prefill", p, [[5, 2], [7]]), ("decode", d, [[3, 1], [3]])):
-        digests, skipped, _ = kv_digest_hook.digest_request(w, ids, 0, TOKENS)
+        digests, skipped, _ = kv_digest_hook.digest_request(view_of(w), ids, 0, TOKENS)
         assert state in digests and not skipped
         lines.append(kv_digest_hook.record_line(
             side, f"cmpl-{PROXY_ID}-{side}", remote_request_id="r", token_offset=0,
@@ -320,7 +346,7 @@ def test_a_tp2_decode_is_merged_across_its_ranks_before_it_is_compared(tmp_path,
     full = worker(64, seed=1)
     write_prompt(full, [5, 2], 64, kv)
     lines = []
-    digests, _, _ = kv_digest_hook.digest_request(full, [[5, 2]], 0, TOKENS)
+    digests, _, _ = kv_digest_hook.digest_request(view_of(full), [[5, 2]], 0, TOKENS)
     lines.append(("p.jsonl", kv_digest_hook.record_line(
         "prefill", "r", remote_request_id=None, token_offset=0, num_tokens=TOKENS,
         layers=digests, skipped={}, elapsed_s=0.0)))
@@ -328,9 +354,9 @@ def test_a_tp2_decode_is_merged_across_its_ranks_before_it_is_compared(tmp_path,
         part = worker(64, seed=rank + 3)
         part.tp_rank = rank
         for name in LAYERS:
-            part.device_kv_caches[name] = np.ascontiguousarray(
-                full.device_kv_caches[name][:, rank:rank + 1])
-        digests, _, _ = kv_digest_hook.digest_request(part, [[5, 2]], 0, TOKENS)
+            part.caches[name] = np.ascontiguousarray(
+                full.caches[name][:, rank:rank + 1])
+        digests, _, _ = kv_digest_hook.digest_request(view_of(part), [[5, 2]], 0, TOKENS)
         lines.append(("d.jsonl", kv_digest_hook.record_line(
             "decode", f"cmpl-{PROXY_ID}-d", remote_request_id="r", token_offset=0,
             num_tokens=TOKENS, layers=digests, skipped={}, elapsed_s=0.0, tp_rank=rank)))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -14,6 +14,8 @@ from harness.serve.plugins.faults import decode as faults
 
 from harness.serve.connectors import nixl_idle
 from harness.serve.plugins.faults.spec import FaultOutcome, FaultSpec
+from harness.serve.plugins.kv_events import interface
+from harness.serve.plugins.kv_events.interface import KVView
 
 
 # ---------------------------------------------------------------- nixl_idle
@@ -248,22 +250,9 @@ class FakeGroup:
     kv_cache_spec: object
 
 
-@dataclass
-class FakeWorker:
-    device_kv_caches: dict
-    groups: list
-    _layer_specs: dict = field(default_factory=dict)
-    _physical_blocks_per_logical_kv_block: int = 1
-
-    @property
-    def kv_cache_config(self):
-        return types.SimpleNamespace(transfer_groups=self.groups)
-
-
-@dataclass
-class FakeMeta:
-    local_physical_block_ids: list[list[int]]
-    local_block_ids: list[list[int]] = field(default_factory=list)
+def fake_view(caches, groups, specs=None, ratio=1) -> KVView:
+    return KVView(caches=caches, groups=groups, layer_specs=specs or {}, kernel_block_size=4,
+                  blocks_per_logical=ratio, num_kernel_blocks=8)
 
 
 def hybrid_worker():
@@ -271,35 +260,43 @@ def hybrid_worker():
     caches = {"attn.0": cpu_attn_cache(8), "attn.1": cpu_attn_cache(8), "mamba.0": ssm_state}
     groups = [FakeGroup(["attn.0", "attn.1"], FullAttentionSpec()), FakeGroup(["mamba.0"], MambaSpec())]
     specs = {"attn.0": FullAttentionSpec(), "attn.1": FullAttentionSpec(), "mamba.0": MambaSpec()}
-    return FakeWorker(caches, groups, specs)
+    return fake_view(caches, groups, specs)
 
 
 def test_apply_corrupt_touches_attention_layers_and_never_ssm_state():
-    worker = hybrid_worker()
-    before = {name: cache.clone() for name, cache in worker.device_kv_caches.items()}
-    outcome = faults.apply_fault(worker, FakeMeta([[5, 2, 7], [3]]), FaultSpec("corrupt-block", "last"))
+    view = hybrid_worker()
+    before = {name: cache.clone() for name, cache in view.caches.items()}
+    outcome = faults.apply_fault(view, [[5, 2, 7], [3]], FaultSpec("corrupt-block", "last"))
     assert outcome == FaultOutcome(applied=True, block_ids=((7,),), num_layers=2)
     for name in ("attn.0", "attn.1"):
-        assert torch.count_nonzero(worker.device_kv_caches[name][7]) == 0
-        assert torch.equal(worker.device_kv_caches[name][5], before[name][5])
-    assert torch.equal(worker.device_kv_caches["mamba.0"], before["mamba.0"])
+        assert torch.count_nonzero(view.caches[name][7]) == 0
+        assert torch.equal(view.caches[name][5], before[name][5])
+    assert torch.equal(view.caches["mamba.0"], before["mamba.0"])
+
+
+def test_scheduler_blocks_are_expanded_to_the_kernel_blocks_under_them():
+    """A 128-token scheduler block over 64-token kernel blocks: block 2 is kernel blocks 4, 5."""
+    cache = cpu_attn_cache(8)
+    view = fake_view({"a": cache}, [FakeGroup(["a"], FullAttentionSpec())], ratio=2)
+    outcome = faults.apply_fault(view, [[2, 1]], FaultSpec("corrupt-block", "last"))
+    assert outcome.block_ids == ((3,),) and torch.count_nonzero(cache[3]) == 0
 
 
 def test_apply_swap_on_aliased_layers_swaps_once():
     shared = cpu_attn_cache(8)
     before = shared.clone()
-    worker = FakeWorker({"a": shared, "b": shared}, [FakeGroup(["a", "b"], FullAttentionSpec())])
-    outcome = faults.apply_fault(worker, FakeMeta([[4, 6]]), FaultSpec("swap-blocks", "first"))
+    view = fake_view({"a": shared, "b": shared}, [FakeGroup(["a", "b"], FullAttentionSpec())])
+    outcome = faults.apply_fault(view, [[4, 6]], FaultSpec("swap-blocks", "first"))
     assert outcome.applied and outcome.block_ids == ((4, 6),) and outcome.num_layers == 1
     assert torch.equal(shared[4], before[6]) and torch.equal(shared[6], before[4])
 
 
 def test_apply_swap_on_a_single_block_request_is_not_applied():
-    worker = hybrid_worker()
-    before = worker.device_kv_caches["attn.0"].clone()
-    outcome = faults.apply_fault(worker, FakeMeta([[3], []]), FaultSpec("swap-blocks"))
+    view = hybrid_worker()
+    before = view.caches["attn.0"].clone()
+    outcome = faults.apply_fault(view, [[3], []], FaultSpec("swap-blocks"))
     assert not outcome.applied and "1-blocks" in outcome.reason
-    assert torch.equal(worker.device_kv_caches["attn.0"], before)
+    assert torch.equal(view.caches["attn.0"], before)
 
 
 def test_fault_lines_round_trip():
@@ -316,90 +313,108 @@ def test_fault_lines_round_trip():
     assert all(line.kind == "swap-blocks" for line in lines)
 
 
-# ---------------------------------------------------------------- faults: the patched worker
+# ---------------------------------------------------------------- faults: on the connector interface
 
-def make_worker_module():
-    module = types.ModuleType(faults.WORKER_MODULE)
+@pytest.fixture
+def no_listeners(monkeypatch):
+    monkeypatch.setattr(interface, "_listeners", {event: [] for event in interface.EVENTS})
 
-    class NixlBaseConnectorWorker:
-        def __init__(self, worker):
-            self.inner = worker
-            self._recving_metadata = {}
-            self.finished = set()
-            self.failed = set()
-            self.registered = None
 
-        def __getattr__(self, name):
-            return getattr(self.inner, name)
+def make_connector(view, finished, failed=(), new_api=True):
+    """A connector with only KVConnectorBase_V1's methods; ``finished`` / ``failed`` what its
+    completion call reports (``get_transfer_results``, or the older ``get_finished``)."""
+    class Connector:
+        def __init__(self):
+            self.view = view
+
+        def get_num_new_matched_tokens(self, request, num_computed_tokens):
+            return 8, True
+
+        def update_state_after_alloc(self, request, blocks, num_external_tokens):
+            pass
+
+        def build_connector_meta(self, scheduler_output):
+            return types.SimpleNamespace()
 
         def register_kv_caches(self, kv_caches):
-            self.registered = kv_caches
+            pass
 
-        def get_transfer_results(self):
-            done = set(self.finished)
-            for request_id in done:
-                self._recving_metadata.pop(request_id)  # as vLLM does
-            return types.SimpleNamespace(finished_sending=set(), finished_recving=done,
-                                         failed_recving=set(self.failed))
+        def bind_connector_metadata(self, metadata):
+            pass
 
-    module.NixlBaseConnectorWorker = NixlBaseConnectorWorker
-    return module
+        def get_finished(self, finished_req_ids):
+            return set(), set(finished)
+
+    if new_api:
+        def get_transfer_results(self, finished_req_ids):
+            return types.SimpleNamespace(finished_sending=set(), finished_recving=set(finished),
+                                         failed_recving=set(failed))
+        Connector.get_transfer_results = get_transfer_results
+    interface.patch_connector_class(Connector)
+    return Connector()
 
 
-def test_patched_worker_corrupts_received_requests_and_logs_one_line_each(caplog):
-    module = make_worker_module()
-    spec = FaultSpec("corrupt-block", "first")
-    faults._make_hook(spec)(module)
-    faults._make_hook(spec)(module)  # idempotent: a second hook call does not wrap again
-    worker = module.NixlBaseConnectorWorker(hybrid_worker())
-    worker._recving_metadata = {"ok": FakeMeta([[1, 2], []]), "bad": FakeMeta([[3, 4], []]),
-                                "later": FakeMeta([[5], []])}
-    worker.finished, worker.failed = {"ok", "bad"}, {"bad"}
+def receive(connector, block_ids: dict) -> None:
+    """The scheduler's and the worker's calls for requests whose KV is to arrive."""
+    connector.register_kv_caches(connector.view.caches)
+    for request_id, groups in block_ids.items():
+        request = types.SimpleNamespace(request_id=request_id, kv_transfer_params={})
+        connector.get_num_new_matched_tokens(request, 0)
+        connector.update_state_after_alloc(request, types.SimpleNamespace(
+            get_block_ids=lambda groups=groups: groups), 8)
+    connector.bind_connector_metadata(connector.build_connector_meta(None))
+
+
+def test_received_requests_are_corrupted_and_logged_one_line_each(caplog, monkeypatch,
+                                                                  no_listeners):
+    view = hybrid_worker()
+    monkeypatch.setattr(interface, "build_view", lambda connector, caches: connector.view)
+    interface.subscribe("registered", faults.on_registered)
+    interface.subscribe("received", faults.make_on_received(FaultSpec("corrupt-block", "first")))
+    connector = make_connector(view, finished={"ok", "bad"}, failed={"bad"})
     with caplog.at_level(logging.INFO, logger="vllm.pd_accuracy"):
-        worker.register_kv_caches(worker.device_kv_caches)
-        results = worker.get_transfer_results()
-    assert results.finished_recving == {"ok", "bad"}
-    caches = worker.device_kv_caches
-    assert torch.count_nonzero(caches["attn.0"][1]) == 0
-    assert torch.count_nonzero(caches["attn.0"][3]) > 0  # failed transfer: left alone
-    assert torch.count_nonzero(caches["attn.0"][5]) > 0  # not received yet
+        receive(connector, {"ok": ([1, 2], []), "bad": ([3, 4], []), "later": ([5], [])})
+        connector.get_transfer_results(set())
+    assert torch.count_nonzero(view.caches["attn.0"][1]) == 0
+    assert torch.count_nonzero(view.caches["attn.0"][3]) > 0  # failed transfer: left alone
+    assert torch.count_nonzero(view.caches["attn.0"][5]) > 0  # not received yet
     lines = fault_spec.parse_fault_log(caplog.text)
     assert [(l.applied, l.request_id, l.block_ids) for l in lines] == [(True, "ok", ((1,),))]
     assert fault_spec.SETUP_PREFIX in caplog.text and "shape=[8, 2, 4, 6]" in caplog.text
 
 
-def test_patched_worker_survives_a_broken_request(caplog):
-    module = make_worker_module()
-    faults._make_hook(FaultSpec("corrupt-block"))(module)
-    worker = module.NixlBaseConnectorWorker(hybrid_worker())
-    worker._recving_metadata = {"r": FakeMeta([[99], []])}  # a block id past the cache
-    worker.finished = {"r"}
+def test_a_broken_request_gives_a_skipped_line_and_the_connectors_result(caplog, monkeypatch,
+                                                                         no_listeners):
+    monkeypatch.setattr(interface, "build_view", lambda connector, caches: connector.view)
+    interface.subscribe("received", faults.make_on_received(FaultSpec("corrupt-block")))
+    connector = make_connector(hybrid_worker(), finished={"r"})
+    receive(connector, {"r": ([99], [])})               # a block id past the cache
     with caplog.at_level(logging.WARNING, logger="vllm.pd_accuracy"):
-        results = worker.get_transfer_results()
+        results = connector.get_transfer_results(set())
     assert results.finished_recving == {"r"}
     [line] = fault_spec.parse_fault_log(caplog.text)
     assert not line.applied and line.reason == "IndexError"
 
 
-def test_faults_register_is_a_no_op_without_env_and_idempotent(monkeypatch):
+def test_faults_register_is_a_no_op_without_env_and_idempotent(monkeypatch, no_listeners):
     hooks = []
     import wrapt
 
+    monkeypatch.setattr(interface, "_installed", False)
     monkeypatch.setattr(wrapt, "register_post_import_hook", lambda hook, name: hooks.append(name))
     monkeypatch.delenv(fault_spec.FAULT_ENV, raising=False)
     monkeypatch.setattr(faults, "_registered", False)
     faults.register()
-    assert hooks == []
+    assert hooks == [] and not interface._listeners["received"]
     monkeypatch.setenv(fault_spec.FAULT_ENV, "swap-blocks")
     monkeypatch.setattr(faults, "_registered", False)
     faults.register()
     faults.register()
-    targets = [module for module, _ in faults.WORKER_TARGETS]
-    assert hooks == targets
+    assert hooks == [interface.FACTORY_MODULE] and len(interface._listeners["received"]) == 1
     monkeypatch.setenv(fault_spec.FAULT_ENV, "melt-gpu")
     monkeypatch.setattr(faults, "_registered", False)
     faults.register()  # a bad value is logged, never raised into vLLM
-    assert hooks == targets
+    assert hooks == [interface.FACTORY_MODULE]
 
 
 # ---------------------------------------------------------------- faults: older vLLM shapes
@@ -417,31 +432,23 @@ def test_kv_first_layout_of_older_vllm_is_indexed_on_dim_1():
     assert torch.count_nonzero(cache[:, 2]) == 0 and torch.equal(cache[:, 0], before[:, 0])
 
 
-def test_pre_hma_worker_with_flat_block_ids_and_get_finished():
-    module = types.ModuleType("old_nixl_connector")
+def test_an_older_connector_with_flat_block_ids_and_get_finished_only(monkeypatch,
+                                                                        no_listeners):
     caches = {"layer.0": cpu_attn_cache(6), "layer.1": cpu_attn_cache(6)}
-
-    class NixlConnectorWorker:
-        def __init__(self):
-            self.device_kv_caches = caches
-            self.num_blocks = 6
-            self._recving_metadata = {"r": types.SimpleNamespace(local_block_ids=[2, 3, 4])}
-
-        def get_finished(self):
-            self._recving_metadata.pop("r")
-            return set(), {"r"}
-
-    module.NixlConnectorWorker = NixlConnectorWorker
-    faults._make_hook(FaultSpec("corrupt-block", "last"), "NixlConnectorWorker")(module)
-    assert NixlConnectorWorker().get_finished() == (set(), {"r"})
+    view = fake_view(caches, [FakeGroup(list(caches), None)])
+    monkeypatch.setattr(interface, "build_view", lambda connector, caches: connector.view)
+    interface.subscribe("received", faults.make_on_received(FaultSpec("corrupt-block", "last")))
+    connector = make_connector(view, finished={"r"}, new_api=False)
+    receive(connector, {"r": [2, 3, 4]})
+    assert connector.get_finished(set()) == (set(), {"r"})
     for cache in caches.values():
         assert torch.count_nonzero(cache[4]) == 0 and torch.count_nonzero(cache[3]) > 0
 
 
 def test_received_request_ids_from_both_completion_apis():
     new_api = types.SimpleNamespace(finished_recving={"a", "b"}, failed_recving={"b"})
-    assert faults.received_request_ids(new_api) == {"a"}
-    assert faults.received_request_ids(({"x"}, {"c"})) == {"c"}
+    assert interface.received_request_ids(new_api) == {"a"}
+    assert interface.received_request_ids(({"x"}, {"c"})) == {"c"}
 
 
 def test_corrupt_on_groups_sharing_one_tensor_touches_each_groups_block():
@@ -450,12 +457,12 @@ def test_corrupt_on_groups_sharing_one_tensor_touches_each_groups_block():
     Both groups' blocks must be zeroed (keying the de-duplication on storage alone zeroed one)."""
     shared = cpu_attn_cache(8)
     ssm_state = torch.ones(8, 16)
-    worker = FakeWorker({"attn.1": shared, "attn.2": shared, "mamba.0": ssm_state},
-                        [FakeGroup(["attn.1"], FullAttentionSpec()),
-                         FakeGroup(["attn.2"], FullAttentionSpec()),
-                         FakeGroup(["mamba.0"], MambaSpec())])
+    view = fake_view({"attn.1": shared, "attn.2": shared, "mamba.0": ssm_state},
+                     [FakeGroup(["attn.1"], FullAttentionSpec()),
+                      FakeGroup(["attn.2"], FullAttentionSpec()),
+                      FakeGroup(["mamba.0"], MambaSpec())])
     before = shared.clone()
-    outcome = faults.apply_fault(worker, FakeMeta([[2, 3], [6, 7], [1]]),
+    outcome = faults.apply_fault(view, [[2, 3], [6, 7], [1]],
                                  FaultSpec("corrupt-block", "first"))
     assert outcome == FaultOutcome(applied=True, block_ids=((2,), (6,)), num_layers=2)
     assert torch.count_nonzero(shared[2]) == 0 and torch.count_nonzero(shared[6]) == 0

@@ -3,16 +3,16 @@
 vLLM calls each ``register()`` in every process it starts (API server, engine core, workers),
 so each is cheap, idempotent, never raises and does nothing unless it is relevant:
 
-* :mod:`harness.serve.connectors.nixl_idle` — gives NIXL's UCX progress thread a poll timeout so idle
-  servers stop spinning a core (``PD_ACCURACY_NIXL_PTHR_DELAY_US``, default 1000, 0 = off).
-* :mod:`harness.serve.plugins.startup.cpu_amx` — asks Linux for AMX tile state in every server process on
-  a host with AMX: without it vLLM CPU 0.32's decode dies of SIGILL at its first step on
-  received KV (``PD_ACCURACY_AMX_PERMISSION=0`` = off, to see that crash).
-* :mod:`harness.serve.plugins.faults.decode` — canary KV corruption on the decode server
-  (``PD_ACCURACY_FAULT=corrupt-block|swap-blocks``, unset = off).
+* :mod:`harness.serve.plugins.kv_digest.hook` — a digest of each request's prompt KV on both
+  sides of the transfer (``PD_ACCURACY_KV_DIGEST_FILE``, unset = off).
+* :mod:`harness.serve.plugins.faults.decode` — canary faults on the decode server's received KV
+  (``PD_ACCURACY_FAULT``, unset = off; :mod:`harness.serve.plugins.faults.spec`).
+* :mod:`harness.serve.plugins.startup` — fork start, the compile-cache key, AMX tile permission.
 
-``VLLM_PLUGINS=name,...`` (vLLM's own allow-list) restricts which plugins load.
+The digest and the canaries listen on vLLM's KV connector interface
+(:mod:`harness.serve.plugins.kv_events.interface`), so they serve any connector; what one
+connector does its own way is in its module under ``kv_events/by_connector/``. A plugin that
+serves one connector only (its idle poll) lives with that connector in
+:mod:`harness.serve.connectors`. ``VLLM_PLUGINS=name,...`` (vLLM's own allow-list) restricts
+which plugins load.
 """
-
-NIXL_IDLE_PLUGIN = "pd_accuracy_nixl_idle"
-FAULTS_PLUGIN = "pd_accuracy_faults"

@@ -13,7 +13,7 @@ The decode server's environment picks the fault (:func:`parse_fault_env`):
 * ``PD_ACCURACY_FAULT_BLOCK=first|last|<int>`` picks the block by its position in the request's
   received (kernel) block list; an int is 0-based, negative counts from the end. Default first
   (:func:`select_block_positions`).
-* ``PD_ACCURACY_FAULT=fail-transfer``: the KV arrives intact, but the decode's NIXL worker
+* ``PD_ACCURACY_FAULT=fail-transfer``: the KV arrives intact, but the decode's connector
   reports the request's read as *failed* (:mod:`harness.serve.plugins.faults.fail_transfer`), so vLLM's
   own failure path runs: the failed-transfer counter, the scheduler's load-failure policy and
   what the client is answered. Block and value do not apply.

@@ -1,13 +1,15 @@
 """Layout-independent digests of a request's prompt KV: do prefill and decode hold the same bytes?
 
 The prefill server hashes each request's prompt KV after its forward pass; the decode server
-hashes what it holds once NIXL has finished receiving (after host-buffer sync and block-size /
-layout post-processing). Both first read one attention layer's blocks into the canonical
-``[2 (K, V), heads, tokens, head_dim]`` array (harness.serve.plugins.kv_digest.layout), then hash it per
-(K/V, head, token range): blake2b over the raw little-endian bytes, so equal bits give equal
-digests and any change, even -0.0 for 0.0, shows. Token ranges are aligned to absolute prompt
-positions, so a decode that received only the tail of a prompt (a local prefix-cache hit) lines
-up with the prefill's whole-prompt digest. Pure: numpy at import time; vLLM is never imported.
+hashes what it holds once its connector has finished receiving (after its host-buffer sync
+and block-size / layout post-processing). Both first read one attention layer's blocks into the
+canonical ``[2 (K, V), heads, tokens, head_dim]`` array (harness.serve.plugins.kv_digest.layout),
+then hash it per (K/V, head, token range): blake2b over the raw little-endian bytes, so equal
+bits give equal digests and any change, even -0.0 for 0.0, shows. Token ranges are aligned to
+absolute prompt positions, so a decode that received only the tail of a prompt (a local
+prefix-cache hit) lines up with the prefill's whole-prompt digest. Pure: numpy at import time;
+vLLM is never imported. Comparing two sides is the judge's
+(harness.judge.kv_digest_check.compare_digests).
 """
 from __future__ import annotations
 
@@ -152,66 +154,6 @@ def merge_tp_ranks(ranks: Sequence[Mapping[LayerKey, KVDigest | str]]
         else:
             merged.update((f"{layer}@{index}", value) for index, value in values.items())
     return merged
-
-
-@dataclass(frozen=True)
-class DigestMismatch:
-    """The first differing entry (layers in the prefill side's order, then K before V, head,
-    token range) and how many entries differ in all. ``kv`` is ``"state"`` for an SSM state,
-    whose ``head`` and ``token_range`` are None."""
-
-    layer: LayerKey
-    kv: str
-    head: int | None
-    token_range: tuple[int, int] | None
-    differing: int
-    total: int
-
-    @property
-    def share(self) -> float:
-        return self.differing / self.total if self.total else 0.0
-
-
-def compare_digests(prefill: Mapping[LayerKey, KVDigest | str],
-                    decode: Mapping[LayerKey, KVDigest | str], *,
-                    shared_heads_only: bool = False, received_only: bool = False
-                    ) -> DigestMismatch | None:
-    """The first difference between two sides' per-layer digests, or None when identical.
-
-    An entry present on one side only counts as differing. ``shared_heads_only`` compares only
-    the heads both sides hold in a layer (one decode TP rank against the full prefill side).
-    ``received_only`` compares only the prompt positions the decode side's digest covers (it
-    received the tail after a local prefix-cache hit); its first chunk, when that starts off a
-    chunk boundary, has no prefill counterpart and is left out.
-    """
-    first: tuple[Any, ...] | None = None
-    differing = total = 0
-    for layer in list(prefill) + [layer for layer in decode if layer not in prefill]:
-        ours, theirs = prefill.get(layer), decode.get(layer)
-        if isinstance(ours, str) or isinstance(theirs, str):
-            pairs = [((STATE, None, None), ours, theirs)]
-        else:
-            mine = ours.entries() if ours else {}
-            other = theirs.entries() if theirs else {}
-            if shared_heads_only and ours and theirs:
-                shared = set(ours.heads) & set(theirs.heads)
-                mine, other = ({k: v for k, v in e.items() if k[1] in shared}
-                               for e in (mine, other))
-            if received_only and ours and theirs:
-                low, high = theirs.token_offset, theirs.token_offset + theirs.num_tokens
-                mine = {k: v for k, v in mine.items() if low <= k[2][0] and k[2][1] <= high}
-                if low % theirs.token_chunk:
-                    other = {k: v for k, v in other.items() if k[2][0] != low}
-            keys = sorted(mine.keys() | other.keys(), key=lambda k: (KV_NAMES.index(k[0]), *k[1:]))
-            pairs = [(key, mine.get(key), other.get(key)) for key in keys]
-        for key, our_hash, their_hash in pairs:
-            total += 1
-            if our_hash != their_hash:
-                differing += 1
-                first = first or (layer, *key)
-    if first is None:
-        return None
-    return DigestMismatch(*first, differing=differing, total=total)
 
 
 def hash_array(array: np.ndarray) -> str:

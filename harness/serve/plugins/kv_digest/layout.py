@@ -70,7 +70,7 @@ class KVLayout:
     ``block_size`` is tokens per block of the tensor (the kernel block). ``ids_block_size`` is
     tokens per block id passed in (the scheduler's manager block, a multiple of ``block_size``;
     None = the same): manager block ``m`` is kernel blocks ``m * r .. m * r + r - 1``, ``r`` the
-    ratio, as NIXL's ``_logical_to_kernel_block_ids`` expands them.
+    ratio, as vLLM's connectors expand them.
     """
 
     kv_split: KVSplit
@@ -100,8 +100,8 @@ class KVLayout:
     @classmethod
     def flash_attn(cls, block_size: int, ids_block_size: int | None = None) -> "KVLayout":
         """FLASH_ATTN's per-layer cache in vLLM 0.32: the logical ``[B, H, N, 2*D]`` view that
-        ``allocate_kv_cache`` (v1/worker/utils.py) builds and ``kv_caches`` / NIXL's
-        ``device_kv_caches`` hold; ``FlashAttentionImpl.forward`` splits it as
+        ``allocate_kv_cache`` (v1/worker/utils.py) builds and a connector's ``register_kv_caches``
+        receives; ``FlashAttentionImpl.forward`` splits it as
         ``kv_cache.transpose(1, 2).split(head_size, dim=-1)`` (v1/attention/backends/flash_attn.py).
         Memory order is VLLM_KV_CACHE_LAYOUT (default LBNHC = NHD), hidden by the view's strides.
         FLASHINFER reads the same view (``kv_cache_permute.split(hs, dim=-1)``, flashinfer.py),
@@ -128,9 +128,9 @@ class KVLayout:
     def memory_order(
         cls, kv_cache_layout: str, block_size: int, ids_block_size: int | None = None
     ) -> "KVLayout":
-        """A packed cache reshaped in its memory order, e.g. NIXL's host transfer buffer, which
-        ``initialize_host_xfer_buffer`` allocates as ``(B, N, H, 2*D)`` under LBNHC before viewing
-        it as logical ``(B, H, N, 2*D)`` (kv_connector/v1/nixl/base_worker.py). ``kv_cache_layout``
+        """A packed cache reshaped in its memory order, e.g. a connector's host transfer buffer,
+        allocated as ``(B, N, H, 2*D)`` under LBNHC before being viewed as logical
+        ``(B, H, N, 2*D)`` (``initialize_host_xfer_buffer``). ``kv_cache_layout``
         is a vLLM KVCacheLayout name with the block axis outermost within a layer."""
         name = kv_cache_layout.upper()
         if name not in _MEMORY_ORDER_HEADS_FIRST:
@@ -236,7 +236,7 @@ def to_numpy(array: Any) -> np.ndarray:
 
 def layout_from_shape(shape: Sequence[int], backend: str, kernel_block_size: int,
                       logical_block_size: int | None = None, isa: str = "vec") -> KVLayout:
-    """The KVLayout of a per-layer cache tensor of ``shape`` as a vLLM NIXL worker holds it.
+    """The KVLayout of a per-layer cache tensor of ``shape`` as a connector's worker holds it.
 
     Which axis is the block's tokens is read off the shape: the one equal to the kernel (or
     logical) block size, the other of the two inner axes being the KV heads. ``[B, X, Y, 2D]``

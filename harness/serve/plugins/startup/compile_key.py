@@ -1,19 +1,17 @@
-"""vLLM general plugin: a P/D server's torch.compile cache key leaves out its NIXL port.
+"""vLLM general plugin: a P/D server's torch.compile cache key leaves out its per-server ports.
 
 vLLM keys its torch.compile caches (the AOT-compiled model, the Inductor artifacts) with a hash
 of the vLLM environment variables that may change the compiled graph: ``vllm.envs.
-compile_factors()``, every known variable minus an ignore list. vLLM 0.26 and 0.32 ignore
-``VLLM_PORT`` and ``VLLM_NIXL_SIDE_CHANNEL_HOST`` but not ``VLLM_NIXL_SIDE_CHANNEL_PORT``, and the
-harness gives every prefill and decode server its own side-channel port. So no P/D server ever
-finds a cache: on the H200 (gpu-h200-20261201-s9, third run on a warm machine, 27 servers) every
-baseline logged "Directly load AOT compilation" and spent 5 s in the compile phase, while every
-prefill and decode compiled afresh into its own cache directory (20 s), then spent 14 s more
-before its JIT monitor came up: 67 s median start-up for baselines, 97-100 s for P/D servers.
+compile_factors()``, every known variable minus an ignore list. A KV connector may take a port
+per server from such a variable (its handshake's side channel) that vLLM does not ignore, and
+the harness gives every prefill and decode server its own: then no P/D server ever finds a
+cache, and each compiles afresh (docs/startup.md has the measured cost).
 
-The port is where the NIXL handshake listens; it cannot change a compiled graph. With
-``PD_ACCURACY_SHARED_COMPILE_CACHE=1`` (the harness sets it on every server it starts) this
-plugin drops it from the factors, so a pair shares the cache of its baseline and of every
-earlier server with the same configuration. Everything else in the key stays vLLM's.
+A handshake port cannot change a compiled graph. With ``PD_ACCURACY_SHARED_COMPILE_CACHE=1``
+(the harness sets it on every server it starts) this plugin drops the variables the connector
+modules name (``PER_SERVER_ENV`` in :mod:`harness.serve.plugins.kv_events.by_connector`), so a
+pair shares the cache of its baseline and of every earlier server with the same configuration.
+Everything else in the key stays vLLM's.
 """
 from __future__ import annotations
 
@@ -22,11 +20,13 @@ import logging
 import os
 from typing import Any, Callable, Mapping
 
+from harness.serve.plugins.kv_events.interface import per_server_env
+
 logger = logging.getLogger("vllm.pd_accuracy.compile_key")
 
 ENV = "PD_ACCURACY_SHARED_COMPILE_CACHE"
 # vLLM variables the harness sets per server that never reach a compiled graph
-PER_SERVER_FACTORS = ("VLLM_NIXL_SIDE_CHANNEL_PORT",)
+PER_SERVER_FACTORS = per_server_env()
 _MARK = "_pd_accuracy_compile_key"
 _registered = False
 

@@ -1,0 +1,123 @@
+"""What vLLM's NIXL connectors (pull: the decode READs; push: the prefill WRITEs into blocks the
+decode allocated first) do their own way, for :mod:`harness.serve.plugins.kv_events.interface`.
+
+* ``sent_blocks`` / ``receiving``: the blocks NIXL moves are its own clipped lists (sliding
+  windows keep their in-window tail, an SSM group its state slot: ``get_exchange_clipped_blocks``),
+  which the interface's arguments do not show: the prefill's come back in ``request_finished``'s
+  ``kv_transfer_params`` (``remote_block_ids``, ``remote_num_tokens``), the decode's ride in its
+  ``NixlConnectorMetadata.reqs_to_recv`` (``ReqMeta.local_block_ids``, scheduler block ids).
+* ``moved_buffers``: a GPU server with ``kv_buffer_device: cpu`` moves KV through host buffers.
+* ``install``: the worker's read poll ``NixlBaseConnectorWorker._pop_done_transfers(
+  _recving_transfers)`` is the one moment the received bytes are in place and not yet
+  post-processed (host-buffer copy, block size / layout), and the one place a read can fail the
+  way a real one does (``_handle_failed_transfer``: the failed-transfer stat, ``failed_recving``,
+  the blocks queued as invalid). vLLM's connector interface has no such moment, so it stays here:
+  the interface's ``arrived`` event. In push mode the decode has no read handle: NIXL puts an
+  empty entry in ``_recving_transfers`` when the prefill's last write notification arrives, and
+  the same poll reports it done.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Callable, Mapping
+
+logger = logging.getLogger("vllm.pd_accuracy.kv_events")
+
+CONNECTOR_CLASSES = ("NixlConnector", "NixlPullConnector", "NixlPushConnector",
+                     "NixlBaseConnector")
+# each P/D server's own handshake port; vLLM 0.26 and 0.32 leave it in the compile cache key
+PER_SERVER_ENV = ("VLLM_NIXL_SIDE_CHANNEL_PORT",)
+WORKER_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker"
+WORKER_CLASS = "NixlBaseConnectorWorker"
+POLL = "_pop_done_transfers"
+_BACKREF = "_pd_accuracy_connector"
+_MARK = "__pd_accuracy_nixl_poll__"
+# What the wrapper tells vLLM's structured failure log (a real one names the handle's state).
+FAIL_REASON = "reported failed by the pd-accuracy fail-transfer canary (the read completed)"
+
+
+def sent_blocks(connector: Any, request: Any, block_ids: Any, params: Mapping | None):
+    """(blocks, prompt tokens) the prefill keeps for the decode, or None when not a P/D send."""
+    if not params or not params.get("do_remote_prefill"):
+        return None
+    return (list(params.get("remote_block_ids") or ()),
+            int(params.get("remote_num_tokens") or request.num_computed_tokens))
+
+
+def receiving(metadata: Any) -> dict[str, tuple[str | None, Any]]:
+    """{request id: (the prefill's request id, local scheduler block ids per group)} of the
+    reads this step's metadata starts."""
+    return {request_id: (getattr(getattr(meta, "remote", None), "request_id", None),
+                         meta.local_block_ids)
+            for request_id, meta in (getattr(metadata, "reqs_to_recv", None) or {}).items()}
+
+
+def moved_buffers(connector: Any) -> Mapping[str, Any] | None:
+    worker = connector.connector_worker
+    host = getattr(worker, "host_xfer_buffers", None)
+    return host if getattr(worker, "use_host_buffer", False) and host else None
+
+
+def link_worker(connector: Any) -> None:
+    """Let the worker's read poll find its connector (the worker holds no reference to it)."""
+    worker = getattr(connector, "connector_worker", None)
+    if worker is not None:
+        worker.__dict__[_BACKREF] = connector
+
+
+def report_failed(worker: Any, request_id: str, failed: set[str]) -> None:
+    """What vLLM does for a read handle in an error state, without the handle (vLLM released
+    it already)."""
+    log_failure = getattr(worker, "_log_failure", None)
+    if log_failure is not None:
+        log_failure(failure_type="transfer_failed", req_id=request_id, msg=FAIL_REASON)
+    handle_failed = getattr(worker, "_handle_failed_transfer", None)
+    if handle_failed is not None:
+        handle_failed(request_id, None, failed)
+    else:
+        worker.xfer_stats.record_failed_transfer()
+        failed.add(request_id)
+
+
+def wrap_poll(original: Callable, announce: Callable) -> Callable:
+    """``_pop_done_transfers`` that announces the reads it reports done (``announce(connector,
+    done, failed, fail)``); a push producer's sends (another dict) are left alone."""
+    @functools.wraps(original)
+    def pop_done_transfers(self: Any, transfers: Any, *args: Any, **kwargs: Any) -> Any:
+        done, failed = original(self, transfers, *args, **kwargs)
+        connector = self.__dict__.get(_BACKREF)
+        if done and connector is not None and transfers is getattr(
+                self, "_recving_transfers", None):
+            try:
+                announce(connector, done, failed,
+                         lambda request_id: report_failed(self, request_id, failed))
+            except Exception:  # noqa: BLE001
+                logger.exception("pd-accuracy kv-events: read-poll hook failed")
+        return done, failed
+
+    setattr(pop_done_transfers, _MARK, True)
+    return pop_done_transfers
+
+
+def patch_worker_class(worker_class: type, announce: Callable) -> bool:
+    """Wrap ``worker_class``'s read poll; True when newly patched. AttributeError when the
+    class has none (older vLLM)."""
+    original = getattr(worker_class, POLL)
+    if getattr(original, _MARK, False):
+        return False
+    setattr(worker_class, POLL, wrap_poll(original, announce))
+    return True
+
+
+def install(connector_cls: Any) -> None:
+    """Wrap the NIXL worker's read poll (the connector class's module imported it already)."""
+    import importlib
+
+    from harness.serve.plugins.kv_events.interface import arrived
+
+    try:
+        patch_worker_class(getattr(importlib.import_module(WORKER_MODULE), WORKER_CLASS), arrived)
+    except Exception:  # noqa: BLE001 - the interface's events still come; no `arrived`
+        logger.exception("pd-accuracy kv-events: no read-poll hook on %s.%s", WORKER_MODULE,
+                         WORKER_CLASS)
