@@ -203,4 +203,4 @@ def test_pd_matches_baseline(pd_cell: Cell, pd_result, record_property) -> None:
     if verdict.outcome == PASS:
         transfer = on_disk["metrics"]["transfer"]
         assert transfer["prompt_tokens_external"] > 0, explain(result)
-        assert transfer["nixl_failed_transfers"] == 0, explain(result)
+        assert transfer["failed_transfers"] == 0, explain(result)

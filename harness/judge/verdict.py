@@ -152,12 +152,12 @@ def transfer_checks(cmp: Comparison) -> list[Check]:
               f"prefill's parameters"),
         # before the recompute checks: a read that failed makes the decode recompute (policy
         # "recompute"), and the failed read is the cause to name
-        Check("no-failed-transfers", c.nixl_failed_transfers == 0 and c.nixl_failed_notifications == 0,
-              f"failed transfers={c.nixl_failed_transfers:.0f}, "
-              f"failed notifications={c.nixl_failed_notifications:.0f}"),
-        Check("kv-arrived-externally", c.prompt_tokens_external > 0 and c.nixl_bytes > 0,
+        Check("no-failed-transfers", c.failed_transfers == 0 and c.failed_notifications == 0,
+              f"failed transfers={c.failed_transfers:.0f}, "
+              f"failed notifications={c.failed_notifications:.0f}"),
+        Check("kv-arrived-externally", c.prompt_tokens_external > 0 and c.kv_bytes > 0,
               f"external_kv_transfer={c.prompt_tokens_external:.0f} tokens, "
-              f"nixl_bytes={c.nixl_bytes:.0f}"),
+              f"kv_bytes={c.kv_bytes:.0f}"),
         Check("decode-did-not-recompute", c.prompt_tokens_local <= allowance,
               f"decode computed {c.prompt_tokens_local:.0f} prompt tokens itself "
               f"(allowed {allowance}: {t.recompute_allowance}/request by design); "
@@ -165,15 +165,15 @@ def transfer_checks(cmp: Comparison) -> list[Check]:
     ]
     if t.byte_account is not None:
         # last, so a canary that already fails an earlier check keeps its reason
-        checks.append(Check("nixl-bytes-exact", bool(t.byte_account["exact"]),
+        checks.append(Check("kv-bytes-exact", bool(t.byte_account["exact"]),
                             str(t.byte_account["detail"])))
     if t.link is not None:
-        checks.append(link_check(t.link, c.nixl_bytes))
+        checks.append(link_check(t.link, c.kv_bytes))
     return checks
 
 
-def link_check(link: dict, nixl_bytes: float) -> Check:
-    """network: netns: the decode's P<->D link received at least the bytes NIXL says it moved
+def link_check(link: dict, kv_bytes: float) -> Check:
+    """network: netns: the decode's P<->D link received at least the bytes the connector says it moved
     (else they went another way: shared memory is not isolated by network namespaces)."""
     rx = link.get("decode_rx_bytes")
     ucx = ", ".join(f"{name} UCX_TLS={env.get('UCX_TLS')}"
@@ -182,9 +182,9 @@ def link_check(link: dict, nixl_bytes: float) -> Check:
     if rx is None:
         return Check("kv-crossed-the-link", False,
                      f"{where} byte counter could not be read: the KV's path is unproven")
-    return Check("kv-crossed-the-link", rx >= nixl_bytes,
-                 f"{where} received {rx:,} bytes over the evaluation, NIXL moved "
-                 f"{nixl_bytes:,.0f}; {ucx or 'UCX settings unknown'}")
+    return Check("kv-crossed-the-link", rx >= kv_bytes,
+                 f"{where} received {rx:,} bytes over the evaluation, the connector moved "
+                 f"{kv_bytes:,.0f}; {ucx or 'UCX settings unknown'}")
 
 
 def _pct(x: float) -> str:
@@ -312,7 +312,7 @@ def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | N
     # 5. nothing failed: the accuracy gate decides (the MDE stays in the record for reading)
     t = cmp.transfer.counters
     found = (f"{acc_detail}; {cmp.generations_differing}/{cmp.n} generations differ; "
-             f"{t.prompt_tokens_external:.0f} prompt tokens arrived over NIXL")
+             f"{t.prompt_tokens_external:.0f} prompt tokens arrived through the connector")
     status = {PASS: PASS, CONTINUE: CONTINUE}.get(look.decision, INCONCLUSIVE)
     return Verdict(status, f"{look.text}; {found}", tuple(checks), expected_failure, tuple(path),
                    look=look.to_dict(), not_available=na)

@@ -79,9 +79,9 @@ def transfer_summary(metrics: Mapping[str, Any] | None,
         external, total = transfer.get("prompt_tokens_external"), transfer.get("prompt_tokens_total")
         if external is not None:
             parts.append(f"{external}/{total if total is not None else '?'} prompt tokens external")
-        if transfer.get("nixl_bytes") is not None:
-            parts.append(f"{fmt_bytes(transfer['nixl_bytes'])} over NIXL")
-        failed = transfer.get("nixl_failed_transfers")
+        if transfer.get("kv_bytes") is not None:
+            parts.append(f"{fmt_bytes(transfer['kv_bytes'])} over NIXL")
+        failed = transfer.get("failed_transfers")
         if failed is not None:
             parts.append(f"{failed} failed transfers")
     if check is not None:

@@ -24,7 +24,7 @@ def test_schema_has_the_documented_tables_and_columns(tmp_path):
     assert runs == list(RUN_COLUMNS)
     assert cells == list(CELL_COLUMNS)
     assert pk == ["run_id", "cell_id"]
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
 
 
 def test_append_is_idempotent(tmp_path):
@@ -52,7 +52,7 @@ def test_rows_map_record_fields(tmp_path):
     assert abs(row["delta"] + 0.2) < 1e-9
     assert (row["ci_lo"], row["ci_hi"], row["p_value"], row["mde"], row["n"]) == \
         (-0.3, -0.1, 2e-4, 0.12, 50)
-    assert (row["external_tokens"], row["nixl_bytes"], row["failed_transfers"]) == (15000, 7340032, 0)
+    assert (row["external_tokens"], row["kv_bytes"], row["failed_transfers"]) == (15000, 7340032, 0)
     assert (row["startup_s"], row["total_s"]) == (31.2, 80.0)
     assert Path(row["record_path"]).is_file()
     xfail = load_cells(db, "v2-FLASH_ATTN-p16d16-Qwen3-0.6B-tp1x1")[-1]

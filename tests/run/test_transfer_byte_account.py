@@ -28,14 +28,14 @@ def test_hybrid_pair_is_accounted_exactly_with_the_logged_state(tmp_path):
     log = tmp_path / "decode.log"
     log.write_text(LINE)
     geo = ByteGeometry.of_pair(str(ZOO / "tiny-granite-hybrid-gsm"), "bfloat16", 128)
-    delta = TransferCounters(nixl_bytes=2 * 560_320.0, prompt_tokens_external=900.0)
+    delta = TransferCounters(kv_bytes=2 * 560_320.0, prompt_tokens_external=900.0)
     proof = transfer_proof([record([1, 4, 4])] * 2, delta, True, [str(log)], geo)
     assert proof.byte_account["exact"] and proof.byte_account_skipped is None
 
 
 def test_without_the_state_line_or_geometry_the_account_is_skipped_with_its_reason(tmp_path):
     geo = ByteGeometry.of_pair(str(ZOO / "tiny-granite-hybrid-gsm"), "bfloat16", 128)
-    delta = TransferCounters(nixl_bytes=1.0)
+    delta = TransferCounters(kv_bytes=1.0)
     proof = transfer_proof([record([1, 4, 4])], delta, True, [], geo)
     assert proof.byte_account is None and "mamba_ssm_size" in proof.byte_account_skipped
     missing = ByteGeometry.of_pair(str(tmp_path), "bfloat16", 128)
@@ -45,7 +45,7 @@ def test_without_the_state_line_or_geometry_the_account_is_skipped_with_its_reas
 
 def test_a_dense_pair_short_of_bytes_is_not_exact():
     geo = ByteGeometry.of_pair(str(ZOO / "tiny-llama-gsm"), "bfloat16", 128)
-    delta = TransferCounters(nixl_bytes=39_321_600.0)
+    delta = TransferCounters(kv_bytes=39_321_600.0)
     proof = transfer_proof([record([4])] * 50, delta, False, [], geo)
     assert not proof.byte_account["exact"] and proof.byte_account["expected"] == 52_428_800
 
@@ -74,7 +74,7 @@ def test_an_mla_pair_is_accounted_at_the_forced_block_size(tmp_path):
     log = tmp_path / "decode.log"
     log.write_text(FORCED)
     geo = ByteGeometry.of_pair(str(model), "bfloat16", 128)
-    delta = TransferCounters(nixl_bytes=107_126_784.0, prompt_tokens_external=45_847.0)
+    delta = TransferCounters(kv_bytes=107_126_784.0, prompt_tokens_external=45_847.0)
     records = [record([29]) for _ in range(94)] + [record([30]) for _ in range(6)]  # 2,906
     proof = transfer_proof(records, delta, False, [str(log)], geometry=geo)
     assert proof.byte_account["exact"], proof.byte_account
