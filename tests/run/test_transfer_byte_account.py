@@ -81,3 +81,24 @@ def test_an_mla_pair_is_accounted_at_the_forced_block_size(tmp_path):
     log.write_text("no override line\n")   # at the cell's 128 the count is 8x too high
     proof = transfer_proof(records, delta, False, [str(log)], geometry=geo)
     assert not proof.byte_account["exact"]
+
+
+def test_a_push_pair_is_accounted_from_the_prefills_blocks_and_its_own_params_count():
+    """NixlPushConnector: the decode is sent coordinates, never block ids; the blocks that crossed
+    are those the prefill answered, and a request's own params are the push params of its own
+    prefill's answer."""
+    from harness.serve.connectors.registry import connector_for
+
+    geo = ByteGeometry.of_pair(str(ZOO / "tiny-llama-gsm"), "bfloat16", 128)
+    push = connector_for("nixl-push")
+    rec = record([4])
+    records = [{**rec, "kv_connector": "nixl-push",
+                "sent_kv_transfer_params": push.decode_params(rec["received_kv_transfer_params"])}
+               for _ in range(50)]
+    delta = TransferCounters(kv_bytes=52_428_800.0, prompt_tokens_external=50 * 512.0)
+    proof = transfer_proof(records, delta, False, [], geo)
+    assert proof.byte_account["exact"], proof.byte_account
+    assert proof.requests_own_params == proof.requests_sent_params == 50
+    # read as pull records (no kv_connector: a record from before the seam), they are foreign
+    old = [{k: v for k, v in r.items() if k != "kv_connector"} for r in records]
+    assert transfer_proof(old, delta, False, [], geo).requests_own_params == 0
