@@ -1,4 +1,4 @@
-"""The P/D accuracy suite: one test per matrix cell, each a REAL vLLM P/D pair (NIXL) against a
+"""The P/D accuracy suite: one test per matrix cell, each a REAL vLLM P/D pair (its KV connector) against a
 REAL non-disaggregated baseline, scored by real lm-eval. A test file brings it in with
 
     from harness.pytest_suite import *  # noqa: F401,F403
