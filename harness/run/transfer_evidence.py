@@ -176,6 +176,10 @@ class DigestFiles:
         decode = next(s for s in pair.specs if s.role == "decode")
         if not pair.kv_digest:
             return cls([], [], decode.block_size, "KV digests off (--no-kv-digest)")
+        connector = connector_for(decode.kv_connector)
+        if not connector.kv_digest:
+            return cls([], [], decode.block_size, f"the kv-digest plugin does not hook "
+                                                  f"{connector.vllm_name}")
         return cls(pair.digest_files("prefill"), pair.digest_files("decode"), decode.block_size)
 
 

@@ -102,3 +102,21 @@ def test_a_push_pair_is_accounted_from_the_prefills_blocks_and_its_own_params_co
     # read as pull records (no kv_connector: a record from before the seam), they are foreign
     old = [{k: v for k, v in r.items() if k != "kv_connector"} for r in records]
     assert transfer_proof(old, delta, False, [], geo).requests_own_params == 0
+
+
+def test_a_connector_the_digest_plugin_does_not_hook_leaves_the_digest_out_saying_why():
+    from types import SimpleNamespace
+
+    from harness.run.transfer_evidence import DigestFiles
+
+    def pair(connector: str):
+        specs = [SimpleNamespace(role=role, block_size=128, kv_connector=connector)
+                 for role in ("prefill", "decode")]
+        return SimpleNamespace(specs=specs, kv_digest=True,
+                               digest_files=lambda role: [f"{role}.kv-digest.jsonl"])
+
+    assert DigestFiles.of_pair(pair("nixl")).skipped is None
+    skipped = DigestFiles.of_pair(pair("nixl-push")).skipped
+    assert skipped == "the kv-digest plugin does not hook NixlPushConnector"
+    proof = transfer_proof([], TransferCounters(), False, [], digests=DigestFiles.of_pair(pair("nixl-push")))
+    assert proof.kv_digest is None and proof.kv_digest_skipped == skipped

@@ -64,8 +64,9 @@ class KvConnector:
     prefill_params: Mapping[str, Any] = field(default_factory=dict)
     # which bytes the judge can expect: "blocks" (listed blocks x geometry) or None (cannot say)
     byte_accounting: str | None = None
-    # prompt tokens the decode must still compute itself per request (0: all of them arrive)
-    recomputed_tokens: int = 0
+    # whether the harness's kv-digest plugin (harness.serve.plugins.kv_digest) hooks this
+    # connector's vLLM class; False: the kv-digest check is left out, and the record says why
+    kv_digest: bool = False
 
     # ---- servers ------------------------------------------------------------------------
     def kv_transfer_config(self, role: str, *, kv_role: str, kv_buffer_device: str,

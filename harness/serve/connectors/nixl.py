@@ -65,7 +65,7 @@ class NixlConnector(KvConnector):
 CONNECTOR = NixlConnector(
     value="nixl", vllm_name="NixlConnector", label="NIXL",
     metrics=MetricMap(NIXL_SAMPLES), ports=ServerPorts(per_rank=1),
-    prefill_params=PREFILL_PARAMS, byte_accounting="blocks")
+    prefill_params=PREFILL_PARAMS, byte_accounting="blocks", kv_digest=True)
 
 __all__ = ["CONNECTOR", "NIXL_SAMPLES", "NixlConnector", "PREFILL_PARAMS",
            "SIDE_CHANNEL_HOST_ENV", "SIDE_CHANNEL_PORT_ENV"]
