@@ -51,6 +51,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--pd-run-arg", action="append", default=[],
                 help="extra `pd-accuracy run` argument (repeatable), e.g. --pd-run-arg=--num-fewshot=1; "
                      "used in both modes")
+    g.addoption("--pd-kv-connector", default=None, metavar="VALUE",
+                help="only the profile's cells of this KV connector (harness.core.kv_connectors: "
+                     "nixl, nixl-push, ...); with pd_judge/pd_pair, Cell(kv_connector=...)")
     g.addoption("--pd-platform", default=None,
                 help="expand for this platform instead of this machine (cpu, cuda:N)")
     g.addoption("--pd-servers-on-one-worker", action="store_true",
@@ -181,13 +184,18 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "pd_cell" not in metafunc.fixturenames:
         return
     _, exp = expansion(metafunc.config)
-    if not exp.cells:
+    connector = metafunc.config.getoption("--pd-kv-connector")
+    cells = [c for c in exp.cells if connector is None or c.kv_connector == connector]
+    if not cells:
         # never an empty parametrization: pytest would skip it and a broken install looks green
-        raise pytest.Collector.CollectError(
-            no_cells_reason(metafunc.config.getoption("--pd-profile"), exp.excluded))
+        reason = no_cells_reason(metafunc.config.getoption("--pd-profile"), exp.excluded)
+        if exp.cells:
+            reason = (f"pd-accuracy: profile {metafunc.config.getoption('--pd-profile')!r} has no "
+                      f"cell of kv_connector {connector!r} that can run here")
+        raise pytest.Collector.CollectError(reason)
     metafunc.parametrize("pd_cell", [
         pytest.param(c, id=c.cell_id, marks=[pytest.mark.xdist_group(c.baseline_key)])
-        for c in exp.cells])
+        for c in cells])
 
 
 @pytest.hookimpl(trylast=True)   # after -k/-m deselection, and after xdist's own suffixing

@@ -80,8 +80,8 @@ def test_the_smoke_cell_passes_with_the_kv_over_the_veth_link(tmp_path: Path) ->
     checks = {c["name"]: c for c in verdict["checks"]}
     assert checks["kv-crossed-the-link"]["passed"], checks["kv-crossed-the-link"]["detail"]
     link = transfer["link"]
-    assert transfer["nixl_bytes"] > 0
-    assert link["decode_rx_bytes"] >= transfer["nixl_bytes"], (link, transfer["nixl_bytes"])
+    assert transfer["kv_bytes"] > 0
+    assert link["decode_rx_bytes"] >= transfer["kv_bytes"], (link, transfer["kv_bytes"])
     for role in ("prefill", "decode"):
         where = link["addresses"][role]
         assert where["netns"].startswith("pdacc-") and where["netns"].endswith(role[0])

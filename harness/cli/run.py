@@ -15,6 +15,7 @@ from typing import Sequence
 
 from harness.core.cell import (ASYNC_SCHEDULING, COMPILE_MODES, CUDAGRAPH_MODES, KV_LAYOUTS, NETWORKS,
                                SPEC_DECODE_METHODS, Cell)
+from harness.core.kv_connectors import KV_CONNECTORS
 from harness.report.junit import write_junit
 from harness.core.options import GPU_LAYOUTS, SERVER_STARTS, RunOptions, UsageError
 from harness.serve.host.start_slots import StartSlots
@@ -68,6 +69,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                        help="--compilation-config cudagraph_mode, every server (GPU)")
     adhoc.add_argument("--kv-layout", choices=KV_LAYOUTS, default=_CELL.kv_layout,
                        help="VLLM_KV_CACHE_LAYOUT of the decode server only (GPU)")
+    adhoc.add_argument("--kv-connector", choices=tuple(KV_CONNECTORS), default=_CELL.kv_connector,
+                       help="what moves the KV: nixl (the decode pulls, vLLM's NixlConnector), "
+                            "nixl-push (the prefill writes, NixlPushConnector)")
     adhoc.add_argument("--server-arg", action="append", default=[], help="extra vLLM argument")
     ev = p.add_argument_group("evaluation")
     ev.add_argument("--limit", type=int, default=None, help=f"questions per cell (default {_OPT.limit})")
@@ -144,6 +148,7 @@ def adhoc_cell(args: argparse.Namespace, platform, catalog) -> Cell:
                 async_scheduling=args.async_scheduling, spec_decode=args.spec_decode,
                 prefix_reuse=args.prefix_reuse, chunked_prefill=args.chunked_prefill,
                 cudagraph_mode=args.cudagraph_mode, kv_layout=args.kv_layout,
+                kv_connector=args.kv_connector,
                 extra_env=tuple((k, v) for k, v in (("PD_ACCURACY_FAULT_BLOCK", args.fault_block),
                                                     ("PD_ACCURACY_FAULT_SHARE", args.fault_share))
                                 if v))

@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR
+
 RUNNERS = ("v1", "v2")
 # MLA (latent KV) models take their own backends on CUDA (vLLM AttentionBackendEnum names)
 MLA_BACKENDS = ("FLASHMLA", "TRITON_MLA")
@@ -27,7 +29,7 @@ FAULTS = ("drop-transfer", "foreign-params", "corrupt-block", "swap-blocks", "fa
 # (neither). The KV connector, the attention kernels and the block handling are the same code
 # in both; bugs can live in either (a CUDA-graph capture of a 1-token prefill, say).
 COMPILE_MODES = ("default", "eager")
-# Where prefill and decode live: "local" (one host: NIXL may use shared memory / CUDA IPC) or
+# Where prefill and decode live: "local" (one host: the transport may use shared memory / CUDA IPC) or
 # "netns" (two simulated hosts: prefill and decode in their own network namespaces joined by a
 # veth link, UCX restricted to TCP, so the KV must cross a real network path). The baseline is
 # the same either way, so the network is in the cell id but not in the baseline key.
@@ -52,7 +54,7 @@ class Cell:
     prefill_block_size: int = 128
     decode_block_size: int = 128
     device: str = "cpu"             # where the servers compute: "cpu" | "cuda"
-    kv_buffer_device: str = "cpu"   # NIXL buffer: "cpu" | "cuda"
+    kv_buffer_device: str = "cpu"   # the connector's buffer: "cpu" | "cuda"
     prefill_tp: int = 1
     decode_tp: int = 1
     num_prefill: int = 1
@@ -67,6 +69,8 @@ class Cell:
     chunked_prefill: int | None = None  # token budget per step (--max-num-batched-tokens); every server
     cudagraph_mode: str = "default"     # see CUDAGRAPH_MODES; every server
     kv_layout: str = "default"          # see KV_LAYOUTS; the decode server only
+    # harness.core.kv_connectors key: what moves the KV; in the id (not the baseline) when not default
+    kv_connector: str = DEFAULT_KV_CONNECTOR
     extra_args: tuple[str, ...] = ()                 # appended to every server's argv
     extra_env: tuple[tuple[str, str], ...] = ()      # added to every server's env
     fault: str | None = None        # canary fault mode (see FAULTS); None for a real cell
@@ -99,6 +103,8 @@ class Cell:
             parts.append(self.compile)
         if self.network != "local":
             parts.append(self.network)
+        if self.kv_connector != DEFAULT_KV_CONNECTOR:
+            parts.append("kvc_" + self.kv_connector.replace("-", "_"))
         parts += self._engine_parts()
         if self.extra_args or self.plain_env:
             parts.append(self._extras_hash(self.plain_env))
@@ -160,7 +166,7 @@ class Cell:
             "dtype": self.dtype,
             "max_model_len": self.max_model_len,
             **({"compile": self.compile} if self.compile != "default" else {}),
-            # kv_layout is the decode's alone: the baseline (no connector) keeps vLLM's own
+            # kv_layout and kv_connector are the pair's alone: the baseline (no connector)
             **self._baseline_engine_settings(),
             "extra_args": list(self.extra_args),
             # the fault switches only act on a decode server: a canary shares the real baseline

@@ -1,6 +1,6 @@
 """How many bytes of KV cache one prompt token occupies, read from a model's HF config.json.
 
-Used for exact NIXL byte accounting (harness.judge.byte_accounting): on every cell measured so far
+Used for the exact byte accounting of the KV connector (harness.judge.byte_accounting): on every cell measured so far
 (CPU vLLM 0.32 and H200 vLLM 0.26; dense, Granite/Mamba2, Qwen3Next/GDN; blocks 16/32/64/128,
 P64->D128, TP1->TP2, host buffer) the decode's ``vllm:nixl_bytes_transferred`` equals, to the byte,
 

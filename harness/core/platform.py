@@ -26,8 +26,11 @@ class VllmFeatures:
     attention_backend_env: bool           # vllm.envs knows VLLM_ATTENTION_BACKEND
     v2_runner_env: bool                   # vllm.envs knows VLLM_USE_V2_MODEL_RUNNER
     kv_roles: tuple[str, ...]             # accepted KVTransferConfig.kv_role values
-    nixl_available: bool                  # NIXL's python agent imports
     attention_backends: tuple[str, ...] = ()  # AttentionBackendEnum member names, when known
+    # KV connector names vLLM's KVConnectorFactory registers, and the connectors' transports
+    # ("module:attribute", harness.core.kv_connectors) that import; None: not probed
+    kv_connectors: tuple[str, ...] | None = None
+    kv_transports: tuple[str, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -36,8 +39,8 @@ class VllmFeatures:
     def from_dict(cls, data: Mapping[str, Any]) -> "VllmFeatures":
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in names}
-        for key in ("kv_roles", "attention_backends"):
-            if key in kwargs:
+        for key in ("kv_roles", "attention_backends", "kv_connectors", "kv_transports"):
+            if kwargs.get(key) is not None:
                 kwargs[key] = tuple(kwargs[key])
         return cls(**kwargs)
 

@@ -1,26 +1,39 @@
-"""Scrape a vLLM server's Prometheus /metrics and reduce it to the transfer counters the
-verdict needs; `TransferCounters.delta` gives what one evaluation moved."""
+"""Scrape vLLM servers' Prometheus /metrics and reduce them to the connector-neutral transfer
+counters the verdict needs; `TransferCounters.delta` gives what one evaluation moved.
+
+The prompt-token sources are vLLM's own (the decode's); the transfer counters come through the
+cell's connector's metric map (harness.serve.connectors), from the role whose servers count them.
+"""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Mapping, Sequence
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.serve.connectors.base import KvConnector
+from harness.serve.connectors.registry import connector_for
+
 SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+# counter names of records before schema 2 (NIXL was the only connector) -> today's
+LEGACY_COUNTER_NAMES = {"nixl_bytes": "kv_bytes", "nixl_transfers": "kv_transfers",
+                        "nixl_failed_transfers": "failed_transfers",
+                        "nixl_failed_notifications": "failed_notifications",
+                        "nixl_expired_requests": "expired_requests"}
 
 
 @dataclass(frozen=True)
 class TransferCounters:
     prompt_tokens_local: float = 0.0        # source="local_compute": decode computed itself
     prompt_tokens_cache_hit: float = 0.0    # source="local_cache_hit": decode's own prefix cache
-    prompt_tokens_external: float = 0.0     # source="external_kv_transfer": arrived over NIXL
-    nixl_bytes: float = 0.0                 # vllm:nixl_bytes_transferred_sum
-    nixl_transfers: float = 0.0             # vllm:nixl_bytes_transferred_count
-    nixl_failed_transfers: float = 0.0
-    nixl_failed_notifications: float = 0.0
-    nixl_expired_requests: float = 0.0
-    requests_finished: float = 0.0          # vllm:request_success_total (all reasons)
+    prompt_tokens_external: float = 0.0     # source="external_kv_transfer": arrived through the connector
+    kv_bytes: float = 0.0                   # bytes the connector says it moved
+    kv_transfers: float = 0.0               # transfers it counted
+    failed_transfers: float = 0.0
+    failed_notifications: float = 0.0
+    expired_requests: float = 0.0
+    requests_finished: float = 0.0          # vllm:request_success_total (all reasons, decode)
 
     @property
     def prompt_tokens_total(self) -> float:
@@ -29,33 +42,35 @@ class TransferCounters:
     def delta(self, before: "TransferCounters") -> "TransferCounters":
         return TransferCounters(**{k: getattr(self, k) - getattr(before, k) for k in asdict(self)})
 
+    def plus(self, other: "TransferCounters") -> "TransferCounters":
+        return TransferCounters(**{k: getattr(self, k) + getattr(other, k) for k in asdict(self)})
+
     def to_dict(self) -> dict[str, float]:
         d = asdict(self)
         d["prompt_tokens_total"] = self.prompt_tokens_total
         return d
 
 
-def parse_transfer_counters(text: str) -> TransferCounters:
-    """Sum the relevant samples over all label sets (engines, model names)."""
+def parse_transfer_counters(text: str, connector: KvConnector | None = None,
+                            role: str = "decode") -> TransferCounters:
+    """Sum the samples a server of `role` contributes over all label sets (engines, model
+    names): the decode's prompt-token sources and finished requests, and the `connector`'s
+    transfer counters that its metric map puts on `role` (default: the NIXL pull connector)."""
+    connector = connector or connector_for()
+    mapped = connector.metrics.counters_from(role)
     acc = {k: 0.0 for k in asdict(TransferCounters())}
     by_source = {s: 0.0 for s in SOURCES}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name, labels, value = sample.name, sample.labels, sample.value
-            if name == "vllm:prompt_tokens_by_source_total":
+            if name in mapped:
+                acc[mapped[name]] += value
+            elif role != "decode":
+                continue
+            elif name == "vllm:prompt_tokens_by_source_total":
                 src = labels.get("source")
                 if src in by_source:
                     by_source[src] += value
-            elif name == "vllm:nixl_bytes_transferred_sum":
-                acc["nixl_bytes"] += value
-            elif name == "vllm:nixl_bytes_transferred_count":
-                acc["nixl_transfers"] += value
-            elif name == "vllm:nixl_num_failed_transfers_total":
-                acc["nixl_failed_transfers"] += value
-            elif name == "vllm:nixl_num_failed_notifications_total":
-                acc["nixl_failed_notifications"] += value
-            elif name == "vllm:nixl_num_kv_expired_reqs_total":
-                acc["nixl_expired_requests"] += value
             elif name == "vllm:request_success_total":
                 acc["requests_finished"] += value
     acc["prompt_tokens_local"] = by_source["local_compute"]
@@ -64,16 +79,33 @@ def parse_transfer_counters(text: str) -> TransferCounters:
     return TransferCounters(**acc)
 
 
-def scrape(base_url: str, timeout_s: float = 10.0) -> TransferCounters:
+def scrape(base_url: str, timeout_s: float = 10.0, connector: KvConnector | None = None,
+           role: str = "decode") -> TransferCounters:
     resp = requests.get(f"{base_url.rstrip('/')}/metrics", timeout=timeout_s)
     resp.raise_for_status()
-    return parse_transfer_counters(resp.text)
+    return parse_transfer_counters(resp.text, connector, role)
 
 
-def scrape_all(base_urls: list[str], timeout_s: float = 10.0) -> TransferCounters:
-    """Sum counters over several servers (e.g. all decode instances)."""
+def scrape_all(base_urls: Sequence[str], timeout_s: float = 10.0,
+               connector: KvConnector | None = None, role: str = "decode") -> TransferCounters:
+    """Sum counters over several servers of one role (e.g. all decode instances)."""
     total = TransferCounters()
     for url in base_urls:
-        one = scrape(url, timeout_s)
-        total = TransferCounters(**{k: getattr(total, k) + getattr(one, k) for k in asdict(total)})
+        total = total.plus(scrape(url, timeout_s, connector, role))
     return total
+
+
+def scrape_pair(urls_by_role: Mapping[str, Sequence[str]], connector: KvConnector,
+                timeout_s: float = 10.0) -> TransferCounters:
+    """A P/D pair's counters: each role's servers contribute what `connector` puts on it (a
+    role without a mapped counter is not scraped, except the decode: the prompt tokens)."""
+    total = TransferCounters()
+    for role, urls in urls_by_role.items():
+        if role == "decode" or connector.metrics.counters_from(role):
+            total = total.plus(scrape_all(list(urls), timeout_s, connector, role))
+    return total
+
+
+def legacy_counter_names(data: Mapping[str, object]) -> dict[str, object]:
+    """`data` (a record's transfer dict) with counter names of schema 1 renamed."""
+    return {LEGACY_COUNTER_NAMES.get(k, k): v for k, v in data.items()}

@@ -1,19 +1,21 @@
-"""Exact NIXL byte accounting: the bytes the decode should have read, request by request, against
-the bytes its /metrics say it read.
+"""Exact byte accounting of the KV connector: the bytes that should have crossed, request by
+request, against the bytes the connector's /metrics say it moved (harness.serve.connectors: a
+connector whose ``byte_accounting`` is None cannot be held to a count).
 
 Why: the transfer checks before this only asked for bytes > 0. A fault that skipped the last
 block pair of every READ moved 39,321,600 bytes instead of 52,428,800 (75 %) while the scheduler
 still counted every prompt token as external, and passed them (issue #16).
 
-Expected bytes, per request of the proxy's records (the kv_transfer_params decode received):
+Expected bytes, per request of the proxy's records (the kv_transfer_params listing the blocks
+that crossed: the decode's for a pull connector, the prefill's answer for a push one):
 ``attention blocks x prefill block size x attention bytes per token`` (the attention groups all
 list the same blocks; a recurrent-state group lists one, so the longest list is the attention
 one) plus ``state layers x state bytes per layer`` for a hybrid. Prompt tokens the decode found in
 its own prefix cache are not read, so they are taken off (whole blocks, as vLLM caches them).
 With sliding-window layers every KV cache group counts on its own: its real block ids (a sliding
 group lists the null block for blocks out of its window) x block size x its layers' bytes.
-The geometry comes from harness.core.kv_geometry; the formula matched NIXL's own count to the
-byte on every committed CPU and H200 record (see that module).
+The geometry comes from harness.core.kv_geometry; the formula matched the NIXL connector's own
+count to the byte on every committed CPU and H200 record (see that module).
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from harness.core.kv_geometry import KvGeometry
 @dataclass(frozen=True)
 class ByteAccount:
     expected: int            # bytes the decode should have read over the evaluation
-    actual: int              # vllm:nixl_bytes_transferred over the same window
+    actual: int              # the connector's kv_bytes over the same window
     requests: int            # requests counted (those that received transfer params)
     attention_blocks: int    # prefill blocks listed for the attention layers, summed
     state_bytes: int         # recurrent-state bytes included in `expected`
@@ -38,11 +40,11 @@ class ByteAccount:
 
     def detail(self) -> str:
         if self.exact:
-            return (f"NIXL read exactly the expected {self.actual:,} bytes for {self.requests} "
+            return (f"the connector moved exactly the expected {self.actual:,} bytes for {self.requests} "
                     f"requests ({self.attention_blocks} prefill blocks)")
         gap = self.actual - self.expected
         share = 100.0 * self.actual / self.expected if self.expected else float("inf")
-        return (f"NIXL read {self.actual:,} bytes, expected {self.expected:,} for "
+        return (f"the connector moved {self.actual:,} bytes, expected {self.expected:,} for "
                 f"{self.requests} requests ({self.attention_blocks} prefill blocks): "
                 f"{'short by' if gap < 0 else 'excess of'} {abs(gap):,} bytes ({share:.1f} %)")
 
@@ -69,8 +71,8 @@ def windowed_group_blocks(params: dict) -> tuple[int, int]:
 def account(params_per_request: Iterable[dict | None], geometry: KvGeometry,
             prefill_block_size: int, actual_bytes: float, state_bytes_per_layer: int = 0,
             cache_hit_tokens: float = 0.0) -> ByteAccount:
-    """The ByteAccount of one evaluation window: the decode requests' received transfer params,
-    the model's geometry, the prefill server's (logical) block size, the NIXL bytes delta."""
+    """The ByteAccount of one evaluation window: each request's params listing its blocks, the
+    model's geometry, the prefill server's (logical) block size, the connector's bytes delta."""
     per_token = geometry.attention_bytes_per_token
     requests = blocks = 0
     attention = 0

@@ -22,7 +22,7 @@ CANARY_REASONS = {
     "perturb-kv": r"\[kv-digest\]: prompt KV differs",
     # a read reported failed must reach the verdict as a failure: vLLM's error answer
     # (kv_load_failure_policy "fail": finish_reason "error", HTTP 500; lm-eval's RequestsFailed)
-    # or NIXL's failed-transfer counter (any policy; "recompute" answers correctly) — never an
+    # or the connector's failed-transfer counter (any policy; "recompute" answers correctly) — never an
     # accuracy drop, never a silent success
     "fail-transfer": (r"transfer proof failed \[no-failed-transfers\]|P/D evaluation failed: "
                       r"RequestsFailed: requests failed on \d+ of \d+ questions: "

@@ -29,7 +29,7 @@ class TransferProof:
     # decode requests that carried any usable kv_transfer_params (own or foreign); None: unknown,
     # then every request not carrying its own params is counted as foreign
     requests_sent_params: int | None = None
-    # exact NIXL byte accounting (harness.judge.byte_accounting.ByteAccount.to_dict), or None with
+    # exact byte accounting of the connector's transfer (harness.judge.byte_accounting.ByteAccount.to_dict), or None with
     # the reason it was not computed in `byte_account_skipped` (geometry not modelled, say)
     byte_account: dict | None = None
     byte_account_skipped: str | None = None

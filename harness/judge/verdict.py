@@ -128,6 +128,71 @@ def fail(reason: str, expected_failure: str | None = None, check: str = "startup
                    expected_failure=expected_failure, decision_path=(check,))
 
 
+@dataclass(frozen=True)
+class CheckRow:
+    """One check of the verdict: its name (in records and README), the stage it belongs to, how
+    it is computed, and what its failure means (the verdict's reason; ``{detail}`` is the
+    check's own line). The table's order is the order checks are judged in: the first failing
+    one decides."""
+
+    name: str
+    stage: str          # baseline | transfer | kv | accuracy
+    computed: str
+    failure: str
+    status: str = FAIL
+
+    def reason(self, detail: str) -> str:
+        return self.failure.format(detail=detail, name=self.name)
+
+
+NO_KV = "decode recomputed the prompt: no KV crossed ({detail})"
+CHECKS: tuple[CheckRow, ...] = (
+    CheckRow("baseline-health", "baseline", "one-sided binomial test of the baseline's accuracy "
+             "against the model card's, minus the tolerance", "the baseline itself is broken "
+             "here: {detail}", ERROR),
+    CheckRow("proxy-saw-every-question", "transfer", "proxy records >= questions asked",
+             "transfer proof failed [{name}]: {detail}"),
+    CheckRow("prefill-returned-params", "transfer", "every prefill answer carried "
+             "kv_transfer_params (proxy records)", "transfer proof failed [{name}]: {detail}"),
+    CheckRow("decode-got-params", "transfer", "every decode request carried usable params "
+             "(proxy records)", NO_KV),
+    CheckRow("decode-got-own-params", "transfer", "the params each decode got are the "
+             "connector's from its own prefill's answer", "transfer proof failed [{name}]: {detail}"),
+    CheckRow("no-failed-transfers", "transfer", "the connector's failed transfers and "
+             "notifications did not grow (/metrics)", "transfer proof failed [{name}]: {detail}"),
+    CheckRow("kv-arrived-externally", "transfer", "prompt tokens of source external_kv_transfer "
+             "and connector bytes > 0 (/metrics)", NO_KV),
+    CheckRow("decode-did-not-recompute", "transfer", "local_compute prompt tokens <= the "
+             "design's recompute allowance (/metrics)", NO_KV),
+    CheckRow("kv-bytes-exact", "transfer", "the connector's bytes == the blocks that crossed x "
+             "the KV geometry (judge/byte_accounting)", "transfer proof failed [{name}]: {detail}"),
+    CheckRow("kv-crossed-the-link", "transfer", "netns: the decode's P<->D link received at "
+             "least the connector's bytes", "the KV did not cross the network link: {detail}"),
+    CheckRow("kv-digest", "kv", "both sides' per-request hashes of the prompt KV are equal",
+             "the decode's prompt KV is not the prefill's [{name}]: {detail}"),
+    CheckRow("accuracy", "accuracy", "sequential non-inferiority: exact McNemar (FAIL), Tango "
+             "bound within the margin (PASS)", "P/D accuracy is lower: {detail}"),
+    CheckRow("noise-floor", "accuracy", "generations differing vs the A/A re-run, Fisher's exact "
+             "test", "P/D generations diverge beyond the A/A floor: {detail}"),
+    CheckRow("logprob-divergence", "accuracy", "|d logprob| p95 at aligned tokens vs a "
+             "threshold and the A/A p95", "P/D logprobs diverge from the baseline: {detail}"),
+)
+CHECK_ROWS = {row.name: row for row in CHECKS}
+
+
+def check_row(name: str) -> CheckRow:
+    """The table's row of ``name``; a check the table does not list fails with its own line."""
+    return CHECK_ROWS.get(name) or CheckRow(name, "accuracy", "(not in the table)",
+                                            "check {name} failed: {detail}")
+
+
+def first_failing(checks: list[Check]) -> Check | None:
+    """The failing check that decides: the earliest in the table (unknown names last)."""
+    order = {row.name: i for i, row in enumerate(CHECKS)}
+    failing = [c for c in checks if not c.passed]
+    return min(failing, key=lambda c: order.get(c.name, len(order)), default=None)
+
+
 def transfer_checks(cmp: Comparison) -> list[Check]:
     t = cmp.transfer
     c = t.counters
@@ -152,12 +217,12 @@ def transfer_checks(cmp: Comparison) -> list[Check]:
               f"prefill's parameters"),
         # before the recompute checks: a read that failed makes the decode recompute (policy
         # "recompute"), and the failed read is the cause to name
-        Check("no-failed-transfers", c.nixl_failed_transfers == 0 and c.nixl_failed_notifications == 0,
-              f"failed transfers={c.nixl_failed_transfers:.0f}, "
-              f"failed notifications={c.nixl_failed_notifications:.0f}"),
-        Check("kv-arrived-externally", c.prompt_tokens_external > 0 and c.nixl_bytes > 0,
+        Check("no-failed-transfers", c.failed_transfers == 0 and c.failed_notifications == 0,
+              f"failed transfers={c.failed_transfers:.0f}, "
+              f"failed notifications={c.failed_notifications:.0f}"),
+        Check("kv-arrived-externally", c.prompt_tokens_external > 0 and c.kv_bytes > 0,
               f"external_kv_transfer={c.prompt_tokens_external:.0f} tokens, "
-              f"nixl_bytes={c.nixl_bytes:.0f}"),
+              f"kv_bytes={c.kv_bytes:.0f}"),
         Check("decode-did-not-recompute", c.prompt_tokens_local <= allowance,
               f"decode computed {c.prompt_tokens_local:.0f} prompt tokens itself "
               f"(allowed {allowance}: {t.recompute_allowance}/request by design); "
@@ -165,15 +230,15 @@ def transfer_checks(cmp: Comparison) -> list[Check]:
     ]
     if t.byte_account is not None:
         # last, so a canary that already fails an earlier check keeps its reason
-        checks.append(Check("nixl-bytes-exact", bool(t.byte_account["exact"]),
+        checks.append(Check("kv-bytes-exact", bool(t.byte_account["exact"]),
                             str(t.byte_account["detail"])))
     if t.link is not None:
-        checks.append(link_check(t.link, c.nixl_bytes))
+        checks.append(link_check(t.link, c.kv_bytes))
     return checks
 
 
-def link_check(link: dict, nixl_bytes: float) -> Check:
-    """network: netns: the decode's P<->D link received at least the bytes NIXL says it moved
+def link_check(link: dict, kv_bytes: float) -> Check:
+    """network: netns: the decode's P<->D link received at least the bytes the connector says it moved
     (else they went another way: shared memory is not isolated by network namespaces)."""
     rx = link.get("decode_rx_bytes")
     ucx = ", ".join(f"{name} UCX_TLS={env.get('UCX_TLS')}"
@@ -182,9 +247,9 @@ def link_check(link: dict, nixl_bytes: float) -> Check:
     if rx is None:
         return Check("kv-crossed-the-link", False,
                      f"{where} byte counter could not be read: the KV's path is unproven")
-    return Check("kv-crossed-the-link", rx >= nixl_bytes,
-                 f"{where} received {rx:,} bytes over the evaluation, NIXL moved "
-                 f"{nixl_bytes:,.0f}; {ucx or 'UCX settings unknown'}")
+    return Check("kv-crossed-the-link", rx >= kv_bytes,
+                 f"{where} received {rx:,} bytes over the evaluation, the connector moved "
+                 f"{kv_bytes:,.0f}; {ucx or 'UCX settings unknown'}")
 
 
 def _pct(x: float) -> str:
@@ -200,119 +265,102 @@ def baseline_health(cmp: Comparison, reference: ReferenceAccuracy, policy: Polic
                  f"below it by more than {100 * policy.baseline_tolerance:.0f} pts: binomial p={p:.3g}")
 
 
+def accuracy_checks(cmp: Comparison, policy: Policy, look: Any) -> tuple[list[Check], list[str]]:
+    """Stage "accuracy": the look's gate, then generations against the A/A floor (at the look's
+    FAIL level, like the accuracy test) and logprob divergence against the A/A divergence."""
+    checks = [Check("accuracy", look.decision != FAIL, f"{look.text}; {accuracy_detail(cmp)}")]
+    path = [f"accuracy (look {look.look}/{look.n_looks}, n={look.n})"]
+    if cmp.floor is not None:
+        f = cmp.floor
+        checks.append(Check("noise-floor", f.p_value > look.alpha_fail_look,
+                            f"P/D generations differ on {f.pd_differing}/{f.pd_total} "
+                            f"({_pct(f.pd_rate)}) vs A/A {f.aa_differing}/{f.aa_total} "
+                            f"({_pct(f.aa_rate)}), Fisher p={f.p_value:.3g}"))
+        path.append("noise-floor")
+    if cmp.logprob is not None and cmp.logprob["n_aligned_tokens"] > 0:
+        aa_p95 = (cmp.logprob_floor or {}).get("abs_delta_p95") or 0.0
+        threshold = max(policy.logprob_min_threshold, policy.logprob_floor_factor * aa_p95)
+        p95 = cmp.logprob["abs_delta_p95"]
+        checks.append(Check("logprob-divergence", p95 <= threshold,
+                            f"|Δ logprob| p95 {p95:.4f} nats over {cmp.logprob['n_aligned_tokens']} "
+                            f"aligned tokens (threshold {threshold:.4f}; A/A p95 {aa_p95:.4f})"))
+        path.append("logprob")
+    return checks, path
+
+
+def accuracy_detail(cmp: Comparison) -> str:
+    m = cmp.mcnemar
+    return (f"baseline {_pct(cmp.baseline_accuracy)} vs P/D {_pct(cmp.pd_accuracy)} "
+            f"(Δ {100 * cmp.accuracy_delta:+.1f} pts, 95% CI "
+            f"[{100 * cmp.delta_ci.low:+.1f}, {100 * cmp.delta_ci.high:+.1f}]), "
+            f"discordant {m.baseline_only}↓/{m.pd_only}↑, McNemar p={m.p_value:.3g}")
+
+
+def failure_reason(first: Check, cmp: Comparison, digest: Check | None) -> str:
+    """The reason of a verdict `first` decided: its row's, and for the answers' checks what the
+    digest adds (identical bytes: the KV is read wrongly) and one differing answer."""
+    reason = check_row(first.name).reason(first.detail)
+    if check_row(first.name).stage != "accuracy":
+        return reason
+    if digest is not None and digest.passed:
+        reason += ("; the decode holds the prefill's KV byte for byte (kv-digest identical): "
+                   "it is read wrongly (block table, kernel vs logical block ids)")
+    if cmp.examples:
+        ex = cmp.examples[0]
+        reason += (f"; e.g. doc {ex['doc_id']}: baseline {ex['baseline_answer']!r} vs "
+                   f"P/D {ex['pd_answer']!r}")
+    return reason
+
+
 def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | None = None,
            reference: ReferenceAccuracy | None = None, previous_n: int | None = None,
            not_available: Mapping[str, str] | None = None) -> Verdict:
     """The verdict at this look (cmp holds every question so far; `previous_n`: the questions
     of the look before, when it was not made at its planned stage). CONTINUE: ask more.
     `not_available`: transfer check name -> the line saying why this deployment cannot support
-    it (an external router keeps no proxy records); those checks are left out, not passed."""
-    checks: list[Check] = []
-    path: list[str] = []
+    it (an external router keeps no proxy records); those checks are left out, not passed.
+
+    Every check of CHECKS that applies is computed, stage by stage (the record shows each); the
+    first failing one in the table's order decides, with its row's status and reason. The
+    baseline's health decides alone: a broken baseline says nothing about P/D."""
     skipped = dict(not_available or {})
     na = tuple(skipped.values())
-
-    # 0. the baseline itself: a non-disaggregated server far below the model's known accuracy is
-    #    broken on this configuration (backend, TP, build) and nothing can be said about P/D
+    checks: list[Check] = []
+    path: list[str] = []
     if reference is not None and cmp.n > 0:
-        health = baseline_health(cmp, reference, policy)
-        checks.append(health)
+        checks.append(baseline_health(cmp, reference, policy))
         path.append("baseline-health")
-        if not health.passed:
-            return Verdict(ERROR, f"the baseline itself is broken here: {health.detail}",
+        if not checks[0].passed:
+            return Verdict(ERROR, check_row(checks[0].name).reason(checks[0].detail),
                            tuple(checks), expected_failure, tuple(path), not_available=na)
 
-    # 1. transfer proof: a P/D pair that moved no KV is a FAIL whatever its accuracy. All checks
-    #    are computed (the record shows every one); the first failing one in this order decides.
     tchecks = transfer_checks(cmp)
     unknown = set(skipped) - {c.name for c in tchecks}
     if unknown:
         raise ValueError(f"not_available names no transfer check: {sorted(unknown)}")
-    tchecks = [c for c in tchecks if c.name not in skipped]
-    checks += tchecks
+    checks += [c for c in tchecks if c.name not in skipped]
     path.append("transfer")
-
-    # 1b. the bytes: both sides' KV digests, before any accuracy check (a wrong byte is a FAIL
-    #     even when the answers survive it); left out, and said why, where there are none
-    digest_check = None
-    if cmp.transfer.kv_digest is not None:
-        digest_check = Check("kv-digest", *describe_digest(cmp.transfer.kv_digest))
-        checks.append(digest_check)
+    digest = None
+    if cmp.transfer.kv_digest is not None:   # before accuracy: a wrong byte is a FAIL anyway
+        digest = Check("kv-digest", *describe_digest(cmp.transfer.kv_digest))
+        checks.append(digest)
         path.append("kv-digest")
+    look = evaluate_look(policy.plan, cmp.mcnemar.baseline_only, cmp.mcnemar.pd_only, cmp.n,
+                         previous_n=previous_n)
+    answers, answer_path = accuracy_checks(cmp, policy, look)
+    checks += answers
+    path += answer_path
 
-    # 2. accuracy: the sequential gate at this look — FAIL on the exact one-sided McNemar,
-    #    PASS when the upper bound of the drop is within the margin, else more questions
-    m = cmp.mcnemar
-    acc_detail = (f"baseline {_pct(cmp.baseline_accuracy)} vs P/D {_pct(cmp.pd_accuracy)} "
-                  f"(Δ {100 * cmp.accuracy_delta:+.1f} pts, 95% CI "
-                  f"[{100 * cmp.delta_ci.low:+.1f}, {100 * cmp.delta_ci.high:+.1f}]), "
-                  f"discordant {m.baseline_only}↓/{m.pd_only}↑, McNemar p={m.p_value:.3g}")
-    look = evaluate_look(policy.plan, m.baseline_only, m.pd_only, cmp.n, previous_n=previous_n)
-    checks.append(Check("accuracy", look.decision != FAIL, f"{look.text}; {acc_detail}"))
-    path.append(f"accuracy (look {look.look}/{look.n_looks}, n={look.n})")
-
-    # 3. generations: disagreement against the A/A noise floor, at this look's level (repeated
-    #    looks spend the FAIL alpha like the accuracy test); an excess is only ever a FAIL
-    floor_ok = True
-    if cmp.floor is not None:
-        f = cmp.floor
-        floor_ok = f.p_value > look.alpha_fail_look
-        checks.append(Check("noise-floor", floor_ok,
-                            f"P/D generations differ on {f.pd_differing}/{f.pd_total} "
-                            f"({_pct(f.pd_rate)}) vs A/A {f.aa_differing}/{f.aa_total} "
-                            f"({_pct(f.aa_rate)}), Fisher p={f.p_value:.3g}"))
-        path.append("noise-floor")
-
-    # 4. logprob divergence at aligned positions, against the A/A divergence
-    lp_ok = True
-    if cmp.logprob is not None and cmp.logprob["n_aligned_tokens"] > 0:
-        aa_p95 = (cmp.logprob_floor or {}).get("abs_delta_p95") or 0.0
-        threshold = max(policy.logprob_min_threshold, policy.logprob_floor_factor * aa_p95)
-        p95 = cmp.logprob["abs_delta_p95"]
-        lp_ok = p95 <= threshold
-        checks.append(Check("logprob-divergence", lp_ok,
-                            f"|Δ logprob| p95 {p95:.4f} nats over {cmp.logprob['n_aligned_tokens']} "
-                            f"aligned tokens (threshold {threshold:.4f}; A/A p95 {aa_p95:.4f})"))
-        path.append("logprob")
-
-    bad_transfer = [c for c in tchecks if not c.passed]
-    if bad_transfer:
-        first = bad_transfer[0]
-        if first.name in ("decode-got-params", "kv-arrived-externally", "decode-did-not-recompute"):
-            reason = f"decode recomputed the prompt: no KV crossed ({first.detail})"
-        elif first.name == "kv-crossed-the-link":
-            reason = f"the KV did not cross the network link: {first.detail}"
-        else:
-            reason = f"transfer proof failed [{first.name}]: {first.detail}"
-        return Verdict(FAIL, reason, tuple(checks), expected_failure, tuple(path),
-                       not_available=na)
-    if digest_check is not None and not digest_check.passed:
-        return Verdict(FAIL, f"the decode's prompt KV is not the prefill's [kv-digest]: "
-                             f"{digest_check.detail}", tuple(checks), expected_failure,
-                       tuple(path), look=look.to_dict(), not_available=na)
-
-    failed = [c for c in checks if not c.passed]
-    if failed:
-        first = failed[0]
-        reason = {
-            "accuracy": f"P/D accuracy is lower: {first.detail}",
-            "noise-floor": f"P/D generations diverge beyond the A/A floor: {first.detail}",
-            "logprob-divergence": f"P/D logprobs diverge from the baseline: {first.detail}",
-        }[first.name]
-        if digest_check is not None and digest_check.passed:
-            reason += ("; the decode holds the prefill's KV byte for byte (kv-digest identical): "
-                       "it is read wrongly (block table, kernel vs logical block ids)")
-        if cmp.examples:
-            ex = cmp.examples[0]
-            reason += (f"; e.g. doc {ex['doc_id']}: baseline {ex['baseline_answer']!r} vs "
-                       f"P/D {ex['pd_answer']!r}")
-        return Verdict(FAIL, reason, tuple(checks), expected_failure, tuple(path),
-                       look=look.to_dict(), not_available=na)
-
-    # 5. nothing failed: the accuracy gate decides (the MDE stays in the record for reading)
-    t = cmp.transfer.counters
-    found = (f"{acc_detail}; {cmp.generations_differing}/{cmp.n} generations differ; "
-             f"{t.prompt_tokens_external:.0f} prompt tokens arrived over NIXL")
+    first = first_failing(checks)
+    if first is not None:
+        row = check_row(first.name)
+        return Verdict(row.status, failure_reason(first, cmp, digest), tuple(checks),
+                       expected_failure, tuple(path), not_available=na,
+                       look=None if row.stage == "transfer" else look.to_dict())
+    # nothing failed: the accuracy gate decides (the MDE stays in the record for reading)
+    found = (f"{accuracy_detail(cmp)}; {cmp.generations_differing}/{cmp.n} generations differ; "
+             f"{cmp.transfer.counters.prompt_tokens_external:.0f} prompt tokens arrived through "
+             f"the connector")
     status = {PASS: PASS, CONTINUE: CONTINUE}.get(look.decision, INCONCLUSIVE)
     return Verdict(status, f"{look.text}; {found}", tuple(checks), expected_failure, tuple(path),
                    look=look.to_dict(), not_available=na)

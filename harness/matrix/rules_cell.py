@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from harness.core.cell import (BACKENDS, COMPILE_MODES, CPU_BACKENDS, DEVICES, FAULTS, GPU_BACKENDS,
                                KV_BUFFER_DEVICES, NETWORKS, RUNNERS, Cell)
+from harness.core.kv_connectors import KV_CONNECTORS
 from harness.matrix.rule_types import RuleContext, RuleList, blocks
 
 DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float")
@@ -43,9 +44,21 @@ def _known_device(cell: Cell, ctx: RuleContext) -> str | None:
 
 @rule("known-kv-buffer-device", "invalid")
 def _known_kv_buffer(cell: Cell, ctx: RuleContext) -> str | None:
-    """The NIXL buffer device is cpu or cuda."""
+    """The connector's buffer device is cpu or cuda."""
     if cell.kv_buffer_device not in KV_BUFFER_DEVICES:
         return f"unknown kv_buffer_device {cell.kv_buffer_device!r}; use one of {', '.join(KV_BUFFER_DEVICES)}"
+    return None
+
+
+@rule("known-kv-connector", "invalid")
+def _known_kv_connector(cell: Cell, ctx: RuleContext) -> str | None:
+    """The KV connector is one of harness.core.kv_connectors, and moves KV on the cell's device."""
+    row = KV_CONNECTORS.get(cell.kv_connector)
+    if row is None:
+        return f"unknown kv_connector {cell.kv_connector!r}; use one of {', '.join(KV_CONNECTORS)}"
+    if cell.device in DEVICES and cell.device not in row.devices:
+        return (f"kv_connector {cell.kv_connector} ({row.vllm_name}) runs on "
+                f"{', '.join(row.devices)}, not {cell.device}")
     return None
 
 

@@ -6,6 +6,7 @@ Registered in the order they are checked (harness.matrix.rules runs these last).
 from __future__ import annotations
 
 from harness.core.cell import DEVICES, Cell
+from harness.core.kv_connectors import KV_CONNECTORS
 from harness.matrix.rule_types import RuleContext, RuleList
 
 RULES = RuleList()
@@ -62,10 +63,16 @@ def _vllm_backend(cell: Cell, ctx: RuleContext) -> str | None:
     return None
 
 
-@rule("vllm-nixl", "unavailable")
-def _vllm_nixl(cell: Cell, ctx: RuleContext) -> str | None:
-    """NIXL's python agent imports next to the installed vLLM."""
+@rule("vllm-kv-connector", "unavailable")
+def _vllm_kv_connector(cell: Cell, ctx: RuleContext) -> str | None:
+    """The installed vLLM registers the cell's KV connector, and its transport imports."""
     features = ctx.platform and ctx.platform.vllm
-    if features is not None and not features.nixl_available:
-        return "NIXL is not importable (pip install nixl) — P/D transfer cannot run"
+    row = KV_CONNECTORS.get(cell.kv_connector)
+    if features is None or row is None:
+        return None
+    if features.kv_connectors is not None and row.vllm_name not in features.kv_connectors:
+        return f"the installed vLLM {features.version} registers no {row.vllm_name} (kv_connector {cell.kv_connector})"
+    if features.kv_transports is not None and row.transport not in features.kv_transports:
+        return (f"{row.vllm_name}'s transport {row.transport} does not import next to vLLM "
+                f"{features.version} — P/D transfer cannot run")
     return None

@@ -71,7 +71,7 @@ def fmt_bytes(value: Any) -> str:
 
 def transfer_summary(metrics: Mapping[str, Any] | None,
                      checks: Sequence[Mapping[str, Any]] = ()) -> str:
-    """One line of transfer proof: external prompt tokens, NIXL bytes, failures, the check."""
+    """One line of transfer proof: external prompt tokens, the connector's bytes, failures, the check."""
     transfer = (metrics or {}).get("transfer") or {}
     check = next((c for c in checks or () if c.get("name") == "transfer"), None)
     parts = []
@@ -79,9 +79,9 @@ def transfer_summary(metrics: Mapping[str, Any] | None,
         external, total = transfer.get("prompt_tokens_external"), transfer.get("prompt_tokens_total")
         if external is not None:
             parts.append(f"{external}/{total if total is not None else '?'} prompt tokens external")
-        if transfer.get("nixl_bytes") is not None:
-            parts.append(f"{fmt_bytes(transfer['nixl_bytes'])} over NIXL")
-        failed = transfer.get("nixl_failed_transfers")
+        if transfer.get("kv_bytes") is not None:
+            parts.append(f"{fmt_bytes(transfer['kv_bytes'])} through the connector")
+        failed = transfer.get("failed_transfers")
         if failed is not None:
             parts.append(f"{failed} failed transfers")
     if check is not None:

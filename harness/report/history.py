@@ -1,6 +1,7 @@
 """History store: every run's records, appended to one SQLite file (default results/history.sqlite).
 
-Schema (``PRAGMA user_version`` = 1)::
+Schema (``PRAGMA user_version`` = 2; a version-1 store, whose ``kv_bytes`` column was named
+``nixl_bytes``, is migrated in place on open)::
 
     runs(
       run_id       TEXT PRIMARY KEY,   -- record["run_id"]: one harness invocation
@@ -19,8 +20,8 @@ Schema (``PRAGMA user_version`` = 1)::
       baseline_acc REAL, pd_acc REAL, delta REAL,             -- metrics accuracies, pd - baseline
       ci_lo REAL, ci_hi REAL,                                 -- metrics["delta_ci"]
       p_value REAL, mde REAL, n INTEGER, agreement REAL,      -- mcnemar_p, mde, n, agreement
-      external_tokens INTEGER, nixl_bytes INTEGER,            -- transfer prompt_tokens_external, nixl_bytes
-      failed_transfers INTEGER,                               -- transfer nixl_failed_transfers
+      external_tokens INTEGER, kv_bytes INTEGER,              -- transfer prompt_tokens_external, kv_bytes
+      failed_transfers INTEGER,                               -- transfer failed_transfers
       startup_s REAL, total_s REAL,                           -- timings
       record_path TEXT,                                       -- where the record JSON was read
       -- beyond the issue's list, kept because reports need them:
@@ -39,12 +40,14 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 DEFAULT_HISTORY_PATH = "results/history.sqlite"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# version -> the statements that bring a store of that version to the next one
+MIGRATIONS = {1: ("ALTER TABLE cells RENAME COLUMN nixl_bytes TO kv_bytes",)}
 
 CELL_COLUMNS = (
     "run_id", "cell_id", "model", "runner", "backend", "p_block", "d_block", "tp", "status",
     "outcome", "baseline_acc", "pd_acc", "delta", "ci_lo", "ci_hi", "p_value", "mde", "n",
-    "agreement", "external_tokens", "nixl_bytes", "failed_transfers", "startup_s", "total_s",
+    "agreement", "external_tokens", "kv_bytes", "failed_transfers", "startup_s", "total_s",
     "record_path", "model_short", "device", "expected_failure", "reason", "created_at",
 )
 RUN_COLUMNS = ("run_id", "created_at", "git_sha", "vllm_version", "profile", "host")
@@ -66,7 +69,7 @@ CREATE TABLE IF NOT EXISTS cells (
   status TEXT, outcome TEXT,
   baseline_acc REAL, pd_acc REAL, delta REAL, ci_lo REAL, ci_hi REAL,
   p_value REAL, mde REAL, n INTEGER, agreement REAL,
-  external_tokens INTEGER, nixl_bytes INTEGER, failed_transfers INTEGER,
+  external_tokens INTEGER, kv_bytes INTEGER, failed_transfers INTEGER,
   startup_s REAL, total_s REAL,
   record_path TEXT,
   model_short TEXT, device TEXT, expected_failure TEXT, reason TEXT, created_at TEXT,
@@ -83,9 +86,15 @@ def connect(db_path: str | os.PathLike[str] = DEFAULT_HISTORY_PATH) -> sqlite3.C
     conn = sqlite3.connect(path, timeout=60)   # parallel jobs may append at once
     conn.row_factory = sqlite3.Row
     version = conn.execute("PRAGMA user_version").fetchone()[0]
-    if version not in (0, SCHEMA_VERSION):
+    if version not in (0, SCHEMA_VERSION, *MIGRATIONS):
         conn.close()
         raise RuntimeError(f"{path}: history schema version {version}, expected {SCHEMA_VERSION}")
+    with conn:   # one transaction: a store is migrated whole or not at all
+        while version in MIGRATIONS:
+            for statement in MIGRATIONS[version]:
+                conn.execute(statement)
+            version += 1
+            conn.execute(f"PRAGMA user_version = {version}")
     conn.executescript(_DDL)
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     return conn
@@ -137,8 +146,8 @@ def cell_row(record: Mapping[str, Any]) -> dict[str, Any]:
         "n": metrics.get("n"),
         "agreement": metrics.get("agreement"),
         "external_tokens": transfer.get("prompt_tokens_external"),
-        "nixl_bytes": transfer.get("nixl_bytes"),
-        "failed_transfers": transfer.get("nixl_failed_transfers"),
+        "kv_bytes": transfer.get("kv_bytes"),
+        "failed_transfers": transfer.get("failed_transfers"),
         "startup_s": timings.get("startup_s"),
         "total_s": timings.get("total_s"),
         "record_path": str(Path(record["_path"]).resolve()) if record.get("_path") else None,

@@ -17,7 +17,7 @@ def junit_properties(record: dict) -> dict[str, str]:
               "accuracy_delta": m.get("accuracy_delta"), "mcnemar_p": m.get("mcnemar_p"),
               "mde": m.get("mde"), "n": m.get("n"), "agreement": m.get("agreement"),
               "prompt_tokens_external": t.get("prompt_tokens_external"),
-              "nixl_bytes": t.get("nixl_bytes"), "startup_s": timings.get("startup_s"),
+              "kv_bytes": t.get("kv_bytes"), "startup_s": timings.get("startup_s"),
               "pd_eval_s": timings.get("pd_eval_s")}
     return {k: str(v) for k, v in values.items() if v is not None}
 

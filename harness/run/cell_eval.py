@@ -16,13 +16,12 @@ from typing import Any, Callable, Sequence
 from harness.core.cell import Cell
 from harness.core.outcomes import CONTINUE
 from harness.eval.lmeval import EvalRun
-from harness.eval.metrics import scrape_all
 from harness.judge.compare import compare
 from harness.judge.verdict import ReferenceAccuracy, decide, error, fail
 from harness.run.aa_rerun import BaselineFailed
 from harness.run.stages import StagedRun
 from harness.run.transfer_evidence import (ByteGeometry, DigestFiles, link_evidence, link_start,
-                                           read_proxy_records, transfer_proof)
+                                           pair_counters, read_proxy_records, transfer_proof)
 from harness.serve.deploy import Deployment, ProxyDeployment
 from harness.serve.plugins.faults.spec import request_tag_for
 from harness.serve.supervision.process import most_decisive_line
@@ -110,7 +109,6 @@ def evaluate_cell(runner: Any, cell: Cell, pair: Deployment, rnd: Any, task: str
     records_path = cell_dir / "proxy-records.jsonl"
     proxy_fault = cell.fault if cell.fault in PROXY_FAULTS else None
     port = runner.allocator.reserve(1, owner=f"proxy:{cell.cell_id}")[0]
-    decode_urls = pair.urls("decode")
     decode_logs = [str(pair.processes[s.name].log_path) for s in pair.specs if s.role == "decode"]
     prefill = next(s for s in pair.specs if s.role == "prefill")
     geometry = ByteGeometry.of_pair(prefill.model_path, prefill.dtype, prefill.block_size,
@@ -129,18 +127,18 @@ def evaluate_cell(runner: Any, cell: Cell, pair: Deployment, rnd: Any, task: str
         with ProxyDeployment(pair, port=port, log_dir=runner.log_dir, fault=proxy_fault,
                              records_path=records_path, allocator=runner.allocator,
                              request_tag=request_tag_for(cell.fault, cell.fault_env),
-                             cache_salt=salt) as proxy:
+                             cache_salt=salt, kv_connector=cell.kv_connector) as proxy:
             artifacts["logs"]["proxy"] = str(proxy.process.log_path)
             endpoint = proxy.endpoint()
             pd = StagedRun(lambda docs, n: runner.evaluate(endpoint, "pd", task, data_dir,
                                                            sample=docs, limit=n), rnd.order)
-            before, link_before = scrape_all(decode_urls), link_start(pair)
+            before, link_before = pair_counters(pair), link_start(pair)
             previous_n = None
             proofs: dict[int, Any] = {}   # a look's transfer proof, taken when its P/D answers were in
 
             def proof_now() -> Any:
                 return transfer_proof(read_proxy_records(str(records_path)),
-                                      scrape_all(decode_urls).delta(before), hybrid, decode_logs,
+                                      pair_counters(pair).delta(before), hybrid, decode_logs,
                                       geometry, link_evidence(pair, link_before), digests)
 
             def ask_ahead(n: int) -> None:

@@ -31,8 +31,10 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import relevance
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR, KV_CONNECTORS
 from harness.eval.lmeval import TASKS_DIR
 from harness.matrix.schema import describe
+from harness.serve.connectors.registry import connector_for
 
 SCHEMA: dict[str, Any] = json.loads(
     resources.files("harness.run").joinpath("deployment.schema.json").read_text("utf-8"))
@@ -42,11 +44,17 @@ HARNESS_PROXY = "harness-proxy"
 AUTO_TASK = "auto"
 DEFAULT_TIMEOUT_S = 10.0
 
-# Samples a decode server of vLLM's NixlConnector exposes from its start (per engine, at 0): the
+# Samples every vLLM server exposes from its start; a decode page adds its connector's byte and
+# failed-transfer counters where the connector puts them on the decode (per engine, at 0): the
 # transfer proof reads them (harness.eval.metrics), so a page without them cannot prove anything.
-DECODE_SAMPLES = ("vllm:prompt_tokens_by_source_total", "vllm:nixl_bytes_transferred_sum",
-                  "vllm:nixl_num_failed_transfers_total")
-PREFILL_SAMPLES = ("vllm:prompt_tokens_by_source_total",)
+SERVER_SAMPLES = ("vllm:prompt_tokens_by_source_total",)
+PROVING_COUNTERS = ("kv_bytes", "failed_transfers")
+
+
+def samples_wanted(kv_connector: str, role: str) -> tuple[str, ...]:
+    """What a `role` server's /metrics page must hold for the transfer proof of `kv_connector`."""
+    mapped = connector_for(kv_connector).metrics.counters_from(role)
+    return SERVER_SAMPLES + tuple(s for s, c in mapped.items() if c in PROVING_COUNTERS)
 
 # The transfer checks (harness.judge.verdict.transfer_checks) that read the harness proxy's
 # per-request records; a user's router keeps no such records.
@@ -100,6 +108,7 @@ class ExternalDeployment:
     decode_metrics: tuple[Endpoint, ...]
     prefill_metrics: tuple[Endpoint, ...]
     timeout_s: float = DEFAULT_TIMEOUT_S
+    kv_connector: str = DEFAULT_KV_CONNECTOR   # harness.core.kv_connectors: how its KV moves
 
     @property
     def uses_harness_proxy(self) -> bool:
@@ -134,6 +143,10 @@ def load_deployment(path: str | os.PathLike[str]) -> ExternalDeployment:
     if task != AUTO_TASK and task not in known_tasks():
         raise DeploymentError(f"{source}: task: unknown task {task!r}; the harness ships "
                               f"{', '.join(known_tasks())}, or {AUTO_TASK} (chosen by model)")
+    connector = data.get("kv_connector", DEFAULT_KV_CONNECTOR)
+    if connector not in KV_CONNECTORS:
+        raise DeploymentError(f"{source}: kv_connector: unknown KV connector {connector!r}; use "
+                              f"one of {', '.join(KV_CONNECTORS)}")
     return _build(data, source, task)
 
 
@@ -171,7 +184,8 @@ def _build(data: dict[str, Any], source: str, task: str) -> ExternalDeployment:
         baseline=baseline, router=router, prefill=prefill, decode=decode,
         decode_metrics=endpoints(metrics["decode"], metrics_auth),
         prefill_metrics=endpoints(metrics.get("prefill", []), metrics_auth),
-        timeout_s=float(data.get("timeout_s", DEFAULT_TIMEOUT_S)))
+        timeout_s=float(data.get("timeout_s", DEFAULT_TIMEOUT_S)),
+        kv_connector=data.get("kv_connector", DEFAULT_KV_CONNECTOR))
 
 
 # ---- before the first question -------------------------------------------------------------
@@ -190,8 +204,12 @@ def check_endpoints(dep: ExternalDeployment, get: Get = requests.get,
         problem = _check_models(label, endpoint, dep.model, dep.timeout_s, get, environ)
         if problem:
             problems.append(problem)
-    pages = [("decode", e, DECODE_SAMPLES, "a vLLM decode server with NIXL") for e in dep.decode_metrics]
-    pages += [("prefill", e, PREFILL_SAMPLES, "a vLLM server") for e in dep.prefill_metrics]
+    label = connector_for(dep.kv_connector).label
+    pages = [("decode", e, samples_wanted(dep.kv_connector, "decode"),
+              f"a vLLM decode server with {label}") for e in dep.decode_metrics]
+    pages += [("prefill", e, samples_wanted(dep.kv_connector, "prefill"),
+               f"a vLLM prefill server with {label}" if connector_for(dep.kv_connector).metrics
+               .counters_from("prefill") else "a vLLM server") for e in dep.prefill_metrics]
     for role, endpoint, wanted, what in pages:
         problem = _check_metrics(role, endpoint, wanted, what, dep.timeout_s, get, environ)
         if problem:
@@ -284,6 +302,7 @@ def to_record(dep: ExternalDeployment) -> dict[str, Any]:
         "model": dep.model,
         "task": dep.task,
         "timeout_s": dep.timeout_s,
+        "kv_connector": dep.kv_connector,
         "baseline": dep.baseline.to_dict(),
         "pd": {
             "router": HARNESS_PROXY if dep.router is None else dep.router.to_dict(),

@@ -30,6 +30,7 @@ from typing import Any
 
 import requests
 
+from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR
 from harness.core.outcomes import CONTINUE
 from harness.core.reference import ReferenceAccuracy
 from harness.eval.lmeval import (DatasetNotFound, EvalRun, evaluate_endpoint, materialize_task,
@@ -45,6 +46,7 @@ from harness.run.aa_rerun import finished
 from harness.run.runner import BaselineRound, CellResult, Runner
 from harness.run.stages import QuestionOrder, StagedRun
 from harness.run.transfer_evidence import read_proxy_records, transfer_proof
+from harness.serve.connectors.registry import connector_for
 from harness.serve.deploy import ProxyDeployment
 
 EXTERNAL_PREFIX = "external-"
@@ -139,16 +141,28 @@ def task_problem(facts: ModelFacts) -> str | None:
 
 
 # ---- /metrics --------------------------------------------------------------------------------
-def scrape(endpoints: Iterable[Endpoint], environ: Mapping[str, str],
-           timeout_s: float) -> TransferCounters:
-    """The transfer counters summed over `endpoints` (full /metrics URLs, with their auth)."""
+def scrape(endpoints: Iterable[Endpoint], environ: Mapping[str, str], timeout_s: float,
+           kv_connector: str = DEFAULT_KV_CONNECTOR, role: str = "decode") -> TransferCounters:
+    """The transfer counters summed over `endpoints` (full /metrics URLs, with their auth), as
+    servers of `role` of a pair of `kv_connector` expose them."""
     total = asdict(TransferCounters())
     for endpoint in endpoints:
         response = requests.get(endpoint.url, headers=endpoint.headers(environ), timeout=timeout_s)
         response.raise_for_status()
-        for key, value in asdict(parse_transfer_counters(response.text)).items():
+        counters = parse_transfer_counters(response.text, connector_for(kv_connector), role)
+        for key, value in asdict(counters).items():
             total[key] += value
     return TransferCounters(**total)
+
+
+def scrape_both(dep: ExternalDeployment, environ: Mapping[str, str]) -> TransferCounters:
+    """The pair's counters: the decode pages, plus the counters the connector puts on the
+    prefill (a push connector's writes) from its pages, where the file names them."""
+    decode = scrape(dep.decode_metrics, environ, dep.timeout_s, dep.kv_connector)
+    if not connector_for(dep.kv_connector).metrics.counters_from("prefill"):
+        return decode
+    return decode.plus(scrape(dep.prefill_metrics, environ, dep.timeout_s, dep.kv_connector,
+                              "prefill"))
 
 
 def router_proof(delta: TransferCounters, hybrid: bool) -> TransferProof:
@@ -253,7 +267,7 @@ class ExternalRun:
         artifacts["proxy_records"] = str(records_path)
         with ProxyDeployment(_Upstreams(self.dep), port=port, log_dir=runner.log_dir, fault=None,
                              records_path=records_path, allocator=runner.allocator,
-                             cache_salt=salt) as proxy:
+                             cache_salt=salt, kv_connector=self.dep.kv_connector) as proxy:
             artifacts["logs"]["proxy"] = str(proxy.process.log_path)
             yield proxy.base_url
 
@@ -277,13 +291,13 @@ class ExternalRun:
             headers = dep.pd_endpoint.headers(self.environ)
             with self.pd_url(records_path, salt, artifacts) as url:
                 pd = StagedRun(lambda docs, n: self.ask(url, "pd", docs, n, headers), rnd.order)
-                before = scrape(dep.decode_metrics, self.environ, dep.timeout_s)
+                before = scrape_both(dep, self.environ)
                 prefill_before = scrape(dep.prefill_metrics, self.environ, dep.timeout_s)
                 previous_n = None
                 for n in plan.stages:
                     runner.progress(f"evaluating P/D {cell.cell_id} at {url} ({n} questions)")
                     pd_run, base_run = pd.up_to(n), rnd.staged.up_to(n)
-                    delta = scrape(dep.decode_metrics, self.environ, dep.timeout_s).delta(before)
+                    delta = scrape_both(dep, self.environ).delta(before)
                     cmp = compare(base_run, pd_run, self.proof(records_path, delta),
                                   baseline_aa=rnd.aa, alpha=policy.alpha)
                     verdict = decide(cmp, policy, None, reference=self.facts.reference,

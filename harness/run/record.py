@@ -1,12 +1,12 @@
 """Record: the one JSON file a cell's run leaves behind, written atomically.
 
-Schema (version 1) — every key is always present; unknown values are null:
+Schema (version 2) — every key is always present; unknown values are null:
 
     {
-      "schema_version": 1,
+      "schema_version": 2,
       "run_id": "20261129T193000Z-ab12cd",      # one per harness invocation
       "created_at": "2026-11-29T19:31:02Z",
-      "cell": {... Cell.to_dict(), "id": "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1"},
+      "cell": {... Cell.to_dict() (kv_connector included), "id": "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1"},
       "versions": {"vllm": "0.32.0", "nixl": "1.5.1", "lm_eval": "0.4.13", "torch": "2.13.0+cpu",
                    "harness": "<git sha or version>", "python": "3.11.7"},
       "hardware": {"platform": "cpu"|"cuda", "cpu": "...", "cpu_isa": ["avx2", ...],
@@ -23,11 +23,12 @@ Schema (version 1) — every key is always present; unknown values are null:
         "agreement": 0.98,                           # exact generation agreement
         "noise_floor": {...} | null,                 # A/A disagreement, when measured
         "logprob": {...} | null,                     # |Δ logprob| summary, when measured
-        "transfer": {                                # decode /metrics deltas + proxy records
+        "transfer": {                                # the pair's /metrics deltas + proxy records
           "requests": 50, "requests_with_params": 50,
           "prompt_tokens_external": 15000, "prompt_tokens_local": 0,
           "prompt_tokens_total": 15000,
-          "nixl_bytes": 123456, "nixl_failed_transfers": 0, "nixl_failed_notifications": 0
+          "kv_bytes": 123456, "kv_transfers": 50, "failed_transfers": 0,
+          "failed_notifications": 0, "expired_requests": 0
         }
       },
       "verdict": {"status": "PASS"|"FAIL"|"INCONCLUSIVE"|"ERROR",
@@ -43,6 +44,9 @@ Schema (version 1) — every key is always present; unknown values are null:
     }
 
 Paths in "artifacts" are relative to the record's own directory when they lie below it.
+
+Version 1 (before the connector seam) named the transfer counters after NIXL (``nixl_bytes``...)
+and the byte check ``nixl-bytes-exact``; `load_records` reads such records with today's names.
 """
 from __future__ import annotations
 
@@ -52,8 +56,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from harness.core.atomic import atomic_write_json
+from harness.eval.metrics import legacy_counter_names
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+# version-1 check names -> today's
+LEGACY_CHECK_NAMES = {"nixl-bytes-exact": "kv-bytes-exact"}
 RECORD_KEYS = (
     "schema_version", "run_id", "created_at", "cell", "versions", "hardware", "options",
     "metrics", "verdict", "timings", "artifacts",
@@ -66,6 +74,22 @@ def validate_record(record: Mapping[str, Any]) -> None:
         raise ValueError(f"record lacks keys: {', '.join(missing)}")
     if record["schema_version"] != SCHEMA_VERSION:
         raise ValueError(f"record schema_version {record['schema_version']} != {SCHEMA_VERSION}")
+
+
+def upgrade_record(data: dict[str, Any]) -> dict[str, Any]:
+    """A record of any readable version with today's names (schema_version left as written)."""
+    if data.get("schema_version") == SCHEMA_VERSION:
+        return data
+    metrics = data.get("metrics")
+    if isinstance(metrics, dict) and isinstance(metrics.get("transfer"), dict):
+        metrics["transfer"] = legacy_counter_names(metrics["transfer"])
+    verdict = data.get("verdict")
+    for check in (verdict.get("checks") or []) if isinstance(verdict, dict) else []:
+        if isinstance(check, dict) and check.get("name") in LEGACY_CHECK_NAMES:
+            check["name"] = LEGACY_CHECK_NAMES[check["name"]]
+    if isinstance(verdict, dict) and verdict.get("check") in LEGACY_CHECK_NAMES:
+        verdict["check"] = LEGACY_CHECK_NAMES[verdict["check"]]
+    return data
 
 
 def write_record(results_dir: str | os.PathLike[str], record: Mapping[str, Any]) -> Path:
@@ -82,8 +106,8 @@ def load_records(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
             data = json.loads(p.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        if isinstance(data, dict) and data.get("schema_version") == SCHEMA_VERSION and "verdict" in data:
+        if isinstance(data, dict) and data.get("schema_version") in READABLE_VERSIONS and "verdict" in data:
             data.setdefault("_path", str(p))
-            out.append(data)
+            out.append(upgrade_record(data))
     out.sort(key=lambda r: (r.get("created_at") or "", r["cell"].get("id", "")))
     return out

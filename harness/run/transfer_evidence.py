@@ -1,5 +1,6 @@
 """A cell's transfer evidence, read from what its P/D evaluation left on disk: the proxy's
-per-request records (which kv_transfer_params prefill returned and decode received) and the
+per-request records (which kv_transfer_params prefill returned and decode received, read through
+the pair's connector, harness.serve.connectors), the pair's transfer counters, and the
 fault lines the canary plugin wrote to the decode servers' logs; for a network: netns pair, the
 bytes its decode's P<->D link received (harness.serve.net.netns) and the UCX settings its servers
 ran with."""
@@ -13,9 +14,12 @@ from typing import Iterable
 from harness.core.kv_geometry import GeometryUnknown, KvGeometry, geometry_from_config
 from harness.judge.byte_accounting import account
 
-from harness.eval.metrics import TransferCounters
+from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR
+from harness.eval.metrics import TransferCounters, scrape_pair
 from harness.judge.compare import TransferProof
 from harness.run.kv_digest_evidence import digest_evidence
+from harness.serve.connectors.base import PAIR_ROLES, KvConnector
+from harness.serve.connectors.registry import connector_for
 from harness.serve.deploy import Deployment
 from harness.serve.net.netns import process_env
 from harness.serve.plugins.faults.spec import APPLIED_PREFIX, parse_fault_log
@@ -57,7 +61,7 @@ def count_fault_lines(log_paths: Iterable[str], request_ids: Iterable[str] | Non
 
 
 # vLLM (0.26 GPU, 0.32 CPU) logs each hybrid decode worker's per-layer recurrent state bytes when
-# it registers its caches with NIXL: "Hybrid SSM registration: ... mamba_ssm_size=(3264, 32768)"
+# it registers its caches with its connector (NixlConnector's words): "Hybrid SSM registration: ... mamba_ssm_size=(3264, 32768)"
 _STATE_SIZE_RE = re.compile(r"mamba_ssm_size=\((\d+),\s*(\d+)\)")
 _FORCED_BLOCK_RE = re.compile(r"requires block_size=(\d+), overriding user-specified block_size")
 
@@ -107,8 +111,22 @@ class ByteGeometry:
             return cls(None, prefill_block_size, str(exc))
 
 
+def record_connector(record: dict) -> KvConnector:
+    """The connector whose params a proxy record carries (records before the seam: NIXL pull)."""
+    return connector_for(record.get("kv_connector") or DEFAULT_KV_CONNECTOR)
+
+
+def pair_counters(pair: Deployment) -> TransferCounters:
+    """The pair's transfer counters now: each role's /metrics read through its connector's map
+    (a pull connector's decode counts the transfers, a push connector's prefill)."""
+    connector = connector_for(pair.specs[-1].kv_connector)
+    return scrape_pair({role: pair.urls(role) for role in PAIR_ROLES}, connector)
+
+
 def _byte_account(records: list[dict], delta: TransferCounters, geometry: ByteGeometry | None,
                   decode_logs: list[str]) -> tuple[dict | None, str | None]:
+    if any(record_connector(r).byte_accounting is None for r in records):
+        return None, "the connector cannot say how many bytes it should move"
     if geometry is None:
         return None, "no geometry given (not a harness-started pair)"
     if geometry.geometry is None:
@@ -119,13 +137,14 @@ def _byte_account(records: list[dict], delta: TransferCounters, geometry: ByteGe
         if logged is None:
             return None, "hybrid: the decode log has no 'mamba_ssm_size' line to size its state"
         state = logged
-    # what the proxy sent decode is what decode was asked to read (a foreign-params canary sends
-    # another request's; a dropped transfer sends none)
+    # the blocks each request's transfer was to move, as its connector lists them (pull: what the
+    # decode was sent, a foreign-params canary's another request's; a dropped transfer: none)
     block_size = geometry.prefill_block_size
     if geometry.geometry.latent:    # every MLA server gets the block size its backend forces
         block_size = forced_block_size_from_logs(decode_logs) or block_size
-    acc = account((r.get("sent_kv_transfer_params") for r in records), geometry.geometry,
-                  block_size, delta.nixl_bytes, state_bytes_per_layer=state,
+    blocks = (record_connector(r).block_params(r.get("received_kv_transfer_params"),
+                                               r.get("sent_kv_transfer_params")) for r in records)
+    acc = account(blocks, geometry.geometry, block_size, delta.kv_bytes, state_bytes_per_layer=state,
                   cache_hit_tokens=delta.prompt_tokens_cache_hit)
     return acc.to_dict(), None
 
@@ -157,6 +176,10 @@ class DigestFiles:
         decode = next(s for s in pair.specs if s.role == "decode")
         if not pair.kv_digest:
             return cls([], [], decode.block_size, "KV digests off (--no-kv-digest)")
+        connector = connector_for(decode.kv_connector)
+        if not connector.kv_digest:
+            return cls([], [], decode.block_size, f"the kv-digest plugin does not hook "
+                                                  f"{connector.vllm_name}")
         return cls(pair.digest_files("prefill"), pair.digest_files("decode"), decode.block_size)
 
 
@@ -164,8 +187,8 @@ def transfer_proof(records: list[dict], delta: TransferCounters, hybrid: bool,
                    decode_logs: Iterable[str], geometry: ByteGeometry | None = None,
                    link: dict | None = None, digests: DigestFiles | None = None
                    ) -> TransferProof:
-    """The TransferProof of one P/D evaluation: its proxy `records`, the decode servers'
-    /metrics `delta` over it, the fault lines in `decode_logs`, (with `geometry`) the exact
+    """The TransferProof of one P/D evaluation: its proxy `records`, the pair's transfer
+    counters' `delta` over it, the fault lines in `decode_logs`, (with `geometry`) the exact
     byte account, (netns pairs) the `link` evidence and (with `digests`) the KV digests."""
     decode_logs = list(decode_logs)
     def usable(params: dict | None) -> bool:
@@ -176,7 +199,8 @@ def transfer_proof(records: list[dict], delta: TransferCounters, hybrid: bool,
     sent = sum(usable(r.get("sent_kv_transfer_params")) for r in records)
     byte_account, skipped = _byte_account(records, delta, geometry, decode_logs)
     own = sum(usable(r.get("sent_kv_transfer_params"))
-              and r.get("sent_kv_transfer_params") == r.get("received_kv_transfer_params")
+              and r.get("sent_kv_transfer_params")
+              == record_connector(r).decode_params(r.get("received_kv_transfer_params"))
               for r in records)
     return TransferProof(requests=len(records), requests_with_params=with_params,
                          requests_own_params=own, counters=delta,
@@ -199,4 +223,5 @@ def _digest_fields(records: list[dict], digests: DigestFiles | None) -> dict:
 
 
 __all__ = ["ByteGeometry", "DigestFiles", "count_fault_lines", "link_evidence", "link_start",
-           "read_proxy_records", "state_bytes_from_logs", "transfer_proof"]
+           "pair_counters", "read_proxy_records", "record_connector", "state_bytes_from_logs",
+           "transfer_proof"]

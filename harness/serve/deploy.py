@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Sequence
 
 from harness.core.cell import Cell
+from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR
+from harness.serve.connectors.registry import connector_for
 from harness.serve.net.netns import TopologyLedger, TwoHostTopology
 from harness.serve.launch.placement import Placement
 from harness.serve.host.ports import PortAllocator
@@ -38,7 +40,7 @@ DEFAULT_KV_CACHE_BYTES = 512 * 1024 * 1024
 GPU_SHARED_UTILIZATION = 0.06
 # Ports reserved per server for vLLM's own use (VLLM_PORT and up: the distributed rendezvous)
 INTERNAL_PORT_BLOCK = 4
-# vLLM's NIXL threads sometimes ignore SIGTERM; the harness owns no state there worth waiting for
+# vLLM's KV connector threads sometimes ignore SIGTERM; no state there is worth waiting for
 SERVER_TERM_TIMEOUT_S = 8.0
 
 
@@ -68,8 +70,9 @@ def plan_server(cell: Cell, role: str, index: int, *, model_path: str, hybrid: b
         role=role, index=index, model_path=model_path, served_model_name=cell.model_short,
         port=port, backend=cell.backend, block_size=block, runner=cell.runner, device=cell.device,
         dtype=cell.dtype, tp=tp, max_model_len=cell.max_model_len, compile=cell.compile,
-        kv_buffer_device=cell.kv_buffer_device, side_channel_port=side_channel_port,
-        internal_port=internal_port, kv_cache_bytes=kv_cache_bytes or DEFAULT_KV_CACHE_BYTES,
+        kv_buffer_device=cell.kv_buffer_device, kv_connector=cell.kv_connector,
+        side_channel_port=side_channel_port, internal_port=internal_port,
+        kv_cache_bytes=kv_cache_bytes or DEFAULT_KV_CACHE_BYTES,
         cpu_cores=None if on_gpu else placement.core_for(role, index, tp),
         gpu_ids=placement.gpus_for(role, index, tp, cell.prefill_tp * cell.num_prefill) if on_gpu else (),
         gpu_memory_utilization=GPU_SHARED_UTILIZATION if on_gpu else None,
@@ -85,7 +88,7 @@ def pair_key(cell: Cell) -> tuple:
     cell's pair (proxy faults act in the proxy, server faults arrive with each request)."""
     return (cell.baseline_key, cell.runner, cell.prefill_block_size, cell.decode_block_size,
             cell.prefill_tp, cell.decode_tp, cell.num_prefill, cell.num_decode,
-            cell.kv_buffer_device, cell.kv_layout, cell.network)
+            cell.kv_buffer_device, cell.kv_layout, cell.network, cell.kv_connector)
 
 
 def uses_template(server_start: str, spec: ServerSpec) -> bool:
@@ -299,7 +302,8 @@ class ProxyDeployment:
     def __init__(self, pair: Deployment, *, port: int, log_dir: Path, fault: str | None,
                  records_path: Path, startup_timeout_s: float = 60.0,
                  allocator: PortAllocator | None = None, python: str = sys.executable,
-                 request_tag: str = "", cache_salt: str | None = None) -> None:
+                 request_tag: str = "", cache_salt: str | None = None,
+                 kv_connector: str = DEFAULT_KV_CONNECTOR) -> None:
         self.pair = pair
         self.port = port
         self.records_path = Path(records_path)
@@ -310,6 +314,7 @@ class ProxyDeployment:
             argv += ["--prefill", url]
         for url in pair.urls("decode"):
             argv += ["--decode", url]
+        argv += ["--kv-connector", kv_connector]   # how the kv_transfer_params travel
         if fault:
             argv += ["--fault", fault]
         if request_tag:
@@ -375,19 +380,20 @@ def plan_pair(cell: Cell, *, model_path: str, hybrid: bool, allocator: PortAlloc
                             ("decode", cell.num_decode, cell.decode_tp)):
         for index in range(count):
             port = allocator.reserve(1, owner=f"{role}:{cell.cell_id}")[0]
-            # vLLM offsets the side-channel port by rank for TP > 1: reserve a contiguous block
-            side = allocator.reserve_block(max(tp, 1), owner=f"{role}-nixl:{cell.cell_id}")
+            n_side = connector_for(cell.kv_connector).ports.per_rank * max(tp, 1)   # per TP rank
+            side = allocator.reserve_block(n_side, owner=f"{role}-kv:{cell.cell_id}") if n_side else []
             internal = allocator.reserve_block(INTERNAL_PORT_BLOCK, owner=f"{role}-vllm:{cell.cell_id}")
             reserved += [port, *side, *internal]
             specs.append(plan_server(cell, role, index, model_path=model_path, hybrid=hybrid,
-                                     port=port, side_channel_port=side[0], placement=placement,
-                                     kv_cache_bytes=kv_cache_bytes, internal_port=internal[0],
-                                     arm_faults=arm_faults))
+                                     port=port, side_channel_port=(side or [None])[0],
+                                     placement=placement, kv_cache_bytes=kv_cache_bytes,
+                                     internal_port=internal[0], arm_faults=arm_faults))
             if topology is not None:
                 specs[-1] = topology.place(specs[-1])
     name = "pair-" + "-".join(str(x) for x in (
         cell.baseline_key, cell.prefill_block_size, cell.decode_block_size, cell.prefill_tp,
-        cell.decode_tp, "armed" if arm_faults else "ok", *([topology.tag] if topology else ())))
+        cell.decode_tp, "armed" if arm_faults else "ok", *([topology.tag] if topology else ()),
+        *([cell.kv_connector] if cell.kv_connector != DEFAULT_KV_CONNECTOR else ())))
     return Deployment(name, specs, log_dir=log_dir, features=features,
                       startup_timeout_s=startup_timeout_s, allocator=allocator, reserved_ports=reserved,
                       start_slots=start_slots, topology=topology, kv_digest=kv_digest,

@@ -23,11 +23,11 @@ def test_decode_server_after_one_pd_request():
     assert c.prompt_tokens_local == 0.0
     assert c.prompt_tokens_cache_hit == 0.0
     assert c.prompt_tokens_total == 1088.0
-    assert c.nixl_bytes == pytest.approx(1.1e6)
-    assert c.nixl_transfers == 1.0
-    assert c.nixl_failed_transfers == 0.0
-    assert c.nixl_failed_notifications == 0.0
-    assert c.nixl_expired_requests == 0.0
+    assert c.kv_bytes == pytest.approx(1.1e6)
+    assert c.kv_transfers == 1.0
+    assert c.failed_transfers == 0.0
+    assert c.failed_notifications == 0.0
+    assert c.expired_requests == 0.0
     # every finished reason counts
     assert c.requests_finished == 1.0
 
@@ -38,11 +38,11 @@ def test_two_engines_are_summed():
     assert c.prompt_tokens_cache_hit == 16.0
     assert c.prompt_tokens_external == 1500.0
     assert c.prompt_tokens_total == 1521.0
-    assert c.nixl_bytes == pytest.approx(4.0e6)
-    assert c.nixl_transfers == 8.0
-    assert c.nixl_failed_transfers == 3.0
-    assert c.nixl_failed_notifications == 1.0
-    assert c.nixl_expired_requests == 4.0
+    assert c.kv_bytes == pytest.approx(4.0e6)
+    assert c.kv_transfers == 8.0
+    assert c.failed_transfers == 3.0
+    assert c.failed_notifications == 1.0
+    assert c.expired_requests == 4.0
     assert c.requests_finished == 8.0
 
 
@@ -50,7 +50,7 @@ def test_server_without_nixl_metrics_reads_as_zero():
     # a baseline server (no connector) exposes only the by-source counter
     text = "\n".join(line for line in AFTER_PD.splitlines() if "nixl" not in line) + "\n"
     c = parse_transfer_counters(text)
-    assert c.nixl_bytes == 0.0 and c.nixl_transfers == 0.0
+    assert c.kv_bytes == 0.0 and c.kv_transfers == 0.0
     assert c.prompt_tokens_external == 1088.0
     assert parse_transfer_counters("") == TransferCounters()
 
@@ -119,7 +119,7 @@ def test_scrape_reads_metrics_path(metrics_servers):
 def test_scrape_all_sums_servers(metrics_servers):
     total = scrape_all(metrics_servers[:2])
     assert total.prompt_tokens_external == 1088.0 + 1500.0
-    assert total.nixl_transfers == 9.0
+    assert total.kv_transfers == 9.0
     assert scrape_all([]) == TransferCounters()
 
 

@@ -29,7 +29,7 @@ def run(role: str, wrong: int = 0) -> EvalRun:
 
 
 def proof(n: int = N, requests_sent_params: int = N, **counters: float) -> TransferProof:
-    base = dict(prompt_tokens_external=120.0 * n, nixl_bytes=1e5 * n, nixl_transfers=float(n))
+    base = dict(prompt_tokens_external=120.0 * n, kv_bytes=1e5 * n, kv_transfers=float(n))
     return TransferProof(requests=n, requests_with_params=n, requests_own_params=n,
                          counters=TransferCounters(**{**base, **counters}),
                          recompute_allowance=0, requests_sent_params=requests_sent_params)
@@ -42,7 +42,7 @@ def comparison(n: int = N, *, pd_wrong: int = 0, transfer: TransferProof | None 
 def failed_read_proof(failed: int, recomputed_tokens: float) -> TransferProof:
     """/metrics after `failed` reads failed under kv_load_failure_policy "recompute": counted
     by NIXL, the prompts computed by the decode itself, every answer correct."""
-    return proof(N, nixl_failed_transfers=float(failed), prompt_tokens_local=recomputed_tokens)
+    return proof(N, failed_transfers=float(failed), prompt_tokens_local=recomputed_tokens)
 
 
 def test_recomputed_failed_reads_fail_for_the_failed_transfers_not_the_recompute():
@@ -57,7 +57,7 @@ def test_recomputed_failed_reads_fail_for_the_failed_transfers_not_the_recompute
 
 def test_drop_transfer_still_fails_as_a_recompute():
     v = decide(comparison(N, transfer=proof(N, requests_sent_params=0, prompt_tokens_external=0.0,
-                                            nixl_bytes=0.0, prompt_tokens_local=120.0 * N)))
+                                            kv_bytes=0.0, prompt_tokens_local=120.0 * N)))
     assert v.reason.startswith("decode recomputed the prompt")
     assert dataclasses.replace(v, canary="drop-transfer").outcome == CAUGHT
     assert dataclasses.replace(v, canary="fail-transfer").outcome == MISSED

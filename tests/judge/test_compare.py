@@ -41,7 +41,7 @@ def run(questions: list[QuestionRecord], role: str = "baseline") -> EvalRun:
 def good_proof(n: int) -> TransferProof:
     return TransferProof(requests=n, requests_with_params=n, requests_own_params=n,
                          counters=TransferCounters(prompt_tokens_external=100.0 * n,
-                                                   nixl_bytes=1e5 * n, nixl_transfers=n),
+                                                   kv_bytes=1e5 * n, kv_transfers=n),
                          recompute_allowance=0, requests_sent_params=n)
 
 

@@ -22,8 +22,8 @@ def run(role: str) -> EvalRun:
 
 
 def proof() -> TransferProof:
-    counters = TransferCounters(prompt_tokens_external=120.0 * N, nixl_bytes=1e5 * N,
-                                nixl_transfers=float(N))
+    counters = TransferCounters(prompt_tokens_external=120.0 * N, kv_bytes=1e5 * N,
+                                kv_transfers=float(N))
     return TransferProof(requests=N, requests_with_params=N, requests_own_params=N,
                          counters=counters, recompute_allowance=0, requests_sent_params=N)
 
@@ -43,12 +43,12 @@ def link(rx: int | None) -> dict:
                                      "prefill-0": {"UCX_TLS": "tcp"}}}
 
 
-def nixl_bytes() -> float:
-    return proof().counters.nixl_bytes        # 1e5 per question
+def kv_bytes() -> float:
+    return proof().counters.kv_bytes        # 1e5 per question
 
 
 def test_the_link_carried_the_kv_passes():
-    v = decide(comparison(transfer=dataclasses.replace(proof(), link=link(int(nixl_bytes()) + 4096))))
+    v = decide(comparison(transfer=dataclasses.replace(proof(), link=link(int(kv_bytes()) + 4096))))
     assert v.status == PASS
     c = check(v, "kv-crossed-the-link")
     assert c.passed and "UCX_TLS=tcp" in c.detail and "pdacc-abc123-d" in c.detail
@@ -58,12 +58,12 @@ def test_fewer_bytes_on_the_link_than_nixl_moved_fails_with_both_numbers():
     v = decide(comparison(transfer=dataclasses.replace(proof(), link=link(896))))
     assert v.status == FAIL
     assert v.reason.startswith("the KV did not cross the network link:")
-    assert "896 bytes" in v.reason and f"{nixl_bytes():,.0f}" in v.reason
+    assert "896 bytes" in v.reason and f"{kv_bytes():,.0f}" in v.reason
     assert not check(v, "kv-crossed-the-link").passed
 
 
 def test_an_unreadable_counter_is_not_proof():
-    c = link_check(link(None), nixl_bytes())
+    c = link_check(link(None), kv_bytes())
     assert not c.passed and "could not be read" in c.detail
 
 

@@ -37,8 +37,8 @@ def run(questions: list[QuestionRecord], role: str) -> EvalRun:
 
 
 def proof(n: int = N, **changes) -> TransferProof:
-    counters = TransferCounters(prompt_tokens_external=120.0 * n, nixl_bytes=1e5 * n,
-                                nixl_transfers=float(n))
+    counters = TransferCounters(prompt_tokens_external=120.0 * n, kv_bytes=1e5 * n,
+                                kv_transfers=float(n))
     base = TransferProof(requests=n, requests_with_params=n, requests_own_params=n,
                          counters=counters, recompute_allowance=0, requests_sent_params=n)
     counter_changes = changes.pop("counters", {})
@@ -74,12 +74,12 @@ def test_clean_powered_cell_passes():
     assert all(c.passed for c in v.checks)
     assert {c.name for c in v.checks} >= {"kv-arrived-externally", "accuracy", "noise-floor",
                                           "logprob-divergence"}
-    assert "prompt tokens arrived over NIXL" in v.reason
+    assert "prompt tokens arrived through the connector" in v.reason
 
 
 # ---- transfer proof -------------------------------------------------------------------------
 def test_no_external_tokens_means_decode_recomputed():
-    v = decide(comparison(transfer=proof(counters={"prompt_tokens_external": 0.0, "nixl_bytes": 0.0,
+    v = decide(comparison(transfer=proof(counters={"prompt_tokens_external": 0.0, "kv_bytes": 0.0,
                                                    "prompt_tokens_local": 120.0 * N})))
     assert v.status == FAIL
     assert v.reason.startswith("decode recomputed the prompt: no KV crossed")
@@ -100,7 +100,7 @@ def test_local_tokens_within_the_hybrid_allowance_pass_beyond_it_fail():
 def test_dropped_params_fail_as_recompute():
     # the drop-transfer canary: prefill returned params, the proxy sent decode none
     p = proof(requests_own_params=0, requests_sent_params=0,
-              counters={"prompt_tokens_external": 0.0, "nixl_bytes": 0.0,
+              counters={"prompt_tokens_external": 0.0, "kv_bytes": 0.0,
                         "prompt_tokens_local": 120.0 * N})
     v = decide(comparison(transfer=p))
     assert v.status == FAIL
@@ -125,7 +125,7 @@ def test_unknown_sent_count_treats_missing_own_params_as_foreign():
     assert check(v, "decode-got-params").passed
 
 
-@pytest.mark.parametrize("counter", ["nixl_failed_transfers", "nixl_failed_notifications"])
+@pytest.mark.parametrize("counter", ["failed_transfers", "failed_notifications"])
 def test_failed_transfers_fail(counter):
     v = decide(comparison(transfer=proof(counters={counter: 1.0})))
     assert v.status == FAIL and "no-failed-transfers" in v.reason
@@ -366,12 +366,12 @@ def test_byte_shortfall_fails_the_transfer_proof_with_both_numbers():
     geo = KvGeometry(attention_layers=4, kv_heads=2, head_dim=64, dtype_bytes=2)
     short = account([{"remote_block_ids": [[0, 1, 2, 3]]}] * N, geo, 128, 0.75 * N * 1_048_576)
     v = decide(comparison(aa=True, transfer=proof(byte_account=short.to_dict())))
-    assert v.status == FAIL and "nixl-bytes-exact" in v.reason and "short by" in v.reason
+    assert v.status == FAIL and "kv-bytes-exact" in v.reason and "short by" in v.reason
     exact = account([{"remote_block_ids": [[0, 1, 2, 3]]}] * N, geo, 128, N * 1_048_576)
     v = decide(comparison(aa=True, transfer=proof(byte_account=exact.to_dict())))
-    assert v.status == PASS and check(v, "nixl-bytes-exact").passed
+    assert v.status == PASS and check(v, "kv-bytes-exact").passed
     # no account (geometry not modelled): no check, nothing passed in its name
-    assert "nixl-bytes-exact" not in {c.name for c in decide(comparison(aa=True)).checks}
+    assert "kv-bytes-exact" not in {c.name for c in decide(comparison(aa=True)).checks}
 
 
 # ---- KV digest ------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ NO_PC = ("--no-enable-prefix-caching",)
 
 def features(**changes) -> VllmFeatures:
     base = dict(version="9.9", platform="cuda", attention_backend_flag=True, attention_backend_env=False,
-                v2_runner_env=True, kv_roles=("kv_producer", "kv_consumer", "kv_both"), nixl_available=True,
+                v2_runner_env=True, kv_roles=("kv_producer", "kv_consumer", "kv_both"),
                 attention_backends=("FLASH_ATTN", "TRITON_ATTN", "FLASHINFER", "CPU_ATTN"))
     return VllmFeatures(**{**base, **changes})
 
@@ -133,7 +133,9 @@ CASES = [
     ("vllm-device", cpu_cell(), gpu_cell(), None),
     ("vllm-v2-runner", gpu_cell(runner="v1"), gpu_cell(runner="v2"), None),
     ("vllm-backend", gpu_cell(backend="FLASH_ATTN"), gpu_cell(backend="TRITON_ATTN"), None),
-    ("vllm-nixl", cpu_cell(), cpu_cell(), None),
+    ("vllm-kv-connector", cpu_cell(), cpu_cell(), None),
+    ("vllm-kv-connector", cpu_cell(kv_connector="nixl-push"), cpu_cell(kv_connector="nixl-push"), "push"),
+    ("known-kv-connector", cpu_cell(kv_connector="nixl-push"), cpu_cell(kv_connector="lmcache"), CPU),
 ]
 
 
@@ -147,8 +149,12 @@ def _platform_for(rule: str, violating: bool, platform: PlatformInfo | None) -> 
         return PlatformInfo(device="cuda", gpu_count=2, vllm=features(attention_backends=("FLASH_ATTN",)))
     if rule == "netns-host":
         return PlatformInfo(netns_unavailable="network: netns needs root" if violating else None)
-    if rule == "vllm-nixl":
-        return PlatformInfo(vllm=features(platform="cpu", nixl_available=not violating))
+    if rule == "vllm-kv-connector" and platform == "push":   # vLLM without the push connector
+        return PlatformInfo(vllm=features(platform="cpu", kv_connectors=(
+            "NixlConnector",) if violating else ("NixlConnector", "NixlPushConnector")))
+    if rule == "vllm-kv-connector":   # NIXL does not import
+        return PlatformInfo(vllm=features(platform="cpu", kv_transports=(
+            () if violating else ("nixl._api:nixl_agent",))))
     return platform or GPU2
 
 
@@ -245,7 +251,7 @@ def test_no_platform_means_machine_agnostic():
 def test_rules_are_checked_and_listed_by_subject_in_a_fixed_order():
     assert [name for name, _, _ in describe_rules()] == [
         # the cell alone (rules_cell)
-        "known-runner", "known-backend", "known-device", "known-kv-buffer-device", "known-fault",
+        "known-runner", "known-backend", "known-device", "known-kv-buffer-device", "known-kv-connector", "known-fault",
         "known-compile", "known-network", "known-dtype", "positive-sizes", "backend-device", "kv-buffer-on-cpu", "v2-runner-not-on-cpu",
         "cpu-attn-block-multiple-32", "flash-attn-block-multiple-16", "triton-attn-block-multiple-16",
         "flashinfer-kernel-block", "flashinfer-logical-block", "heterogeneous-block-divisible",
@@ -261,7 +267,7 @@ def test_rules_are_checked_and_listed_by_subject_in_a_fixed_order():
         "hybrid-tp-multiple", "granite-hybrid-cpu-prefix-caching", "tp-divides-kv-heads",
         "backend-head-size", "flashinfer-sliding-window", "mla-backend", "max-model-len",
         # this machine (rules_machine)
-        "gpu-count", "netns-host", "vllm-device", "vllm-v2-runner", "vllm-backend", "vllm-nixl",
+        "gpu-count", "netns-host", "vllm-device", "vllm-v2-runner", "vllm-backend", "vllm-kv-connector",
     ]
 
 

@@ -6,7 +6,7 @@ import sqlite3
 from pathlib import Path
 
 from harness.cli.main import main
-from harness.report.history import (CELL_COLUMNS, RUN_COLUMNS, append_records, append_results_dir,
+from harness.report.history import (_DDL, CELL_COLUMNS, RUN_COLUMNS, append_records, append_results_dir,
                              connect, load_cells, load_runs)
 from harness.run.record import load_records
 
@@ -24,7 +24,7 @@ def test_schema_has_the_documented_tables_and_columns(tmp_path):
     assert runs == list(RUN_COLUMNS)
     assert cells == list(CELL_COLUMNS)
     assert pk == ["run_id", "cell_id"]
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
 
 
 def test_append_is_idempotent(tmp_path):
@@ -52,7 +52,7 @@ def test_rows_map_record_fields(tmp_path):
     assert abs(row["delta"] + 0.2) < 1e-9
     assert (row["ci_lo"], row["ci_hi"], row["p_value"], row["mde"], row["n"]) == \
         (-0.3, -0.1, 2e-4, 0.12, 50)
-    assert (row["external_tokens"], row["nixl_bytes"], row["failed_transfers"]) == (15000, 7340032, 0)
+    assert (row["external_tokens"], row["kv_bytes"], row["failed_transfers"]) == (15000, 7340032, 0)
     assert (row["startup_s"], row["total_s"]) == (31.2, 80.0)
     assert Path(row["record_path"]).is_file()
     xfail = load_cells(db, "v2-FLASH_ATTN-p16d16-Qwen3-0.6B-tp1x1")[-1]
@@ -84,3 +84,21 @@ def test_cli_history_append(tmp_path, capsys):
     assert main(["history", "--append", str(RECORDS), "--history", str(db)]) == 0
     assert "11 records appended" in capsys.readouterr().out
     assert main(["history", "--append", str(tmp_path / "missing"), "--history", str(db)]) == 2
+
+
+def test_a_version_1_store_is_migrated_in_place(tmp_path):
+    """A store written before the connector seam has a nixl_bytes column: it becomes kv_bytes,
+    its rows kept."""
+    db = tmp_path / "old.sqlite"
+    conn = sqlite3.connect(db)
+    ddl = _DDL.replace("kv_bytes INTEGER", "nixl_bytes INTEGER")
+    conn.executescript(ddl)
+    conn.execute("INSERT INTO runs (run_id) VALUES ('r1')")
+    conn.execute("INSERT INTO cells (run_id, cell_id, nixl_bytes) VALUES ('r1', 'c1', 123)")
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    [row] = load_cells(db)
+    assert row["kv_bytes"] == 123 and "nixl_bytes" not in row
+    conn = sqlite3.connect(db)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2

@@ -46,7 +46,7 @@ def test_markdown_table_has_each_cell_once_worst_first():
     outcome, base, pd, delta, p, mde, n, transfer, links = rows[FAIL_CELL]
     assert (outcome, base, pd, delta, p, mde, n) == \
         ("FAIL", "0.900", "0.700", "-0.200 [-0.300, -0.100]", "2.0e-04", "0.120", "50")
-    assert transfer == ("15000/15000 prompt tokens external, 7.0 MiB over NIXL, "
+    assert transfer == ("15000/15000 prompt tokens external, 7.0 MiB through the connector, "
                         "0 failed transfers, check passed")
     assert "[decode-0](" in links and "[record](" in links
     assert rows[ERROR_CELL][1:7] == ["-"] * 6            # an ERROR has no metrics

@@ -31,7 +31,7 @@ class FakeVllm(FakeHttp):
         self.role, self.model, self.token = role, model, token
         self.transfer, self.completion_status = transfer, completion_status
         self.counters = {"local_compute": 0.0, "local_cache_hit": 0.0, "external_kv_transfer": 0.0,
-                         "nixl_bytes": 0.0, "nixl_count": 0.0, "success": 0.0}
+                         "kv_bytes": 0.0, "nixl_count": 0.0, "success": 0.0}
         self.lock = threading.Lock()
         super().__init__(self.answer)
 
@@ -63,7 +63,7 @@ class FakeVllm(FakeHttp):
                      f'model_name="{self.model}"}} {c["success"]}')
         if self.role in ("decode", "router"):
             lines += [f'vllm:nixl_bytes_transferred_sum{{engine="0",model_name="{self.model}"}} '
-                      f'{c["nixl_bytes"]}',
+                      f'{c["kv_bytes"]}',
                       f'vllm:nixl_bytes_transferred_count{{engine="0",model_name="{self.model}"}} '
                       f'{c["nixl_count"]}',
                       f'vllm:nixl_num_failed_transfers_total{{engine="0",model_name="{self.model}"}} 0.0',
@@ -82,7 +82,7 @@ class FakeVllm(FakeHttp):
             elif self.role == "router" or (self.role == "decode" and params.get("remote_block_ids")):
                 if self.transfer:
                     c["external_kv_transfer"] += PROMPT_TOKENS
-                    c["nixl_bytes"] += NIXL_BYTES
+                    c["kv_bytes"] += NIXL_BYTES
                     c["nixl_count"] += 1
                 else:
                     c["local_compute"] += PROMPT_TOKENS

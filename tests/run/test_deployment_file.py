@@ -124,7 +124,7 @@ def test_every_task_the_harness_ships_is_accepted(tmp_path):
 
 @pytest.mark.parametrize("data, expected", [
     (changed(ROUTER, modle="tiny"),
-     "unknown top-level key(s) ['modle']; known: name, model, task, timeout_s, baseline, pd, metrics"),
+     "unknown top-level key(s) ['modle']; known: name, model, task, kv_connector, timeout_s, baseline, pd, metrics"),
     (changed(ROUTER, baseline__port=8000), "baseline: unknown key(s) ['port']; known: url, auth_env"),
     (changed(ROUTER, model=None), "needs model, baseline and pd"),
     (changed(ROUTER, pd__router=None), "pd: needs router"),

@@ -157,5 +157,22 @@ def test_committed_example_records_load():
     examples = Path(__file__).resolve().parents[1] / "data" / "records"
     records = load_records(examples)
     assert records, "tests/data/records holds example records"
-    for rec in records:
-        validate_record(rec)
+    for rec in records:   # schema-1 records, read with today's names
+        validate_record({**rec, "schema_version": SCHEMA_VERSION})
+        assert rec["schema_version"] == 1
+        assert "nixl_bytes" not in ((rec["metrics"] or {}).get("transfer") or {})
+
+
+def test_a_schema_1_record_reads_with_the_connector_neutral_names(tmp_path):
+    """Before the connector seam the counters and the byte check were named after NIXL."""
+    old = make_record()
+    old["schema_version"] = 1
+    old["metrics"] = {"transfer": {"nixl_bytes": 52_428_800, "nixl_failed_transfers": 0,
+                                   "nixl_transfers": 50, "requests": 50}}
+    old["verdict"]["checks"] = [{"name": "nixl-bytes-exact", "passed": True, "detail": "d"}]
+    atomic_write_json(tmp_path / "run" / "old.json", old)
+    [loaded] = load_records(tmp_path)
+    assert loaded["metrics"]["transfer"] == {"kv_bytes": 52_428_800, "failed_transfers": 0,
+                                             "kv_transfers": 50, "requests": 50}
+    assert loaded["verdict"]["checks"][0]["name"] == "kv-bytes-exact"
+    assert SCHEMA_VERSION == 2

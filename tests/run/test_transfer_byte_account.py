@@ -28,14 +28,14 @@ def test_hybrid_pair_is_accounted_exactly_with_the_logged_state(tmp_path):
     log = tmp_path / "decode.log"
     log.write_text(LINE)
     geo = ByteGeometry.of_pair(str(ZOO / "tiny-granite-hybrid-gsm"), "bfloat16", 128)
-    delta = TransferCounters(nixl_bytes=2 * 560_320.0, prompt_tokens_external=900.0)
+    delta = TransferCounters(kv_bytes=2 * 560_320.0, prompt_tokens_external=900.0)
     proof = transfer_proof([record([1, 4, 4])] * 2, delta, True, [str(log)], geo)
     assert proof.byte_account["exact"] and proof.byte_account_skipped is None
 
 
 def test_without_the_state_line_or_geometry_the_account_is_skipped_with_its_reason(tmp_path):
     geo = ByteGeometry.of_pair(str(ZOO / "tiny-granite-hybrid-gsm"), "bfloat16", 128)
-    delta = TransferCounters(nixl_bytes=1.0)
+    delta = TransferCounters(kv_bytes=1.0)
     proof = transfer_proof([record([1, 4, 4])], delta, True, [], geo)
     assert proof.byte_account is None and "mamba_ssm_size" in proof.byte_account_skipped
     missing = ByteGeometry.of_pair(str(tmp_path), "bfloat16", 128)
@@ -45,7 +45,7 @@ def test_without_the_state_line_or_geometry_the_account_is_skipped_with_its_reas
 
 def test_a_dense_pair_short_of_bytes_is_not_exact():
     geo = ByteGeometry.of_pair(str(ZOO / "tiny-llama-gsm"), "bfloat16", 128)
-    delta = TransferCounters(nixl_bytes=39_321_600.0)
+    delta = TransferCounters(kv_bytes=39_321_600.0)
     proof = transfer_proof([record([4])] * 50, delta, False, [], geo)
     assert not proof.byte_account["exact"] and proof.byte_account["expected"] == 52_428_800
 
@@ -74,10 +74,49 @@ def test_an_mla_pair_is_accounted_at_the_forced_block_size(tmp_path):
     log = tmp_path / "decode.log"
     log.write_text(FORCED)
     geo = ByteGeometry.of_pair(str(model), "bfloat16", 128)
-    delta = TransferCounters(nixl_bytes=107_126_784.0, prompt_tokens_external=45_847.0)
+    delta = TransferCounters(kv_bytes=107_126_784.0, prompt_tokens_external=45_847.0)
     records = [record([29]) for _ in range(94)] + [record([30]) for _ in range(6)]  # 2,906
     proof = transfer_proof(records, delta, False, [str(log)], geometry=geo)
     assert proof.byte_account["exact"], proof.byte_account
     log.write_text("no override line\n")   # at the cell's 128 the count is 8x too high
     proof = transfer_proof(records, delta, False, [str(log)], geometry=geo)
     assert not proof.byte_account["exact"]
+
+
+def test_a_push_pair_is_accounted_from_the_prefills_blocks_and_its_own_params_count():
+    """NixlPushConnector: the decode is sent coordinates, never block ids; the blocks that crossed
+    are those the prefill answered, and a request's own params are the push params of its own
+    prefill's answer."""
+    from harness.serve.connectors.registry import connector_for
+
+    geo = ByteGeometry.of_pair(str(ZOO / "tiny-llama-gsm"), "bfloat16", 128)
+    push = connector_for("nixl-push")
+    rec = record([4])
+    records = [{**rec, "kv_connector": "nixl-push",
+                "sent_kv_transfer_params": push.decode_params(rec["received_kv_transfer_params"])}
+               for _ in range(50)]
+    delta = TransferCounters(kv_bytes=52_428_800.0, prompt_tokens_external=50 * 512.0)
+    proof = transfer_proof(records, delta, False, [], geo)
+    assert proof.byte_account["exact"], proof.byte_account
+    assert proof.requests_own_params == proof.requests_sent_params == 50
+    # read as pull records (no kv_connector: a record from before the seam), they are foreign
+    old = [{k: v for k, v in r.items() if k != "kv_connector"} for r in records]
+    assert transfer_proof(old, delta, False, [], geo).requests_own_params == 0
+
+
+def test_a_connector_the_digest_plugin_does_not_hook_leaves_the_digest_out_saying_why():
+    from types import SimpleNamespace
+
+    from harness.run.transfer_evidence import DigestFiles
+
+    def pair(connector: str):
+        specs = [SimpleNamespace(role=role, block_size=128, kv_connector=connector)
+                 for role in ("prefill", "decode")]
+        return SimpleNamespace(specs=specs, kv_digest=True,
+                               digest_files=lambda role: [f"{role}.kv-digest.jsonl"])
+
+    assert DigestFiles.of_pair(pair("nixl")).skipped is None
+    skipped = DigestFiles.of_pair(pair("nixl-push")).skipped
+    assert skipped == "the kv-digest plugin does not hook NixlPushConnector"
+    proof = transfer_proof([], TransferCounters(), False, [], digests=DigestFiles.of_pair(pair("nixl-push")))
+    assert proof.kv_digest is None and proof.kv_digest_skipped == skipped

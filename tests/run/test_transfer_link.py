@@ -35,7 +35,7 @@ def test_link_evidence_of_a_netns_pair_is_in_the_proof_and_its_dict():
     assert link["addresses"]["decode"]["http"] == "10.237.9.6"
     assert set(link["ucx"]) == {"prefill-0", "decode-0"}
     assert link["ucx"]["decode-0"]["UCX_TLS"] == os.environ.get("UCX_TLS")
-    proof = transfer_proof([], TransferCounters(nixl_bytes=5.0), False, [], link=link)
+    proof = transfer_proof([], TransferCounters(kv_bytes=5.0), False, [], link=link)
     assert proof.to_dict()["link"] == link
 
 

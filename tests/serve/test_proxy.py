@@ -558,3 +558,45 @@ def test_a_share_of_the_questions_carries_the_fault_tag():
     whole = request_tag_for("corrupt-block")
     assert tag_for(whole, {"prompt": "x"}) == whole == "fault.corrupt-block.first.zero."
     assert request_tag_for(None) == request_tag_for("drop-transfer") == ""
+
+
+def test_push_connector_sends_decode_the_prefills_coordinates_without_its_blocks() -> None:
+    """NixlPushConnector (toy_push_proxy_server.py): the decode allocates and registers its own
+    blocks, so it gets the prefill's engine, request id and side channel, never its block ids."""
+    async def scenario() -> None:
+        hop_log: list[tuple[str, str]] = []
+        prefill, decode = pair(hop_log)
+        async with proxied([prefill], [decode], kv_connector="nixl-push") as client:
+            response = await client.post("/v1/completions", json={"model": "m", "prompt": "p"})
+            assert response.status == 200
+            records = await (await client.get("/pd/records")).json()
+        assert hop_log == [("prefill", "p0"), ("decode", "d0")]
+        assert prefill.requests[0]["json"]["kv_transfer_params"] == EXPECTED_PREFILL_KV_PARAMS
+        assert decode.requests[0]["json"]["kv_transfer_params"] == {
+            "do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "engine-p0",
+            "remote_request_id": None, "remote_host": "127.0.0.1", "remote_port": 5600,
+            "tp_size": 1}
+        [record] = records
+        assert record["kv_connector"] == "nixl-push" and record["fault_applied"] is False
+        assert record["received_kv_transfer_params"]["remote_block_ids"] == [1, 101]
+        assert "remote_block_ids" not in record["sent_kv_transfer_params"]
+
+    asyncio.run(scenario())
+
+
+def test_push_foreign_params_names_the_previous_requests_prefill() -> None:
+    async def scenario() -> None:
+        hop_log: list[tuple[str, str]] = []
+        prefill, decode = FakeUpstream("prefill", "p0", hop_log), FakeUpstream("decode", "d0", hop_log)
+        other = FakeUpstream("prefill", "p1", hop_log)
+        async with proxied([prefill, other], [decode], kv_connector="nixl-push",
+                           fault="foreign-params") as client:
+            for _ in range(2):
+                response = await client.post("/v1/completions", json={"model": "m", "prompt": "p"})
+                assert response.status == 200
+            records = await (await client.get("/pd/records")).json()
+        engines = [r["json"]["kv_transfer_params"]["remote_engine_id"] for r in decode.requests]
+        assert engines == ["engine-p0", "engine-p0"]   # the second request's prefill was p1
+        assert [r["fault_applied"] for r in records] == [False, True]
+
+    asyncio.run(scenario())

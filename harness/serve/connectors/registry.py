@@ -1,0 +1,21 @@
+"""A cell's ``kv_connector`` value -> its :class:`~harness.serve.connectors.base.KvConnector`,
+through the one table in ``harness.core.kv_connectors`` (imported on first use)."""
+from __future__ import annotations
+
+import importlib
+from functools import lru_cache
+
+from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR, connector_row
+from harness.serve.connectors.base import KvConnector
+
+
+@lru_cache(maxsize=None)
+def connector_for(value: str = DEFAULT_KV_CONNECTOR) -> KvConnector:
+    """The connector of ``value`` (KeyError: unknown value, naming the known ones)."""
+    connector = importlib.import_module(connector_row(value).module).CONNECTOR
+    if not isinstance(connector, KvConnector) or connector.value != value:
+        raise TypeError(f"{connector_row(value).module}.CONNECTOR is not the {value!r} KvConnector")
+    return connector
+
+
+__all__ = ["connector_for"]

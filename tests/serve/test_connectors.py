@@ -1,0 +1,112 @@
+"""The KV connector seam: the one table, what each connector gives the servers, the proxy and
+the evidence, and how the harness reads a pair's counters and proxy records through it."""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+from harness.core.cell import Cell
+from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR, KV_CONNECTORS, connector_row
+from harness.eval.metrics import TransferCounters, parse_transfer_counters
+from harness.serve.connectors.base import KV_COUNTERS, KvConnector, MetricMap
+from harness.serve.connectors.registry import connector_for
+from harness.serve.launch.server_spec import Features, ServerSpec, build_argv, build_env
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "metrics"
+AFTER_PD = (DATA / "decode_after_pd_request.txt").read_text()
+PULL, PUSH = connector_for("nixl"), connector_for("nixl-push")
+RECEIVED = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "e-p",
+            "remote_request_id": "r-1", "remote_block_ids": [[3, 4, 5]], "remote_host": "10.0.0.1",
+            "remote_port": 5600, "tp_size": 1, "transfer_mode": "push"}
+
+
+@pytest.mark.parametrize("value", list(KV_CONNECTORS))
+def test_every_row_names_a_module_whose_connector_is_its_own(value):
+    connector = connector_for(value)
+    assert isinstance(connector, KvConnector)
+    assert connector.value == value and connector.vllm_name == connector_row(value).vllm_name
+    assert importlib.import_module(connector_row(value).module).CONNECTOR is connector
+    assert set(connector.metrics.samples.values()) <= set(KV_COUNTERS)
+
+
+def test_an_unknown_connector_names_the_known_ones():
+    with pytest.raises(KeyError, match="nixl, nixl-push"):
+        connector_for("lmcache")
+
+
+def test_a_metric_map_takes_only_neutral_counters():
+    with pytest.raises(ValueError, match="nixl_bytes"):
+        MetricMap({"vllm:nixl_bytes_transferred_sum": "nixl_bytes"})
+
+
+def test_the_default_cell_keeps_its_id_and_another_connector_shares_its_baseline():
+    plain = Cell(model="tiny-llama-gsm", compile="eager")
+    push = plain.replace(kv_connector="nixl-push")
+    assert plain.kv_connector == DEFAULT_KV_CONNECTOR
+    assert plain.cell_id == "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager"
+    assert push.cell_id == plain.cell_id + "-kvc_nixl_push"
+    assert push.baseline_key == plain.baseline_key
+    assert Cell.from_dict({k: v for k, v in push.to_dict().items()}) == push
+    assert Cell.from_dict({"model": "m"}).kv_connector == DEFAULT_KV_CONNECTOR   # an old record
+
+
+def spec(role: str, connector: str, **kw) -> ServerSpec:
+    return ServerSpec(role=role, index=0, model_path="/m", served_model_name="m", port=8000,
+                      backend="CPU_ATTN", block_size=128, kv_connector=connector,
+                      side_channel_port=5600, **kw)
+
+
+@pytest.mark.parametrize("value,vllm_name", [("nixl", "NixlConnector"), ("nixl-push", "NixlPushConnector")])
+def test_servers_get_the_connectors_config_and_side_channel(value, vllm_name):
+    for role, kv_role in (("prefill", "kv_producer"), ("decode", "kv_consumer")):
+        argv = build_argv(spec(role, value), Features())
+        config = argv[argv.index("--kv-transfer-config") + 1]
+        assert f'"kv_connector":"{vllm_name}"' in config and f'"kv_role":"{kv_role}"' in config
+        env = build_env(spec(role, value), Features(), base_env={})
+        assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"
+        assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
+    baseline = spec("baseline", value)
+    assert "--kv-transfer-config" not in build_argv(baseline, Features())
+    assert "VLLM_NIXL_SIDE_CHANNEL_PORT" not in build_env(baseline, Features(), base_env={})
+
+
+def test_an_nhd_decode_permutes_nixls_blocks_on_receipt():
+    assert PULL.kv_transfer_config("decode", kv_role="kv_consumer", kv_buffer_device="cpu",
+                                   kv_layout="NHD")["enable_permute_local_kv"] is True
+    assert "enable_permute_local_kv" not in PULL.kv_transfer_config(
+        "prefill", kv_role="kv_producer", kv_buffer_device="cpu", kv_layout="NHD")
+
+
+def test_pull_hands_the_decode_what_the_prefill_answered():
+    assert PULL.decode_params(RECEIVED) == RECEIVED
+    assert PULL.decode_params(None) is None
+    assert PULL.block_params(RECEIVED, RECEIVED) == RECEIVED
+
+
+def test_push_hands_the_decode_coordinates_and_accounts_the_prefills_blocks():
+    sent = PUSH.decode_params(RECEIVED)
+    assert sent == {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "e-p",
+                    "remote_request_id": "r-1", "remote_host": "10.0.0.1", "remote_port": 5600,
+                    "tp_size": 1}
+    assert PUSH.decode_params(None) is None and PUSH.decode_params({}) is None
+    # the blocks that crossed are the prefill's, for a request whose decode asked for a push
+    assert PUSH.block_params(RECEIVED, sent) == RECEIVED
+    assert PUSH.block_params(RECEIVED, None) is None
+
+
+def test_push_counters_come_from_the_writer():
+    """A pull decode READs and counts; a push prefill WRITEs and counts: the same page read as
+    the other role gives the prompt tokens only (decode) or the transfer counters only (prefill)."""
+    pull = parse_transfer_counters(AFTER_PD, PULL, "decode")
+    assert pull.kv_bytes == pytest.approx(1.1e6) and pull.prompt_tokens_external == 1088.0
+    push_decode = parse_transfer_counters(AFTER_PD, PUSH, "decode")
+    assert push_decode.kv_bytes == 0.0 and push_decode.kv_transfers == 0.0
+    assert push_decode.prompt_tokens_external == 1088.0
+    assert push_decode.failed_notifications == pull.failed_notifications
+    push_prefill = parse_transfer_counters(AFTER_PD, PUSH, "prefill")
+    assert push_prefill.kv_bytes == pytest.approx(1.1e6) and push_prefill.kv_transfers == 1.0
+    assert push_prefill.prompt_tokens_external == 0.0 and push_prefill.requests_finished == 0.0
+    assert push_decode.plus(push_prefill) == pull
+    assert TransferCounters().plus(pull) == pull
