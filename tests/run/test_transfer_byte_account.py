@@ -104,10 +104,14 @@ def test_a_push_pair_is_accounted_from_the_prefills_blocks_and_its_own_params_co
     assert transfer_proof(old, delta, False, [], geo).requests_own_params == 0
 
 
-def test_a_connector_the_digest_plugin_does_not_hook_leaves_the_digest_out_saying_why():
+def test_a_connector_the_digest_plugin_does_not_hook_leaves_the_digest_out_saying_why(
+        monkeypatch):
+    import dataclasses
     from types import SimpleNamespace
 
+    from harness.run import transfer_evidence
     from harness.run.transfer_evidence import DigestFiles
+    from harness.serve.connectors.nixl_push import CONNECTOR as PUSH
 
     def pair(connector: str):
         specs = [SimpleNamespace(role=role, block_size=128, kv_connector=connector)
@@ -115,8 +119,13 @@ def test_a_connector_the_digest_plugin_does_not_hook_leaves_the_digest_out_sayin
         return SimpleNamespace(specs=specs, kv_digest=True,
                                digest_files=lambda role: [f"{role}.kv-digest.jsonl"])
 
+    # the plugin listens on vLLM's connector interface: both NIXL classes are hooked
     assert DigestFiles.of_pair(pair("nixl")).skipped is None
+    assert DigestFiles.of_pair(pair("nixl-push")).skipped is None
+    unhooked = dataclasses.replace(PUSH, kv_digest=False)
+    monkeypatch.setattr(transfer_evidence, "connector_for", lambda value: unhooked)
     skipped = DigestFiles.of_pair(pair("nixl-push")).skipped
     assert skipped == "the kv-digest plugin does not hook NixlPushConnector"
-    proof = transfer_proof([], TransferCounters(), False, [], digests=DigestFiles.of_pair(pair("nixl-push")))
+    proof = transfer_proof([], TransferCounters(), False, [],
+                           digests=DigestFiles.of_pair(pair("nixl-push")))
     assert proof.kv_digest is None and proof.kv_digest_skipped == skipped

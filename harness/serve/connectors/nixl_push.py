@@ -44,8 +44,8 @@ CONNECTOR = NixlPushConnector(
     metrics=MetricMap(NIXL_SAMPLES, role_of={"kv_bytes": "prefill", "kv_transfers": "prefill",
                                              "failed_transfers": "prefill",
                                              "expired_requests": "prefill"}),
-    # the digest plugin wraps NixlConnector (= NixlPullConnector), not this sibling class
+    # the digest plugin listens on vLLM's connector interface: any connector class
     ports=ServerPorts(per_rank=1), prefill_params=PREFILL_PARAMS, byte_accounting="blocks",
-    kv_digest=False)
+    kv_digest=True)
 
 __all__ = ["CONNECTOR", "NixlPushConnector"]
