@@ -52,6 +52,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from harness.core.atomic import atomic_write_json
+from harness.core.redact import redact_data
+from harness.core.safe_paths import under
 
 SCHEMA_VERSION = 1
 RECORD_KEYS = (
@@ -69,9 +71,12 @@ def validate_record(record: Mapping[str, Any]) -> None:
 
 
 def write_record(results_dir: str | os.PathLike[str], record: Mapping[str, Any]) -> Path:
+    """Write `record` (redacted: harness.core.redact) as <results_dir>/<run_id>/<cell id>.json;
+    ValueError when the path would leave `results_dir`."""
     validate_record(record)
     name = f"{record['cell']['id']}.json"
-    return atomic_write_json(Path(results_dir) / record["run_id"] / name, record)
+    path = under(results_dir, record["run_id"], name)
+    return atomic_write_json(path, redact_data(dict(record)))
 
 
 def load_records(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
