@@ -10,6 +10,7 @@ the evaluation asks every question, then raises RequestsFailed.
 from __future__ import annotations
 
 import contextvars
+import copy
 import hashlib
 import json
 import logging
@@ -170,6 +171,21 @@ def _capturing_lm_class():
             # exactly the headers the harness chose (none without an auth_env); lm-eval's own
             # falls back to "Bearer $OPENAI_API_KEY" whenever they are empty
             return dict(self.request_headers)
+
+        def model_call(self, messages, *, generate=True, gen_kwargs=None, **kwargs):
+            # lm-eval's own (the concurrency-1 path) lets requests add ~/.netrc's credentials
+            import requests
+
+            from harness.core.exact_headers import ExactHeaders
+
+            payload = self._create_payload(self.create_message(messages), generate=generate,
+                                           gen_kwargs=copy.deepcopy(gen_kwargs), seed=self._seed,
+                                           eos=self.eos_string, **kwargs)
+            response = requests.post(self.base_url, json=payload, headers=self.header,
+                                     auth=ExactHeaders(self.header),
+                                     verify=self.verify_certificate, timeout=self.timeout)
+            response.raise_for_status()
+            return response.json()
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)

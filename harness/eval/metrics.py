@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import requests
+from harness.core import exact_headers
 from prometheus_client.parser import text_string_to_metric_families
 
 SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
@@ -65,7 +65,7 @@ def parse_transfer_counters(text: str) -> TransferCounters:
 
 
 def scrape(base_url: str, timeout_s: float = 10.0) -> TransferCounters:
-    resp = requests.get(f"{base_url.rstrip('/')}/metrics", timeout=timeout_s)
+    resp = exact_headers.get(f"{base_url.rstrip('/')}/metrics", timeout=timeout_s)
     resp.raise_for_status()
     return parse_transfer_counters(resp.text)
 

@@ -28,6 +28,7 @@ from harness.serve.proxy.hops import (
     PROXY_FAULTS,
     build_decode_body,
     build_prefill_body,
+    forwarded_authorization,
     new_record,
     new_request_id,
     tag_for,
@@ -78,6 +79,7 @@ class ProxyState:
     timeout_s: float = 600
     request_tag: str = ""              # put in every request id (the decode's per-request fault)
     cache_salt: str | None = None
+    forward_authorization: bool = False   # pass the client's Authorization on (else strip it)
     records: list[dict[str, Any]] = field(default_factory=list)
     session: aiohttp.ClientSession | None = None
     # kv_transfer_params of the most recent prefill answer; the foreign-params fault hands them
@@ -116,11 +118,9 @@ PROXY_STATE_KEY = web.AppKey("pd_proxy_state", ProxyState)
 
 
 def _upstream_headers(request: web.Request, request_id: str) -> dict[str, str]:
-    headers = {REQUEST_ID_HEADER: request_id, "Content-Type": "application/json"}
-    authorization = request.headers.get("Authorization")
-    if authorization:
-        headers["Authorization"] = authorization
-    return headers
+    forward = request.app[PROXY_STATE_KEY].forward_authorization
+    return {REQUEST_ID_HEADER: request_id, "Content-Type": "application/json",
+            **forwarded_authorization(request.headers, forward)}
 
 
 def _unreachable(exc: BaseException, upstream: str, hop: str) -> UpstreamUnreachable:
@@ -281,9 +281,7 @@ async def _handle_models(request: web.Request) -> web.Response:
     state = request.app[PROXY_STATE_KEY]
     assert state.session is not None
     decode_url = state.decode_urls[0]
-    headers = {}
-    if request.headers.get("Authorization"):
-        headers["Authorization"] = request.headers["Authorization"]
+    headers = forwarded_authorization(request.headers, state.forward_authorization)
     try:
         async with state.session.get(
             decode_url + "/v1/models", params=request.query, headers=headers
@@ -318,6 +316,7 @@ def create_app(
     timeout_s: float = 600,
     request_tag: str = "",
     cache_salt: str | None = None,
+    forward_authorization: bool = False,
 ) -> web.Application:
     """Build the P/D proxy application.
 
@@ -326,15 +325,9 @@ def create_app(
     is only recorded. records_path: JSONL file that every request's record is appended to.
     timeout_s: total time allowed per upstream hop before answering 504.
     """
-    state = ProxyState(
-        prefill_urls=list(prefill_urls),
-        decode_urls=list(decode_urls),
-        fault=fault,
-        records_path=records_path,
-        timeout_s=timeout_s,
-        request_tag=request_tag,
-        cache_salt=cache_salt,
-    )
+    state = ProxyState(prefill_urls=list(prefill_urls), decode_urls=list(decode_urls), fault=fault,
+                       records_path=records_path, timeout_s=timeout_s, request_tag=request_tag,
+                       cache_salt=cache_salt, forward_authorization=forward_authorization)
     app = web.Application(client_max_size=MAX_REQUEST_BODY_BYTES)
     app[PROXY_STATE_KEY] = state
 
@@ -378,6 +371,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cache-salt", default=None, help="vLLM cache_salt for every request")
     parser.add_argument("--records", default=None, metavar="PATH",
                         help="append one JSON line per request to this file")
+    parser.add_argument("--forward-authorization", action="store_true", help="pass the client's "
+                        "Authorization on to the servers (else stripped)")
     parser.add_argument("--timeout", type=float, default=600, metavar="S",
                         help="seconds per upstream hop before answering 504")
     return parser
@@ -389,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     app = create_app(args.prefill, args.decode, fault=args.fault, records_path=args.records,
                      timeout_s=args.timeout, request_tag=args.request_tag,
-                     cache_salt=args.cache_salt)
+                     cache_salt=args.cache_salt,
+                     forward_authorization=args.forward_authorization)
     log.info("pd proxy on http://%s:%d prefill=%s decode=%s fault=%s records=%s",
              args.host, args.port, args.prefill, args.decode, args.fault, args.records)
     web.run_app(app, host=args.host, port=args.port, access_log=None, print=None)
