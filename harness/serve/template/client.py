@@ -136,20 +136,26 @@ class ServerTemplate:
         with self._lock:
             if self._started:
                 return self
-            self.process.start()
-            deadline = time.monotonic() + timeout_s
-            while READY_LINE not in self.process.read_log():
-                if not self.process.is_running():
-                    raise ProcessStartError("server-template", "exited before it was ready: "
-                                            + " | ".join(self.process.decisive_lines()),
-                                            self.process.log_path)
-                if time.monotonic() > deadline:
-                    self.process.stop()
-                    raise ProcessStartError("server-template", f"not ready in {timeout_s:.0f} s",
-                                            self.process.log_path)
-                time.sleep(0.1)
+            try:
+                self._wait_ready(timeout_s)
+            except BaseException:   # failed, timed out, interrupted: no process, no folder left
+                self.stop()
+                raise
             self._started = True
             return self
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        self.process.start()
+        deadline = time.monotonic() + timeout_s
+        while READY_LINE not in self.process.read_log():
+            if not self.process.is_running():
+                raise ProcessStartError("server-template", "exited before it was ready: "
+                                        + " | ".join(self.process.decisive_lines()),
+                                        self.process.log_path)
+            if time.monotonic() > deadline:
+                raise ProcessStartError("server-template", f"not ready in {timeout_s:.0f} s",
+                                        self.process.log_path)
+            time.sleep(0.1)
 
     def can_run(self, argv: Sequence[str]) -> bool:
         """Whether ``argv`` is a plain API server launch by this template's Python."""
