@@ -44,9 +44,10 @@ _TOKEN_SHAPES = re.compile(
     r"xox[abposr]-[A-Za-z0-9\-]{6,}|AKIA[0-9A-Z]{12,})")
 _FLAG_VALUE = re.compile(r"(?i)(--(?:api[-_]key|token|hf-token|password)(?:=|\s+))(?!\*\*\*)(\"[^\"]*\"|'[^']*'|\S+)")
 _BEARER = re.compile(r"(?i)\b(bearer)(\s+)(?!\*\*\*)([A-Za-z0-9._~+/=\-:]+)")
-_AUTH_HEADER = re.compile(r"(?i)(\"?authorization\"?\s*[:=]\s*\"?)(?!\*\*\*|bearer\s)([^\s\",}]+)")
-_NAME_VALUE = re.compile(
-    r"(?i)(\b[A-Za-z_][A-Za-z0-9_]*\b)(\"?\s*[:=]\s*\"?|'?\s*:\s*')(?!\*\*\*)([^\s\"',&}\]]+)")
+_AUTH_HEADER = re.compile(
+    r"(?i)(\"?authorization\"?\s*[:=]\s*\"?(?:[A-Za-z]+\s+)?)(?!\*\*\*)([^\s\",}]+)")
+_NAME_SEP = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)(\"?\s*[:=]\s*\"?|'?\s*:\s*')")
+_VALUE = re.compile(r"(?!\*\*\*)[^\s\"',&}\]]+")
 _URL_USERINFO = re.compile(r"(?i)(\b[a-z][a-z0-9+.\-]*://[^/\s:@]*:)([^/\s@]+)(@)")
 
 _known: set[str] = set()
@@ -92,10 +93,24 @@ def redact(text: Any, environ: Mapping[str, str] | None = None) -> str:
     text = _FLAG_VALUE.sub(lambda m: m.group(1) + MASK, text)
     text = _AUTH_HEADER.sub(lambda m: m.group(1) + MASK, text)
     text = _BEARER.sub(lambda m: m.group(1) + m.group(2) + MASK, text)
-    text = _NAME_VALUE.sub(
-        lambda m: m.group(1) + m.group(2) + MASK if is_secret_name(m.group(1)) else m.group(0), text)
+    text = _mask_named_values(text)
     text = _URL_USERINFO.sub(lambda m: m.group(1) + MASK + m.group(3), text)
     return _TOKEN_SHAPES.sub(MASK, text)
+
+
+def _mask_named_values(text: str) -> str:
+    """``NAME=value`` / ``"NAME": "value"`` with the value masked when NAME looks secret (a
+    name is looked for everywhere, also inside a URL's query)."""
+    out, pos = [], 0
+    for match in _NAME_SEP.finditer(text):
+        if match.start() < pos or not is_secret_name(match.group(1)):
+            continue
+        value = _VALUE.match(text, match.end())
+        if value is None:
+            continue
+        out += [text[pos:value.start()], MASK]
+        pos = value.end()
+    return "".join(out) + text[pos:]
 
 
 def redact_argv(argv: list[Any] | tuple[Any, ...]) -> list[str]:
