@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -198,3 +199,128 @@ def test_sigkill_of_the_harness_leaves_no_process(tmp_path: Path, when: str, sta
                 except psutil.Error:
                     pass
         log.close()
+
+
+# --- the template's phases, signals a CI timeout sends, and a killed watchdog ---------------
+# (issue #33): each case starts a real run with forked servers, acts once and counts what of
+# everything the run started is still alive after a bound. Slow (a real start-up each):
+# `extended`, run by the nightly step.
+TEMPLATE_MARK = "harness.serve.template.server"
+WATCHDOG_MARK = "harness.serve.supervision.watchdog"
+SIGNAL_EXIT_BOUND_S = 120.0     # SIGINT/TERM/HUP: the harness stops its servers and exits
+TEMPLATE_DEATH_BOUND_S = 300.0  # the template killed: the harness notices, judges, tears down
+
+
+def _cmd(info: dict[int, dict], pid: int) -> str:
+    return info.get(pid, {}).get("cmd", "")
+
+
+def _templates(info: dict[int, dict]) -> list[int]:
+    """Template processes: the template module's command line, not forked by another one."""
+    marked = {pid for pid in info if TEMPLATE_MARK in _cmd(info, pid)}
+    return [pid for pid in marked if info[pid].get("ppid") not in marked]
+
+
+def _forked(info: dict[int, dict]) -> list[int]:
+    """Servers forked by a template (they keep its command line)."""
+    templates = set(_templates(info))
+    return [pid for pid in info if info[pid].get("ppid") in templates]
+
+
+def _template_phase(when: str, tmp_path: Path, info: dict[int, dict], t0: list[float]) -> bool:
+    if when == "template-importing":   # a template up a few seconds, nothing forked yet
+        if _templates(info) and not t0:
+            t0.append(time.monotonic())
+        return bool(t0) and time.monotonic() - t0[0] >= IMPORTING_S and not _forked(info)
+    if when == "forked-starting":      # three forks, none serving questions yet
+        return len(_forked(info)) >= 3 and \
+            "evaluating" not in (tmp_path / "run.log").read_text(errors="replace")
+    return "evaluating" in (tmp_path / "run.log").read_text(errors="replace")
+
+
+def _act(action: str, run: subprocess.Popen[bytes], info: dict[int, dict],
+         env: dict[str, str]) -> float:
+    """Do `action`; returns how long the run may take to leave nothing behind."""
+    if action in ("SIGINT", "SIGTERM", "SIGHUP"):
+        os.kill(run.pid, getattr(signal, action))
+        return SIGNAL_EXIT_BOUND_S
+    if action == "SIGKILL":
+        os.kill(run.pid, signal.SIGKILL)
+        return SURVIVOR_DEADLINE_S
+    if action == "kill-template":
+        for pid in _templates(info):
+            os.kill(pid, signal.SIGKILL)
+        return TEMPLATE_DEATH_BOUND_S
+    assert action == "kill-harness-and-watchdog"
+    watchdogs = [pid for pid in info if WATCHDOG_MARK in _cmd(info, pid)]
+    assert watchdogs, "expected the run's watchdog"
+    for pid in [run.pid, *watchdogs]:
+        os.kill(pid, signal.SIGKILL)
+    run.wait(timeout=30)
+    time.sleep(2.0)
+    # what the next harness does before its first start: the ledger's sweep
+    subprocess.run([sys.executable, "-c", "from harness.serve.supervision.ledger import "
+                    "default_ledger; print(default_ledger().sweep())"], env=env, check=True,
+                   timeout=120)
+    return SURVIVOR_DEADLINE_S
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.parametrize("when,action", [
+    ("template-importing", "SIGINT"), ("template-importing", "SIGKILL"),     # phase 1
+    ("forked-starting", "SIGKILL"), ("forked-starting", "SIGTERM"),          # phase 2
+    ("forked-starting", "kill-template"),                                    # phase 4
+    ("serving", "SIGTERM"), ("serving", "SIGHUP"),                           # phase 5
+    ("serving", "kill-harness-and-watchdog"),                                # phase 7
+])
+def test_template_runs_leave_no_process(tmp_path: Path, when: str, action: str) -> None:
+    import tempfile
+
+    state = tempfile.mkdtemp(prefix="pdk-")   # short: the template's socket path is bounded
+    env = {**os.environ, "TMPDIR": state}
+    log = open(tmp_path / "run.log", "w")
+    run = subprocess.Popen(RUN_ARGV + ["--server-start", "template",
+                                       "--results-dir", str(tmp_path / "results")],
+                           stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    seen: dict[int, psutil.Process] = {}
+    info: dict[int, dict] = {}
+    try:
+        t0: list[float] = []
+        started = time.monotonic()
+        while time.monotonic() - started < 600 and run.poll() is None:
+            _record(run.pid, seen, info)
+            if _template_phase(when, tmp_path, info, t0):
+                break
+            time.sleep(0.25)
+        assert run.poll() is None, (tmp_path / "run.log").read_text()[-2000:]
+        _record(run.pid, seen, info)
+        alive_at_act = [p for p in seen.values() if _alive(p)]
+        bound = _act(action, run, info, env)
+        acted = time.monotonic()
+        while time.monotonic() - acted < bound and \
+                (run.poll() is None or any(_alive(p) for p in alive_at_act)):
+            _record(run.pid, seen, info) if run.poll() is None else None
+            time.sleep(0.2)
+        survivors = [p for p in seen.values() if _alive(p)]
+        summary = {"phase": when, "action": action, "acted_after_s": round(acted - started, 1),
+                   "processes_at_act": len(alive_at_act), "forked": len(_forked(info)),
+                   "survivors": len(survivors), "gone_after_s": round(time.monotonic() - acted, 1),
+                   "run_exit": run.poll()}
+        print(json.dumps(summary))
+        assert run.poll() is not None, f"the run did not end within {bound:g}s of {action}"
+        assert not survivors, f"left behind after {action} at {when}: " \
+                              f"{[_describe(p, info) for p in survivors]}"
+        assert not list(Path(state).glob("pd-accuracy-*/templates/*")) or action in (
+            "SIGKILL", "kill-harness-and-watchdog"), "a template folder was left behind"
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+        for p in seen.values():
+            if _alive(p):
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
+        log.close()
+        shutil.rmtree(state, ignore_errors=True)

@@ -12,8 +12,18 @@ from harness.core.outcomes import EXIT_USAGE
 COMMAND_MODULES = (run, matrix, bench, calibration, ci, zoo)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Bad arguments are one line on stderr and exit 2 (argparse would print the whole usage
+    first); sub-command parsers are of this class too."""
+
+    def error(self, message: str):  # type: ignore[override]
+        from harness.core.redact import redact
+
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {redact(' '.join(message.split()))[:500]}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pd-accuracy", description=harness.__doc__)
+    parser = OneLineParser(prog="pd-accuracy", description=harness.__doc__)
     parser.add_argument("--version", action="version", version=harness.__version__)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMAND_MODULES:

@@ -16,6 +16,8 @@ from typing import Sequence
 from harness.core.cell import (ASYNC_SCHEDULING, COMPILE_MODES, CUDAGRAPH_MODES, KV_LAYOUTS, NETWORKS,
                                SPEC_DECODE_METHODS, Cell)
 from harness.core.kv_connectors import KV_CONNECTORS
+from harness.cli import run_checks
+from harness.core.redact import install_log_redaction, redact
 from harness.report.junit import write_junit
 from harness.core.options import GPU_LAYOUTS, SERVER_STARTS, RunOptions, UsageError
 from harness.serve.host.start_slots import StartSlots
@@ -234,6 +236,7 @@ def run_parser() -> argparse.ArgumentParser:
     """`pd-accuracy run`'s own parser, for callers that build RunOptions from run arguments."""
     p = argparse.ArgumentParser(prog="pd-accuracy run")
     add_run_arguments(p)
+    run_checks.add_trust_arguments(p)
     return p
 
 
@@ -258,7 +261,7 @@ def print_table(results, console=None) -> None:
             "-" if m.get("mcnemar_p") is None else f"{m['mcnemar_p']:.3g}",
             pct(m.get("mde")), pct(m.get("agreement")),
             "-" if not t else f"{t.get('prompt_tokens_external', 0):.0f}",
-            r.verdict.reason[:160])
+            redact(r.verdict.reason)[:160])
     console.print(table)
 
 
@@ -267,16 +270,25 @@ def run_command(args: argparse.Namespace, on_runner=None) -> int:
     run directory and peak RSS afterwards)."""
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    install_log_redaction()
+    problems = run_checks.argument_problems(args)
+    if problems:
+        run_checks.print_problems(problems, sys.stderr)
+        return EXIT_USAGE
     if getattr(args, "deployment", None):
         return deployment_command(args, on_runner)
     try:
         options = options_from(args)
         cells, catalog = select_cells(args)
     except UsageError as exc:
-        print(f"pd-accuracy: error: {exc}", file=sys.stderr)
+        run_checks.print_problems([str(exc)], sys.stderr)
         return EXIT_USAGE
     if not cells:
         print("pd-accuracy: error: no cell selected", file=sys.stderr)
+        return EXIT_USAGE
+    problems = run_checks.cell_problems(cells)
+    if problems:
+        run_checks.print_problems(problems, sys.stderr)
         return EXIT_USAGE
     from harness.judge.verdict import Policy
 
@@ -293,7 +305,7 @@ def run_command(args: argparse.Namespace, on_runner=None) -> int:
     features = Features.detect()
     policy = Policy.from_options(options)
     started = time.monotonic()
-    runner = Runner(options, policy, features=features, progress=lambda m: print(m, flush=True),
+    runner = Runner(options, policy, features=features, progress=lambda m: print(redact(m), flush=True),
                     hybrid_models=hybrid_models)
     if on_runner is not None:
         on_runner(runner)
@@ -313,10 +325,11 @@ def deployment_command(args: argparse.Namespace, on_runner=None) -> int:
     try:
         deployment.refuse_cell_flags(args, run_parser())
         options = options_from(args)
-        dep, facts = deployment.preflight(args.deployment, options)
+        dep, facts = deployment.preflight(args.deployment, options,
+                                          allowed_auth_envs=tuple(args.allow_auth_env or ()))
     except UsageError as exc:
         for line in getattr(exc, "lines", None) or [str(exc)]:
-            print(f"pd-accuracy: error: {line}", file=sys.stderr)
+            print(f"pd-accuracy: error: {redact(line)}", file=sys.stderr)
         return EXIT_USAGE
     if args.dry_run:
         deployment.describe(dep, facts)
@@ -328,7 +341,7 @@ def deployment_command(args: argparse.Namespace, on_runner=None) -> int:
 
     install_signal_handlers()
     started = time.monotonic()
-    runner = Runner(options, Policy.from_options(options), progress=lambda m: print(m, flush=True))
+    runner = Runner(options, Policy.from_options(options), progress=lambda m: print(redact(m), flush=True))
     if on_runner is not None:
         on_runner(runner)
     print(f"run {runner.run_id}: deployment {dep.name} ({dep.source}), results in "
@@ -348,7 +361,7 @@ def finish(results, args: argparse.Namespace, runner, started: float) -> int:
     for r in results:
         if r.verdict.outcome == MISSED:
             print(f"canary missed: {r.cell.cell_id} ({r.cell.fault}): {r.verdict.status}: "
-                  f"{r.verdict.reason[:300]}")
+                  f"{redact(r.verdict.reason)[:300]}")
     worst = worst_outcome(outcomes)
     print(f"{summary_line(outcomes)} in {time.monotonic() - started:.0f}s; "
           f"records under {runner.run_dir}")
@@ -380,7 +393,7 @@ def dry_run(cells: Sequence[Cell], options: RunOptions, hybrid_models: Sequence[
                              kv_digest=options.kv_digest)
             print(f"# {cell.cell_id}  (baseline {cell.baseline_key})")
             for line in plan_baseline(cell, **common).commands() + pair.commands():
-                print(line)
+                print(redact(line))
             print()
     return 0
 
@@ -388,4 +401,5 @@ def dry_run(cells: Sequence[Cell], options: RunOptions, hybrid_models: Sequence[
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run cells: real baseline vs real P/D pair, one verdict each")
     add_run_arguments(p)
+    run_checks.add_trust_arguments(p)
     p.set_defaults(func=run_command)

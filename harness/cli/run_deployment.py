@@ -42,11 +42,12 @@ def refuse_cell_flags(args: argparse.Namespace, parser: argparse.ArgumentParser)
                          f"servers)")
 
 
-def preflight(path: str, options: RunOptions,
-              environ: Mapping[str, str] = os.environ) -> tuple[ExternalDeployment, ModelFacts]:
-    """The loaded deployment and its model facts, once every endpoint answered as needed."""
+def preflight(path: str, options: RunOptions, environ: Mapping[str, str] = os.environ,
+              allowed_auth_envs: tuple[str, ...] = ()) -> tuple[ExternalDeployment, ModelFacts]:
+    """The loaded deployment and its model facts, once every endpoint answered as needed.
+    `allowed_auth_envs`: --allow-auth-env, the variables beyond PD_* the file may name."""
     try:
-        dep = load_deployment(path)
+        dep = load_deployment(path, allowed_auth_envs)
     except DeploymentError as exc:
         raise UsageError(str(exc)) from None
     problems = check_endpoints(dep, environ=environ)

@@ -10,6 +10,7 @@ the evaluation asks every question, then raises RequestsFailed.
 from __future__ import annotations
 
 import contextvars
+import copy
 import hashlib
 import json
 import logging
@@ -158,6 +159,33 @@ def _capturing_lm_class():
 
     class CapturingCompletions(LocalCompletionsAPI):
         top_logprobs: int = 0
+        request_headers: dict[str, str] = {}
+
+        @property
+        def api_key(self) -> str:
+            # lm-eval's default reads $OPENAI_API_KEY: a token for another host
+            return ""
+
+        @property
+        def header(self) -> dict:
+            # exactly the headers the harness chose (none without an auth_env); lm-eval's own
+            # falls back to "Bearer $OPENAI_API_KEY" whenever they are empty
+            return dict(self.request_headers)
+
+        def model_call(self, messages, *, generate=True, gen_kwargs=None, **kwargs):
+            # lm-eval's own (the concurrency-1 path) lets requests add ~/.netrc's credentials
+            import requests
+
+            from harness.core.exact_headers import ExactHeaders
+
+            payload = self._create_payload(self.create_message(messages), generate=generate,
+                                           gen_kwargs=copy.deepcopy(gen_kwargs), seed=self._seed,
+                                           eos=self.eos_string, **kwargs)
+            response = requests.post(self.base_url, json=payload, headers=self.header,
+                                     auth=ExactHeaders(self.header),
+                                     verify=self.verify_certificate, timeout=self.timeout)
+            response.raise_for_status()
+            return response.json()
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -233,8 +261,9 @@ def evaluate_endpoint(
     headers: Mapping[str, str] | None = None,
 ) -> EvalRun:
     """Run lm-eval against `base_url` (an OpenAI server or the P/D proxy) and return the EvalRun.
-    `headers` (e.g. an external deployment's Authorization) go with every request; they are
-    never logged or kept in the EvalRun."""
+    `headers` (e.g. an external deployment's Authorization) go with every request, and nothing
+    else does: no Authorization without them, whatever $OPENAI_API_KEY holds. They are never
+    logged or kept in the EvalRun."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
@@ -253,9 +282,9 @@ def evaluate_endpoint(
             timeout=int(timeout_s),
             seed=seed,
             **({"max_gen_toks": max_gen_toks} if max_gen_toks else {}),
-            **({"header": dict(headers)} if headers else {}),
         )
         lm.top_logprobs = top_logprobs
+        lm.request_headers = dict(headers or {})
         results = lm_eval.simple_evaluate(
             model=lm,
             tasks=[task],

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Mapping, Sequence
 
-import requests
+from harness.core import exact_headers
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.serve.connectors.base import KvConnector
@@ -81,7 +81,7 @@ def parse_transfer_counters(text: str, connector: KvConnector | None = None,
 
 def scrape(base_url: str, timeout_s: float = 10.0, connector: KvConnector | None = None,
            role: str = "decode") -> TransferCounters:
-    resp = requests.get(f"{base_url.rstrip('/')}/metrics", timeout=timeout_s)
+    resp = exact_headers.get(f"{base_url.rstrip('/')}/metrics", timeout=timeout_s)
     resp.raise_for_status()
     return parse_transfer_counters(resp.text, connector, role)
 

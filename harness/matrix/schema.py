@@ -10,6 +10,7 @@ in code by spec and expand.
 from __future__ import annotations
 
 import json
+import reprlib
 from collections.abc import Iterable
 from importlib import resources
 from typing import Any
@@ -72,12 +73,22 @@ def _reported(error: ValidationError) -> ValidationError:
     return error
 
 
+_EXCERPT = reprlib.Repr()
+_EXCERPT.maxlevel, _EXCERPT.maxdict, _EXCERPT.maxlist = 2, 4, 4
+_EXCERPT.maxstring = _EXCERPT.maxother = 60
+
+
+def excerpt(value: Any) -> str:
+    """A bounded repr of a value from the file: an error line quotes it, never all of it."""
+    return _EXCERPT.repr(value)
+
+
 def _message(error: ValidationError) -> str:
     instance = error.instance
-    fields = {"value": repr(instance), "unknown": "", "known": ""}
+    fields = {"value": excerpt(instance), "unknown": "", "known": ""}
     if error.validator == "additionalProperties" and isinstance(instance, dict):
         declared = error.schema.get("properties", {})
-        fields["unknown"] = repr(sorted((k for k in instance if k not in declared), key=str))
+        fields["unknown"] = excerpt(sorted((k for k in instance if k not in declared), key=str))
         fields["known"] = ", ".join(declared)
     template = _custom(error)
     if template is not None:
@@ -86,5 +97,5 @@ def _message(error: ValidationError) -> str:
         return "unknown key(s) {unknown}; known: {known}".format(**fields)
     if error.validator == "type":
         wanted = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
-        return f"{instance!r} is not {' or '.join(_TYPE_WORDS.get(t, t) for t in wanted)}"
-    return error.message
+        return f"{excerpt(instance)} is not {' or '.join(_TYPE_WORDS.get(t, t) for t in wanted)}"
+    return error.message[:300]

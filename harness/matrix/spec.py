@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
+from harness.core.bounded_yaml import BoundedYAMLError, load_bounded
 from harness.core.catalog import BlockSizeProvider, ModelCatalog, ModelInfo
 from harness.core.cell import Cell
 from harness.matrix.axes import PAIR_AXES, as_list, env_items, pairs
@@ -195,14 +194,12 @@ def load_matrix(path: str | Path | None = None,
 
 
 def _read_yaml(path: Path) -> Any:
+    """The bounded loader's value (harness.core.bounded_yaml: size, depth, aliases, duplicate
+    keys), before the schema sees it."""
     try:
-        return yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise MatrixError(f"cannot read matrix {path}: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" line {mark.line + 1}" if mark else ""
-        raise MatrixError(f"{path.name}{at}: invalid YAML: {getattr(exc, 'problem', exc)}") from exc
+        return load_bounded(path)
+    except BoundedYAMLError as exc:
+        raise MatrixError(f"{path.name}: {exc}") from None
 
 
 def _read_extended(path: Path, seen: tuple[Path, ...]) -> Any:

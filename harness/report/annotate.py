@@ -13,6 +13,7 @@ The formatting helpers and `jinja_env` are shared with harness.report.
 """
 from __future__ import annotations
 
+import html
 import os
 import shutil
 import subprocess
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from harness.core.redact import redact
 from harness.report.cell_ids import canary_result, canary_summary, fault_label, is_canary
 # Worst first: tables are sorted by this, and the annotation style follows the worst present.
 from harness.core.outcomes import DISPLAY_ORDER as OUTCOME_ORDER
@@ -90,8 +92,9 @@ def transfer_summary(metrics: Mapping[str, Any] | None,
 
 
 def md_cell(text: Any) -> str:
-    """`text` safe inside a markdown table cell."""
-    return str(text).replace("|", "\\|").replace("\n", " ").strip()
+    """`text` safe inside a markdown table cell: redacted, HTML-escaped (Buildkite renders the
+    markdown's HTML, and a reason may quote an external endpoint's error page), on one line."""
+    return html.escape(redact(text)).replace("|", "\\|").replace("\n", " ").strip()
 
 
 def jinja_env():

@@ -6,6 +6,8 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from harness.core.redact import redact
+
 
 def junit_properties(record: dict) -> dict[str, str]:
     """The cell's numbers, as JUnit <property> name/value pairs (what CI dashboards can chart)."""
@@ -19,7 +21,7 @@ def junit_properties(record: dict) -> dict[str, str]:
               "prompt_tokens_external": t.get("prompt_tokens_external"),
               "kv_bytes": t.get("kv_bytes"), "startup_s": timings.get("startup_s"),
               "pd_eval_s": timings.get("pd_eval_s")}
-    return {k: str(v) for k, v in values.items() if v is not None}
+    return {k: redact(v) for k, v in values.items() if v is not None}
 
 
 def write_junit(path: str, results, run_id: str) -> None:
@@ -33,15 +35,14 @@ def write_junit(path: str, results, run_id: str) -> None:
         props = ET.SubElement(case, "properties")
         for name, value in junit_properties(r.record).items():
             ET.SubElement(props, "property", name=name, value=value)
-        outcome = r.verdict.outcome
+        outcome, reason = r.verdict.outcome, redact(r.verdict.reason)
         if outcome in ("FAIL", "XPASS", "MISSED", "INCONCLUSIVE"):
             failures += 1
-            ET.SubElement(case, "failure", message=f"{outcome}: {r.verdict.reason[:480]}").text = \
-                r.verdict.reason
+            ET.SubElement(case, "failure", message=f"{outcome}: {reason[:480]}").text = reason
         elif outcome == "ERROR":
             errors += 1
-            ET.SubElement(case, "error", message=r.verdict.reason[:500]).text = r.verdict.reason
-        ET.SubElement(case, "system-out").text = str(r.record_path or "")
+            ET.SubElement(case, "error", message=reason[:500]).text = reason
+        ET.SubElement(case, "system-out").text = redact(r.record_path or "")
     suite.set("failures", str(failures))
     suite.set("errors", str(errors))
     suite.set("skipped", "0")

@@ -12,7 +12,10 @@ checks a user router cannot support, `to_record` gives what a record keeps.
 
 Secrets never enter the file, the dataclass or a record: the file names an environment variable
 (``auth_env: PD_TOKEN``) whose value is read only when a request is made, and sent as
-``Authorization: Bearer $PD_TOKEN``.
+``Authorization: Bearer $PD_TOKEN`` to that endpoint only. A file may name only variables of
+the harness's own pattern (``PD_*``, not ``PD_ACCURACY_*``: `AUTH_ENV_PATTERN`), or one the user
+allowed on the command line (``--allow-auth-env NAME``): a file from a pull request must not be
+able to send ``AWS_SECRET_ACCESS_KEY`` to a URL of its choosing. A token in a URL is refused.
 """
 from __future__ import annotations
 
@@ -26,12 +29,15 @@ from pathlib import Path
 from typing import Any
 
 import requests
-import yaml
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import relevance
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR, KV_CONNECTORS
+from harness.core import exact_headers
+from harness.core.bounded_yaml import BoundedYAMLError, load_bounded
+from harness.core.redact import register_secret
+from harness.core.url_tokens import url_token_problem
 from harness.eval.lmeval import TASKS_DIR
 from harness.matrix.schema import describe
 from harness.serve.connectors.registry import connector_for
@@ -41,6 +47,8 @@ SCHEMA: dict[str, Any] = json.loads(
 _VALIDATOR = Draft202012Validator(SCHEMA)
 
 HARNESS_PROXY = "harness-proxy"
+# the variables a deployment file may name on its own; any other needs --allow-auth-env NAME
+AUTH_ENV_PATTERN = re.compile(r"PD_(?!ACCURACY_)[A-Z0-9_]+")
 AUTO_TASK = "auto"
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -89,6 +97,7 @@ class Endpoint:
         if not token:
             raise DeploymentError(f"auth_env names {self.auth_env}, which is not set in this "
                                   f"environment")
+        register_secret(token)   # redacted from everything written from now on
         return {"Authorization": f"Bearer {token}"}
 
     def to_dict(self) -> dict[str, str | None]:
@@ -125,17 +134,15 @@ def known_tasks() -> list[str]:
     return sorted(p.stem for p in TASKS_DIR.glob("*.yaml"))
 
 
-def load_deployment(path: str | os.PathLike[str]) -> ExternalDeployment:
-    """Read, validate and build; DeploymentError (one line naming the file) on any problem."""
+def load_deployment(path: str | os.PathLike[str],
+                    allowed_auth_envs: "tuple[str, ...] | list[str]" = ()) -> ExternalDeployment:
+    """Read (harness.core.bounded_yaml), validate and build; DeploymentError (one line naming the
+    file) on any problem. `allowed_auth_envs`: names the user allowed beyond AUTH_ENV_PATTERN."""
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DeploymentError(f"{source}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise DeploymentError(f"{source}: not valid YAML: {_yaml_problem(exc)}") from None
+        data = load_bounded(path)
+    except BoundedYAMLError as exc:
+        raise DeploymentError(f"{source}: {exc}") from None
     error = max(_VALIDATOR.iter_errors(data), key=relevance, default=None)
     if error is not None:
         raise DeploymentError(describe(error, source))
@@ -147,14 +154,38 @@ def load_deployment(path: str | os.PathLike[str]) -> ExternalDeployment:
     if connector not in KV_CONNECTORS:
         raise DeploymentError(f"{source}: kv_connector: unknown KV connector {connector!r}; use "
                               f"one of {', '.join(KV_CONNECTORS)}")
-    return _build(data, source, task)
+    dep = _build(data, source, task)
+    problem = trust_problem(dep, allowed_auth_envs)
+    if problem:
+        raise DeploymentError(f"{source}: {problem}")
+    return dep
 
 
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc)
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    return " ".join(f"{problem}{where}".split())
+def all_endpoints(dep: ExternalDeployment) -> list[tuple[str, Endpoint]]:
+    """(where in the file, endpoint) for every URL the harness will call."""
+    named = [("baseline", dep.baseline)] + ([("pd.router", dep.router)] if dep.router else [])
+    named += [(f"pd.prefill[{i}]", e) for i, e in enumerate(dep.prefill)]
+    named += [(f"pd.decode[{i}]", e) for i, e in enumerate(dep.decode)]
+    named += [(f"metrics.decode[{i}]", e) for i, e in enumerate(dep.decode_metrics)]
+    named += [(f"metrics.prefill[{i}]", e) for i, e in enumerate(dep.prefill_metrics)]
+    return named
+
+
+def trust_problem(dep: ExternalDeployment, allowed_auth_envs: "tuple[str, ...] | list[str]" = ()
+                  ) -> str | None:
+    """One line when a URL carries a token or an auth_env names a variable the file may not
+    send (neither AUTH_ENV_PATTERN nor allowed on the command line)."""
+    if not (0 < dep.timeout_s < 3600):   # NaN and .inf fail this too
+        return f"timeout_s: must be a number of seconds in (0, 3600), got {dep.timeout_s!r}"
+    for where, endpoint in all_endpoints(dep):
+        problem = url_token_problem(endpoint.url, f"{where}: URL")
+        if problem:
+            return problem
+        name = endpoint.auth_env
+        if name and name not in allowed_auth_envs and not AUTH_ENV_PATTERN.fullmatch(name):
+            return (f"{where}: auth_env {name} is not a PD_* variable; a deployment file may "
+                    f"send only those as a token, or one allowed with --allow-auth-env {name}")
+    return None
 
 
 def _build(data: dict[str, Any], source: str, task: str) -> ExternalDeployment:
@@ -189,7 +220,7 @@ def _build(data: dict[str, Any], source: str, task: str) -> ExternalDeployment:
 
 
 # ---- before the first question -------------------------------------------------------------
-def check_endpoints(dep: ExternalDeployment, get: Get = requests.get,
+def check_endpoints(dep: ExternalDeployment, get: Get = exact_headers.get,
                     environ: Mapping[str, str] = os.environ) -> list[str]:
     """Ask every endpoint once: each OpenAI endpoint lists `dep.model` in /v1/models, each
     /metrics page parses as Prometheus text and holds the samples the verdict reads. Returns one
@@ -228,6 +259,8 @@ def _fetch(label: str, endpoint: Endpoint, url: str, timeout_s: float, get: Get,
         return None, f"{label} at {url}: no answer within {timeout_s:g} s"
     except requests.RequestException as exc:
         return None, f"{label} at {url}: unreachable: {_connection_problem(exc)}"
+    except ValueError as exc:   # exact_headers refuses a token in the URL
+        return None, f"{label}: {exc}"
     status = response.status_code
     if status != 200:
         hint = ": is auth_env naming the right variable?" if status in (401, 403) else ""

@@ -28,10 +28,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import requests
-
+from harness.core import exact_headers
 from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR
 from harness.core.outcomes import CONTINUE
+from harness.core.redact import redact, register_secret
 from harness.core.reference import ReferenceAccuracy
 from harness.eval.lmeval import (DatasetNotFound, EvalRun, evaluate_endpoint, materialize_task,
                                  split_size)
@@ -147,7 +147,8 @@ def scrape(endpoints: Iterable[Endpoint], environ: Mapping[str, str], timeout_s:
     servers of `role` of a pair of `kv_connector` expose them."""
     total = asdict(TransferCounters())
     for endpoint in endpoints:
-        response = requests.get(endpoint.url, headers=endpoint.headers(environ), timeout=timeout_s)
+        response = exact_headers.get(endpoint.url, headers=endpoint.headers(environ),
+                                     timeout=timeout_s)
         response.raise_for_status()
         counters = parse_transfer_counters(response.text, connector_for(kv_connector), role)
         for key, value in asdict(counters).items():
@@ -191,8 +192,8 @@ class ExternalRun:
         self.cell = ExternalCell.of(dep)
         self.facts = facts or model_facts(dep, runner.options.dataset_dir)
         self.not_available = not_available_checks(dep)
-        self.secrets = sorted({v for name in _auth_envs(dep) if len(v := environ.get(name) or "") >= 4},
-                              key=len, reverse=True)
+        for name in _auth_envs(dep):
+            register_secret(environ.get(name))   # any length: harness.core.redact
 
     def run(self) -> list[CellResult]:
         repeats = self.runner.options.repeats
@@ -205,10 +206,9 @@ class ExternalRun:
             results.append(self.one_round(run_id, order, tag))
         return results
 
-    def redact(self, text: str) -> str:
-        for secret in self.secrets:
-            text = text.replace(secret, "***")
-        return text
+    @staticmethod
+    def redact(text: str) -> str:
+        return redact(text)
 
     def ask(self, endpoint: Endpoint | str, role: str, docs: list[int] | None, n: int,
             headers: Mapping[str, str], concurrency: int | None = None) -> EvalRun:
@@ -265,9 +265,11 @@ class ExternalRun:
         runner = self.runner
         port = runner.allocator.reserve(1, owner=f"proxy:{self.cell.cell_id}")[0]
         artifacts["proxy_records"] = str(records_path)
+        # the proxy passes the incoming Authorization on only when the file named pd.auth_env
         with ProxyDeployment(_Upstreams(self.dep), port=port, log_dir=runner.log_dir, fault=None,
                              records_path=records_path, allocator=runner.allocator,
-                             cache_salt=salt, kv_connector=self.dep.kv_connector) as proxy:
+                             cache_salt=salt, kv_connector=self.dep.kv_connector,
+                             forward_authorization=self.dep.pd_endpoint.auth_env is not None) as proxy:
             artifacts["logs"]["proxy"] = str(proxy.process.log_path)
             yield proxy.base_url
 

@@ -57,6 +57,8 @@ from typing import Any, Mapping
 
 from harness.core.atomic import atomic_write_json
 from harness.eval.metrics import legacy_counter_names
+from harness.core.redact import redact_data
+from harness.core.safe_paths import under
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -93,9 +95,12 @@ def upgrade_record(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_record(results_dir: str | os.PathLike[str], record: Mapping[str, Any]) -> Path:
+    """Write `record` (redacted: harness.core.redact) as <results_dir>/<run_id>/<cell id>.json;
+    ValueError when the path would leave `results_dir`."""
     validate_record(record)
     name = f"{record['cell']['id']}.json"
-    return atomic_write_json(Path(results_dir) / record["run_id"] / name, record)
+    path = under(results_dir, record["run_id"], name)
+    return atomic_write_json(path, redact_data(dict(record)))
 
 
 def load_records(root: str | os.PathLike[str]) -> list[dict[str, Any]]:

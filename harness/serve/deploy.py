@@ -303,7 +303,8 @@ class ProxyDeployment:
                  records_path: Path, startup_timeout_s: float = 60.0,
                  allocator: PortAllocator | None = None, python: str = sys.executable,
                  request_tag: str = "", cache_salt: str | None = None,
-                 kv_connector: str = DEFAULT_KV_CONNECTOR) -> None:
+                 kv_connector: str = DEFAULT_KV_CONNECTOR,
+                 forward_authorization: bool = False) -> None:
         self.pair = pair
         self.port = port
         self.records_path = Path(records_path)
@@ -321,6 +322,8 @@ class ProxyDeployment:
             argv += ["--request-tag", request_tag]
         if cache_salt:
             argv += ["--cache-salt", cache_salt]
+        if forward_authorization:
+            argv.append("--forward-authorization")
         argv += ["--records", str(self.records_path)]
         self.process = ManagedProcess(f"proxy-{port}", argv, Path(log_dir) / f"proxy-{port}.log")
         self.startup_timeout_s = startup_timeout_s

@@ -263,7 +263,7 @@ def test_duplicate_ids_of_different_cells_are_an_error(tmp_path):
     ("hybrid_block_sizes: {x: 64}\nprofiles: {p: {}}", "declare it under models"),
     ("profiles: {p: {expected_failures: [{match: {colour: red}, reason: x}]}}", "unknown selector key"),
     ("profiles: [1]", "non-empty `profiles` mapping"),
-    ("profiles: {p: {grids: [{model: d}]}\n  bad", "invalid YAML"),
+    ("profiles: {p: {grids: [{model: d}]}\n  bad", "not valid YAML"),
 ])
 def test_malformed_yaml_gives_one_line_errors(tmp_path, text, needle):
     with pytest.raises(MatrixError) as info:

@@ -111,8 +111,8 @@ def test_harness_proxy_file_defaults_metrics_to_the_servers(tmp_path):
 
 def test_harness_proxy_file_takes_given_metrics(tmp_path):
     dep = load(tmp_path, changed(PROXY, metrics={"decode": ["http://d0:9090/metrics"],
-                                                 "auth_env": "METRICS_TOKEN"}))
-    assert dep.decode_metrics == (Endpoint("http://d0:9090/metrics", "METRICS_TOKEN"),)
+                                                 "auth_env": "PD_METRICS_TOKEN"}))
+    assert dep.decode_metrics == (Endpoint("http://d0:9090/metrics", "PD_METRICS_TOKEN"),)
     assert dep.prefill_metrics == ()
 
 
@@ -418,15 +418,15 @@ def test_the_proxy_only_checks_are_verdict_checks():
 
 def test_the_record_keeps_env_names_never_values(tmp_path, monkeypatch):
     monkeypatch.setenv("PD_TOKEN", SECRET)
-    monkeypatch.setenv("METRICS_TOKEN", SECRET)
-    data = changed(ROUTER, baseline__auth_env="BASELINE_TOKEN", metrics__auth_env="METRICS_TOKEN")
+    monkeypatch.setenv("PD_METRICS_TOKEN", SECRET)
+    data = changed(ROUTER, baseline__auth_env="PD_BASELINE_TOKEN", metrics__auth_env="PD_METRICS_TOKEN")
     record = to_record(load(tmp_path, data))
     text = json.dumps(record)
     assert SECRET not in text
-    assert record["baseline"] == {"url": "http://baseline:8000", "auth_env": "BASELINE_TOKEN"}
+    assert record["baseline"] == {"url": "http://baseline:8000", "auth_env": "PD_BASELINE_TOKEN"}
     assert record["pd"] == {"router": {"url": "http://router:8000", "auth_env": "PD_TOKEN"},
                             "prefill": [], "decode": []}
-    assert record["metrics"]["decode"][0] == {"url": "http://d0:8200/metrics", "auth_env": "METRICS_TOKEN"}
+    assert record["metrics"]["decode"][0] == {"url": "http://d0:8200/metrics", "auth_env": "PD_METRICS_TOKEN"}
     assert record["checks_not_available"] == list(df.PROXY_ONLY_CHECKS)
     assert record["model"] == "tiny" and record["task"] == "auto" and record["name"] == "deploy"
 

@@ -157,7 +157,7 @@ def test_two_hops_bodies_order_and_request_id() -> None:
         prefill, decode = pair(hop_log)
         original = {"model": "m", "prompt": "2+2=", "max_tokens": 17, "temperature": 0.0,
                     "logprobs": 1}
-        async with proxied([prefill], [decode]) as client:
+        async with proxied([prefill], [decode], forward_authorization=True) as client:
             response = await client.post("/v1/completions", json=original,
                                          headers={"Authorization": "Bearer secret"})
             assert response.status == 200
@@ -467,13 +467,31 @@ def test_models_passes_through_to_decode() -> None:
     async def scenario() -> None:
         hop_log: list[tuple[str, str]] = []
         prefill, decode = pair(hop_log)
-        async with proxied([prefill], [decode]) as client:
+        async with proxied([prefill], [decode], forward_authorization=True) as client:
             response = await client.get("/v1/models", headers={"Authorization": "Bearer k"})
             assert response.status == 200
             assert await response.json() == {"object": "list", "data": [{"id": "model-of-d0"}]}
         assert prefill.requests == []
         assert decode.requests[0]["path"] == "/v1/models"
         assert decode.requests[0]["headers"]["Authorization"] == "Bearer k"
+
+    asyncio.run(scenario())
+
+
+def test_authorization_is_stripped_unless_the_proxy_forwards_it() -> None:
+    """A client's token (lm-eval's $OPENAI_API_KEY fallback, say) never reaches the servers of a
+    proxy not started with --forward-authorization."""
+    async def scenario() -> None:
+        hop_log: list[tuple[str, str]] = []
+        prefill, decode = pair(hop_log)
+        async with proxied([prefill], [decode]) as client:
+            response = await client.post("/v1/completions", json={"model": "m", "prompt": "x"},
+                                         headers={"Authorization": "Bearer sk-users-own"})
+            assert response.status == 200
+            await client.get("/v1/models", headers={"Authorization": "Bearer sk-users-own"})
+        seen = prefill.requests + decode.requests
+        assert len(seen) == 3
+        assert all("Authorization" not in r["headers"] for r in seen)
 
     asyncio.run(scenario())
 

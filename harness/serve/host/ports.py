@@ -13,11 +13,9 @@ between our check and the server's bind.
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import random
-import tempfile
 import threading
 import time
 from collections.abc import Iterable
@@ -28,8 +26,8 @@ import filelock
 import port_for
 import port_for.ephemeral
 
-from harness.core.atomic import atomic_write_text
 from harness.serve.host.liveness import owner_alive, process_create_time, this_host
+from harness.serve.host.store import HostStore, default_state_dir, problem_of_owner
 
 LOG = logging.getLogger(__name__)
 
@@ -50,8 +48,18 @@ class PortsExhaustedError(RuntimeError):
 
 
 def default_lock_dir() -> Path:
-    """$TMPDIR/pd-accuracy-ports: one registry per machine (per temp dir)."""
-    return Path(tempfile.gettempdir()) / "pd-accuracy-ports"
+    """This user's host state directory (harness.serve.host.store.default_state_dir)."""
+    return default_state_dir()
+
+
+def port_entry_problem(key: str, entry: dict[str, Any]) -> str | None:
+    """Why a registry entry cannot be trusted (None: it can): a port in range, its holder's
+    pid (create_time may be unknown: a port entry only ever keeps a port from being handed out)."""
+    if not key.isdigit() or not 1 <= int(key) <= 65535:
+        return f"{key[:20]!r} is not a port"
+    if entry.get("create_time") is None:
+        entry = {**entry, "create_time": 1.0}
+    return problem_of_owner(entry, "pid", "create_time")
 
 
 def _holder_alive(entry: dict[str, Any]) -> bool:
@@ -71,11 +79,12 @@ class PortAllocator:
         low, high = port_range
         if not 1024 <= low < high <= 65536:
             raise ValueError(f"bad port range {port_range}: need 1024 <= low < high <= 65536")
-        self.lock_dir = Path(lock_dir) if lock_dir is not None else default_lock_dir()
+        self.store = HostStore(_REGISTRY_NAME, "ports", port_entry_problem, directory=lock_dir,
+                               lock_timeout_s=lock_timeout_s)
+        self.lock_dir = self.store.directory
         self.port_range = (low, high)
-        self.lock_dir.mkdir(parents=True, exist_ok=True)
-        self.registry_path = self.lock_dir / _REGISTRY_NAME
-        self._lock = filelock.FileLock(str(self.registry_path) + ".lock", timeout=lock_timeout_s)
+        self.registry_path = self.store.path
+        self._lock = self.store.lock
         self._thread_lock = threading.Lock()
         self._mine: set[int] = set()
         self._pid = os.getpid()
@@ -99,19 +108,10 @@ class PortAllocator:
 
     # -- registry ------------------------------------------------------------------------------
     def _load(self) -> dict[int, dict[str, Any]]:
-        try:
-            raw = json.loads(self.registry_path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as exc:
-            LOG.warning("port registry %s unreadable (%s); starting it afresh", self.registry_path,
-                        exc)
-            return {}
-        return {int(port): entry for port, entry in raw.get("ports", {}).items()}
+        return {int(port): entry for port, entry in self.store.load().items()}
 
     def _save(self, registry: dict[int, dict[str, Any]]) -> None:
-        payload = {"ports": {str(port): registry[port] for port in sorted(registry)}}
-        atomic_write_text(self.registry_path, json.dumps(payload, indent=1))
+        self.store.save({str(port): registry[port] for port in sorted(registry)})
 
     def _load_live(self) -> dict[int, dict[str, Any]]:
         registry = self._load()

@@ -39,6 +39,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import shutil
 import threading
 import time
@@ -47,10 +48,9 @@ from typing import Any, Sequence
 
 import filelock
 
-from harness.core.atomic import atomic_write_text
 from harness.core.platform import netns_unavailable_reason
-from harness.serve.host.liveness import owner_alive, process_create_time, this_host
-from harness.serve.host.ports import default_lock_dir
+from harness.serve.host.liveness import process_create_time, this_host
+from harness.serve.host.store import HostStore, drop_dead, problem_of_owner
 from harness.serve.net.netns_plan import (KV_DEVICE, UCX_ENV_KEYS, Host, IpRunner, NetnsError,
                                       TopologyPlan, choose_subnet, new_tag, run_ip,
                                       subnets_in_use)
@@ -66,24 +66,33 @@ _GONE = ("Cannot find device", "No such file or directory", "does not exist", "n
 
 
 # ---- the host's ledger of topologies ------------------------------------------------------------
+def topology_entry_problem(key: str, entry: dict[str, Any]) -> str | None:
+    """Why a ledger entry must not be acted on (a sweep deletes the namespaces and links its tag
+    names): a tag of new_tag's shape, a /24 index, a known owner."""
+    tag, subnet = entry.get("tag"), entry.get("subnet")
+    if not isinstance(tag, str) or not re.fullmatch(r"[0-9a-f]{6}", tag) or tag != key:
+        return f"tag {tag!r} is not a topology's"
+    if isinstance(subnet, bool) or not isinstance(subnet, int) or not 0 <= subnet < 256:
+        return f"subnet {subnet!r} is not a /24 index"
+    return problem_of_owner(entry)
+
+
 class TopologyLedger:
-    """``netns.json`` in the port registry's directory: every topology of this host, its subnet
-    and its owner (pid, create_time, host), written before it is created."""
+    """``netns.json`` in this user's host state directory (a host store): every topology of
+    this host, its subnet and its owner (pid, create_time, host), written before it is
+    created."""
 
     def __init__(self, lock_dir: str | os.PathLike[str] | None = None) -> None:
-        self.path = Path(lock_dir if lock_dir is not None else default_lock_dir()) / LEDGER_NAME
-        self._lock = filelock.FileLock(str(self.path) + ".lock", timeout=10)
+        self.store = HostStore(LEDGER_NAME, "topologies", topology_entry_problem,
+                               directory=lock_dir)
+        self.path = self.store.path
+        self._lock = self.store.lock
 
     def _load(self) -> dict[str, dict[str, Any]]:
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (FileNotFoundError, ValueError):
-            return {}
-        entries = data.get("topologies", {}) if isinstance(data, dict) else {}
-        return {str(k): v for k, v in entries.items() if isinstance(v, dict)}
+        return self.store.load()
 
     def _save(self, entries: dict[str, dict[str, Any]]) -> None:
-        atomic_write_text(self.path, json.dumps({"topologies": entries}, indent=1, sort_keys=True))
+        self.store.save(entries)
 
     def reserve(self, seed: str, ip: IpRunner = run_ip) -> TopologyPlan:
         """A new plan whose subnet nobody holds, written as held by this process."""
@@ -121,11 +130,9 @@ class TopologyLedger:
             return []
         with self._lock:
             entries = self._load()
-            dead = {k: e for k, e in entries.items()
-                    if not owner_alive(int(e.get("owner_pid", -1)), e.get("owner_create_time"),
-                                       e.get("host"))}
+            dead = drop_dead(entries)
             if dead:
-                self._save({k: e for k, e in entries.items() if k not in dead})
+                self._save(entries)
         return [TopologyPlan(str(e["tag"]), int(e["subnet"])) for e in dead.values()]
 
 

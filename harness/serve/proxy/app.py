@@ -42,6 +42,7 @@ from harness.serve.proxy.hops import (
     PROXY_FAULTS,
     build_decode_body,
     build_prefill_body,
+    forwarded_authorization,
     new_record,
     new_request_id,
     tag_for,
@@ -69,6 +70,7 @@ class ProxyState:
     request_tag: str = ""              # put in every request id (the decode's per-request fault)
     cache_salt: str | None = None
     connector: KvConnector = field(default_factory=connector_for)   # how the params travel
+    forward_authorization: bool = False   # pass the client's Authorization on (else strip it)
     records: list[dict[str, Any]] = field(default_factory=list)
     session: aiohttp.ClientSession | None = None
     # kv_transfer_params of the most recent prefill answer; the foreign-params fault hands them
@@ -119,7 +121,7 @@ async def _handle_completion(request: web.Request) -> web.StreamResponse:
 
     original_body = with_cache_salt(original_body, state.cache_salt)
     request_id = new_request_id(tag_for(state.request_tag, original_body))
-    headers = upstream_headers(request, request_id)
+    headers = upstream_headers(request, request_id, state.forward_authorization)
     record = new_record(request_id, endpoint, state.next_prefill_url(), state.next_decode_url(),
                         state.fault, state.connector.value)
     try:
@@ -243,9 +245,7 @@ async def _handle_models(request: web.Request) -> web.Response:
     state = request.app[PROXY_STATE_KEY]
     assert state.session is not None
     decode_url = state.decode_urls[0]
-    headers = {}
-    if request.headers.get("Authorization"):
-        headers["Authorization"] = request.headers["Authorization"]
+    headers = forwarded_authorization(request.headers, state.forward_authorization)
     try:
         async with state.session.get(
             decode_url + "/v1/models", params=request.query, headers=headers
@@ -281,6 +281,7 @@ def create_app(
     request_tag: str = "",
     cache_salt: str | None = None,
     kv_connector: str = DEFAULT_KV_CONNECTOR,
+    forward_authorization: bool = False,
 ) -> web.Application:
     """Build the P/D proxy application.
 
@@ -299,6 +300,7 @@ def create_app(
         request_tag=request_tag,
         cache_salt=cache_salt,
         connector=connector_for(kv_connector),
+        forward_authorization=forward_authorization,
     )
     app = web.Application(client_max_size=MAX_REQUEST_BODY_BYTES)
     app[PROXY_STATE_KEY] = state
@@ -345,6 +347,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
                         help="the pair's KV connector: how kv_transfer_params travel")
     parser.add_argument("--records", default=None, metavar="PATH",
                         help="append one JSON line per request to this file")
+    parser.add_argument("--forward-authorization", action="store_true", help="pass the client's "
+                        "Authorization on to the servers (else stripped)")
     parser.add_argument("--timeout", type=float, default=600, metavar="S",
                         help="seconds per upstream hop before answering 504")
     return parser
@@ -356,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     app = create_app(args.prefill, args.decode, fault=args.fault, records_path=args.records,
                      timeout_s=args.timeout, request_tag=args.request_tag,
-                     cache_salt=args.cache_salt, kv_connector=args.kv_connector)
+                     cache_salt=args.cache_salt, kv_connector=args.kv_connector,
+                     forward_authorization=args.forward_authorization)
     log.info("pd proxy on http://%s:%d prefill=%s decode=%s connector=%s fault=%s records=%s",
              args.host, args.port, args.prefill, args.decode, args.kv_connector, args.fault,
              args.records)

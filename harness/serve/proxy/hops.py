@@ -126,3 +126,11 @@ def new_record(request_id: str, endpoint: str, prefill_url: str, decode_url: str
         "started_at": dt.datetime.now(dt.timezone.utc).isoformat(),
         "error": None,
     }
+
+
+def forwarded_authorization(headers: Mapping[str, str], forward: bool) -> dict[str, str]:
+    """What of the client's Authorization goes on to the servers: all of it when the proxy was
+    started to forward it (a deployment file's pd.auth_env), else nothing (a token lm-eval or
+    any other client sent is not the servers' business)."""
+    authorization = headers.get("Authorization")
+    return {"Authorization": authorization} if forward and authorization else {}

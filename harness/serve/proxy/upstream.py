@@ -10,6 +10,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from harness.serve.proxy.hops import forwarded_authorization
+
 log = logging.getLogger("harness.serve.proxy.app")
 
 REQUEST_ID_HEADER = "X-Request-Id"
@@ -38,12 +40,11 @@ class UpstreamUnreachable(Exception):
         )
 
 
-def upstream_headers(request: web.Request, request_id: str) -> dict[str, str]:
-    headers = {REQUEST_ID_HEADER: request_id, "Content-Type": "application/json"}
-    authorization = request.headers.get("Authorization")
-    if authorization:
-        headers["Authorization"] = authorization
-    return headers
+def upstream_headers(request: web.Request, request_id: str, forward_authorization: bool
+                     ) -> dict[str, str]:
+    # the client's Authorization goes on only when the proxy was started to forward it
+    return {REQUEST_ID_HEADER: request_id, "Content-Type": "application/json",
+            **forwarded_authorization(request.headers, forward_authorization)}
 
 
 def unreachable(exc: BaseException, upstream: str, hop: str) -> UpstreamUnreachable:

@@ -4,25 +4,26 @@ and its harness's pid, create_time and host) and removed once stopped. An entry 
 dead (``liveness.owner_alive``: pid + create_time) but whose group still runs means both the
 harness and its watchdog were killed; the next harness to start a server on this host sweeps
 such groups away (SIGTERM, a short grace, SIGKILL: ``process_groups``) before it starts its own,
-so they cannot keep a port, GPU memory or a CPU. The same ``filelock`` discipline as the port
-registry; any failure here is logged and never stops a server from starting.
+so they cannot keep a port, GPU memory or a CPU. The file is a host store
+(harness.serve.host.store): an entry is acted on only when `group_entry_problem` finds nothing
+wrong with it (a start time, never null; a group that is not 0, 1 or the harness's own), so a
+forged or broken entry is skipped with a warning. Any failure here is logged and never stops a
+server from starting.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import filelock
 
-from harness.core.atomic import atomic_write_text
-from harness.serve.host.liveness import owner_alive, process_create_time, this_host
-from harness.serve.host.ports import default_lock_dir
+from harness.serve.host.liveness import process_create_time, this_host
+from harness.serve.host.store import (HostStore, drop_dead, problem_of_owner,
+                                      problem_of_time)
 from harness.serve.supervision.groups import TrackedGroup, process_table, terminate_groups
 
 LOG = logging.getLogger(__name__)
@@ -46,22 +47,45 @@ class Orphan:
         return process_create_time(self.pid) is not None
 
 
+def group_entry_problem(key: str, entry: dict[str, Any]) -> str | None:
+    """Why a ledger entry must not be acted on (None: it may): its group is the one its key
+    names, not 0 or 1 and not this harness's own, its leader's start time is known, and so is
+    its owner's."""
+    pgid = entry.get("pgid")
+    if isinstance(pgid, bool) or not isinstance(pgid, int) or pgid <= 1 or str(pgid) != key:
+        return f"pgid {pgid!r} is not a server's group"
+    if pgid in (os.getpgrp(), os.getpid()):
+        return f"pgid {pgid} is this harness's own group"
+    if entry.get("pid") != pgid:
+        return f"pid {entry.get('pid')!r} is not the group's leader {pgid}"
+    return problem_of_time(entry.get("create_time"), "create_time") or problem_of_owner(entry)
+
+
 class ProcessLedger:
-    """``processes.json`` in ``lock_dir`` (default: the port registry's directory)."""
+    """``processes.json`` in ``lock_dir`` (default: this user's host state directory)."""
 
     def __init__(self, lock_dir: str | os.PathLike[str] | None = None,
                  lock_timeout_s: float = 10.0) -> None:
-        self.path = Path(lock_dir if lock_dir is not None else default_lock_dir()) / LEDGER_NAME
-        self._lock = filelock.FileLock(str(self.path) + ".lock", timeout=lock_timeout_s)
+        self.store: HostStore | None = None
+        self._lock_dir, self._lock_timeout_s = lock_dir, lock_timeout_s
         self._owner: tuple[int, float | None] | None = None
         self._warned = False
 
+    @property
+    def path(self):
+        return self._store().path
+
     def record(self, name: str, pgid: int, create_time: float | None) -> None:
-        """Write a started group (its leader is PID ``pgid``) as owned by this process."""
+        """Write a started group (its leader is PID ``pgid``) as owned by this process; a group
+        whose entry would not be valid (its leader already gone: no start time) is not kept."""
         owner_pid, owner_created = self._owner_of_this_process()
         entry = {"name": name, "pid": pgid, "pgid": pgid, "create_time": create_time,
                  "owner_pid": owner_pid, "owner_create_time": owner_created,
                  "host": this_host(), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        problem = group_entry_problem(str(pgid), entry)
+        if problem:
+            LOG.warning("not recording %s in the process ledger: %s", name, problem)
+            return
         self._update(lambda entries: entries.__setitem__(str(pgid), entry))
 
     def forget(self, pgid: int) -> None:
@@ -71,8 +95,7 @@ class ProcessLedger:
     def entries(self) -> dict[str, dict[str, Any]]:
         """Every recorded group (a copy), keyed by PGID as text."""
         try:
-            with self._lock:
-                return self._load()
+            return self._store().read()
         except (OSError, filelock.Timeout) as exc:
             self._warn(exc)
             return {}
@@ -83,22 +106,21 @@ class ProcessLedger:
         stale: list[dict[str, Any]] = []
 
         def take_stale(entries: dict[str, dict[str, Any]]) -> None:
-            for key, entry in list(entries.items()):
-                # never this harness's own groups: on 2026-12-01 a sweep judged its own pid
-                # dead (a create_time that no longer matched) and stopped what it had started
-                if int(entry.get("owner_pid", -1)) == os.getpid() and \
-                        entry.get("host") in (None, this_host()):
-                    continue
-                if not owner_alive(int(entry.get("owner_pid", -1)),
-                                   entry.get("owner_create_time"), entry.get("host")):
-                    stale.append(entries.pop(key))
+            # never this harness's own groups: a sweep once judged its own pid dead (a
+            # create_time that no longer matched) and stopped what it had started
+            own = {k: e for k, e in entries.items() if e["owner_pid"] == os.getpid()
+                   and e.get("host") in (None, this_host())}
+            others = {k: e for k, e in entries.items() if k not in own}
+            stale.extend(drop_dead(others).values())
+            entries.clear()
+            entries.update({**own, **others})
 
         self._update(take_stale)
         if not stale:
             return []
         table = process_table(with_groups=True)
-        running = [(TrackedGroup(int(e["pgid"]), e.get("create_time"), str(e.get("name", ""))), e)
-                   for e in stale if "pgid" in e]
+        running = [(TrackedGroup(int(e["pgid"]), float(e["create_time"]), str(e.get("name", ""))), e)
+                   for e in stale]
         running = [(group, e) for group, e in running if group.live_pids(table)]
         if not running:
             return []
@@ -119,34 +141,23 @@ class ProcessLedger:
             self._owner = (os.getpid(), process_create_time(os.getpid()))
         return self._owner
 
-    def _load(self) -> dict[str, dict[str, Any]]:
-        try:
-            raw = json.loads(self.path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return {}
-        except ValueError as exc:
-            LOG.warning("process ledger %s unreadable (%s); starting it afresh", self.path, exc)
-            return {}
-        groups = raw.get("groups", {}) if isinstance(raw, dict) else {}
-        return {str(k): v for k, v in groups.items() if isinstance(v, dict)}
+    def _store(self) -> HostStore:
+        # made on first use: an unusable state directory is then one warning, not a failed start
+        if self.store is None:
+            self.store = HostStore(LEDGER_NAME, "groups", group_entry_problem,
+                                   directory=self._lock_dir, lock_timeout_s=self._lock_timeout_s)
+        return self.store
 
     def _update(self, change: Any) -> None:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self._lock:
-                entries = self._load()
-                before = json.dumps(entries, sort_keys=True)
-                change(entries)
-                if json.dumps(entries, sort_keys=True) != before:
-                    atomic_write_text(self.path, json.dumps({"groups": entries}, indent=1,
-                                                            sort_keys=True))
+            self._store().update(change)
         except (OSError, filelock.Timeout) as exc:
             self._warn(exc)
 
     def _warn(self, exc: BaseException) -> None:
         if not self._warned:
-            LOG.warning("process ledger %s: %s (a killed harness's servers are then stopped by "
-                        "its watchdog only)", self.path, exc)
+            LOG.warning("process ledger: %s (a killed harness's servers are then stopped by "
+                        "its watchdog only)", exc)
         self._warned = True
 
 
@@ -155,7 +166,7 @@ _DEFAULT_LOCK = threading.Lock()
 
 
 def default_ledger() -> ProcessLedger:
-    """The ledger in ``ports.default_lock_dir()`` (one per host and temp dir)."""
+    """The ledger in this user's host state directory (one per host, user and temp dir)."""
     global _DEFAULT
     with _DEFAULT_LOCK:
         if _DEFAULT is None:

@@ -35,6 +35,7 @@ from types import TracebackType
 import psutil
 import requests
 
+from harness.core.redact import redact
 from harness.serve.supervision import registry as process_registry
 from harness.serve.host.liveness import is_zombie, process_create_time, process_group_alive
 from harness.serve.launch.logscan import decisive_error_lines, most_decisive_line
@@ -198,7 +199,7 @@ class ManagedProcess:
         env = self.build_env()
         with open(self.log_path, "a", buffering=1, encoding="utf-8") as log_file:
             log_file.write(f"=== {time.strftime('%Y-%m-%dT%H:%M:%S')} start {self.name}: "
-                           f"{self.command_line()} (cwd: {self.cwd or os.getcwd()})\n")
+                           f"{redact(self.command_line())} (cwd: {self.cwd or os.getcwd()})\n")
             log_file.flush()
             self._log_offset = log_file.tell()
             announce = process_registry.prepare_start()
@@ -231,7 +232,7 @@ class ManagedProcess:
         assert self._popen is not None
         self._create_time = process_create_time(self._popen.pid)
         process_registry.register(self)
-        LOG.info("started %s pid=%s: %s (log: %s)", self.name, self.pid, self.command_line(),
+        LOG.info("started %s pid=%s: %s (log: %s)", self.name, self.pid, redact(self.command_line()),
                  self.log_path)
         return self
 

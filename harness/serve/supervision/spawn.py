@@ -35,13 +35,14 @@ if sys.platform.startswith("linux"):
 PDEATHSIG_SUPPORTED = _libc_prctl is not None
 
 
-def pdeathsig_preexec(parent_pid: int) -> Callable[[], None]:
-    """A ``preexec_fn`` that makes the child get SIGTERM when ``parent_pid`` (the caller) dies."""
+def pdeathsig_preexec(parent_pid: int, signum: int = signal.SIGTERM) -> Callable[[], None]:
+    """A ``preexec_fn`` that makes the child get ``signum`` when ``parent_pid`` (the caller)
+    dies."""
     def set_parent_death_signal() -> None:
-        _libc_prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        _libc_prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
         # The parent may have died between fork() and prctl(); then no signal would ever come.
         if os.getppid() != parent_pid:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signum)
     return set_parent_death_signal
 
 

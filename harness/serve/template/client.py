@@ -5,11 +5,17 @@ handle that looks like the ``subprocess.Popen`` it would otherwise hold.
 A forked server is the template's child, not the harness's: :class:`ForkedServer` learns of its
 end from the exit status the template writes when it reaps it (``rc_path``), and otherwise from
 the PID and its create time (a PID the kernel reused is not taken for the server).
+
+A template's folder (its socket, the servers' ``.rc`` files) lies in this user's host state
+directory, ``templates/<harness pid>-*``; it is removed when the template stops and at exit,
+and a folder whose harness is gone (SIGKILL) by the next template made on the host.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -21,13 +27,36 @@ from pathlib import Path
 import psutil
 
 from harness.serve.host.liveness import is_zombie, process_create_time
+from harness.serve.host.store import default_state_dir, owned_dir
 from harness.serve.supervision.errors import ProcessStartError
 from harness.serve.template.server import READY_LINE, SERVER_MODULE, read_json_line
 
 TEMPLATE_MODULE = "harness.serve.template.server"
 TEMPLATE_START_TIMEOUT_S = 600.0
 
-__all__ = ["ForkedServer", "ServerTemplate", "template_for", "stop_templates"]
+__all__ = ["ForkedServer", "ServerTemplate", "new_template_dir", "stop_templates",
+           "sweep_template_dirs", "template_for"]
+
+
+def sweep_template_dirs(base: Path) -> list[Path]:
+    """Remove the template folders under ``base`` whose harness (the pid in the name) is gone."""
+    removed = []
+    for folder in base.iterdir():
+        pid = folder.name.split("-", 1)[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def new_template_dir() -> Path:
+    """A fresh ``templates/<pid>-*`` folder of this user's (stale ones swept first), removed
+    at exit."""
+    base = owned_dir(default_state_dir() / "templates")
+    sweep_template_dirs(base)
+    folder = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=base))
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 class ForkedServer:
@@ -89,7 +118,7 @@ class ServerTemplate:
 
         self.python = python
         self.cores = frozenset(cores) if cores else None
-        self.dir = Path(tempfile.mkdtemp(prefix="pd-accuracy-template-"))
+        self.dir = new_template_dir()
         self.socket_path = self.dir / "template.sock"
         base = dict(os.environ if env is None else env)
         base.update({"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
@@ -107,20 +136,26 @@ class ServerTemplate:
         with self._lock:
             if self._started:
                 return self
-            self.process.start()
-            deadline = time.monotonic() + timeout_s
-            while READY_LINE not in self.process.read_log():
-                if not self.process.is_running():
-                    raise ProcessStartError("server-template", "exited before it was ready: "
-                                            + " | ".join(self.process.decisive_lines()),
-                                            self.process.log_path)
-                if time.monotonic() > deadline:
-                    self.process.stop()
-                    raise ProcessStartError("server-template", f"not ready in {timeout_s:.0f} s",
-                                            self.process.log_path)
-                time.sleep(0.1)
+            try:
+                self._wait_ready(timeout_s)
+            except BaseException:   # failed, timed out, interrupted: no process, no folder left
+                self.stop()
+                raise
             self._started = True
             return self
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        self.process.start()
+        deadline = time.monotonic() + timeout_s
+        while READY_LINE not in self.process.read_log():
+            if not self.process.is_running():
+                raise ProcessStartError("server-template", "exited before it was ready: "
+                                        + " | ".join(self.process.decisive_lines()),
+                                        self.process.log_path)
+            if time.monotonic() > deadline:
+                raise ProcessStartError("server-template", f"not ready in {timeout_s:.0f} s",
+                                        self.process.log_path)
+            time.sleep(0.1)
 
     def can_run(self, argv: Sequence[str]) -> bool:
         """Whether ``argv`` is a plain API server launch by this template's Python."""
@@ -153,7 +188,12 @@ class ServerTemplate:
         return ForkedServer(int(answer["pid"]), rc_path)
 
     def stop(self) -> None:
-        self.process.stop()
+        """Stop the template, then remove its folder (a forked server's poll then goes by its
+        PID: ForkedServer)."""
+        try:
+            self.process.stop()
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 _TEMPLATES: dict[tuple[str, str, frozenset[int] | None], ServerTemplate] = {}

@@ -71,7 +71,8 @@ def run_child(request: dict, listener: socket.socket, template_pid: int) -> int:
     listener.close()
     os.setsid()
     if PDEATHSIG_SUPPORTED:
-        pdeathsig_preexec(template_pid)()   # SIGTERM when the template dies
+        # SIGKILL when the template dies (OOM, crash): vLLM ignores SIGTERM during start-up
+        pdeathsig_preexec(template_pid, signal.SIGKILL)()
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(signum, signal.SIG_DFL)
     if request.get("cores"):
