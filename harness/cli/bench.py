@@ -179,6 +179,11 @@ def print_cpu_load(console: Any, load: dict[str, Any]) -> None:
                   f"the run's threads runnable: mean {load['run_runnable_mean']:.1f}; CPU "
                   f"{load['run_cpu_s']:.0f} s; host time user {pct('user')}, system "
                   f"{pct('system')}, steal {pct('steal')}, idle {pct('idle')}")
+    pd = load.get("during_pd") or {}
+    if pd.get("samples"):
+        console.print(f"while a P/D pair was evaluated ({pd['samples']} samples): run queue mean "
+                      f"{pd['run_queue_mean']:.1f}, p95 {pd['run_queue_p95']}; the run's threads "
+                      f"runnable mean {pd['run_runnable_mean']:.1f}, p95 {pd['run_runnable_p95']}")
 
 
 def bench(args: argparse.Namespace) -> int:

@@ -6,7 +6,9 @@ A `CpuLoadSampler` reads ``/proc`` every ``interval_s`` in a daemon thread:
 * host-wide: ``procs_running`` of ``/proc/stat`` (threads runnable right now, the sampler's own
   included) and the CPU time split (user, system, steal, idle) between the first and last sample;
 * per process of the run (the root process and its descendants): how many of its threads were in
-  state R, by thread name (``comm``), its CPU seconds and context switches. A server's processes
+  state R, by thread name (``comm``), its CPU seconds and context switches;
+* the run queue again over the samples taken while a P/D proxy was up (``during_pd``): a P/D
+  pair is evaluated then, its baseline beside it, while start-up and teardown are not. A server's processes
   (API server, engine core, worker) are named after the log their stdout goes to (``decode-0``),
   because a forked server keeps its template's command line.
 
@@ -24,6 +26,7 @@ from typing import Any
 
 PROC = Path("/proc")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+PROXY_LABEL = "proxy"       # the P/D proxy's log is proxy-<port>.log
 CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
@@ -121,6 +124,15 @@ class ProcessLoad:
                                      for name, n in self.runnable_by_thread.most_common(8)}}
 
 
+def spread(name: str, values: list[int]) -> dict[str, float | int | None]:
+    """`name`_mean, _p95 and _max of `values` (None when there are none)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    return {f"{name}_mean": sum(ordered) / n if n else None,
+            f"{name}_p95": ordered[min(n - 1, int(0.95 * n))] if n else None,
+            f"{name}_max": ordered[-1] if n else None}
+
+
 class CpuLoadSampler:
     """Samples /proc every `interval_s` from start() to stop(); summary() gives the numbers."""
 
@@ -129,6 +141,8 @@ class CpuLoadSampler:
         self.interval_s = interval_s
         self.samples = 0
         self.running: list[int] = []        # procs_running per sample
+        self.running_pd: list[int] = []     # procs_running per sample taken while a proxy was up
+        self.runnable_pd: list[int] = []    # the run's runnable threads, same samples
         self.processes: dict[int, ProcessLoad] = {}
         self._stat_first: dict[str, int] = {}
         self._stat_last: dict[str, int] = {}
@@ -177,20 +191,29 @@ class CpuLoadSampler:
             self._stat_last = times
             self.running.append(running)
         self.samples += 1
+        runnable = 0
+        proxy_up = False
         for pid in self._descendants():
-            self._sample_process(pid)
+            load = self._sample_process(pid)
+            if load is not None:
+                runnable += load[0]
+                proxy_up = proxy_up or load[1].startswith(PROXY_LABEL)
+        if proxy_up and text:
+            self.running_pd.append(running)
+            self.runnable_pd.append(runnable)
 
-    def _sample_process(self, pid: int) -> None:
+    def _sample_process(self, pid: int) -> tuple[int, str] | None:
+        """(runnable threads, label) of `pid` now; None when it is gone."""
         task_dir = PROC / str(pid) / "task"
         try:
             tids = os.listdir(task_dir)
         except OSError:
-            return
+            return None
         load = self.processes.get(pid)
         if load is None:
             stat = _read(PROC / str(pid) / "stat")
             if not stat:
-                return
+                return None
             load = self.processes[pid] = ProcessLoad(process_label(pid), parse_task_stat(stat)[0])
         runnable = 0
         for tid in tids:
@@ -211,6 +234,7 @@ class CpuLoadSampler:
         load.runnable += runnable
         load.peak_runnable = max(load.peak_runnable, runnable)
         load.threads_peak = max(load.threads_peak, len(tids))
+        return runnable, load.label
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -219,15 +243,13 @@ class CpuLoadSampler:
 
     def summary(self) -> dict[str, Any]:
         """Host run queue and CPU split, and per process its runnable threads and CPU seconds."""
-        ordered = sorted(self.running)
-        n = len(ordered)
         procs = sorted((p.summary(self.samples) for p in self.processes.values()),
                        key=lambda s: (s["process"], s["comm"]))
+        during_pd = {**spread("run_queue", self.running_pd),
+                     **spread("run_runnable", self.runnable_pd), "samples": len(self.running_pd)}
         return {"interval_s": self.interval_s, "samples": self.samples, "wall_s": self.wall_s,
-                "cores": os.cpu_count(),
-                "run_queue_mean": sum(ordered) / n if n else None,
-                "run_queue_p95": ordered[min(n - 1, int(0.95 * n))] if n else None,
-                "run_queue_max": ordered[-1] if n else None,
+                "cores": os.cpu_count(), **spread("run_queue", self.running),
+                "during_pd": during_pd,
                 "cpu_shares": cpu_shares(self._stat_first, self._stat_last),
                 "run_runnable_mean": sum(p["runnable_mean"] for p in procs),
                 "run_cpu_s": sum(p["cpu_s"] for p in procs),

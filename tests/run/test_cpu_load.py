@@ -55,3 +55,13 @@ def test_sampler_sees_a_spinning_thread_of_its_own_process():
     assert me and summary["samples"] >= 5
     assert summary["run_runnable_mean"] > 0.3          # the spinner (or the GIL holder) was R
     assert summary["run_queue_max"] >= 1 and summary["cores"] == os.cpu_count()
+
+
+def test_spread_and_the_pd_window():
+    from harness.run.cpu_load import spread
+
+    assert spread("q", [3, 1, 2]) == {"q_mean": 2.0, "q_p95": 3, "q_max": 3}
+    assert spread("q", []) == {"q_mean": None, "q_p95": None, "q_max": None}
+    with CpuLoadSampler(interval_s=0.02) as sampler:
+        time.sleep(0.1)
+    assert sampler.summary()["during_pd"]["samples"] == 0      # no proxy in this process tree
