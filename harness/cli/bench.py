@@ -8,7 +8,11 @@
   eval;
 * the run's wall time, peak RSS of all servers together and how busy the host's cores were
   (when it ran here: on 2 cores the smoke profile is CPU-bound, so overlapping work only fills
-  idle core time).
+  idle core time);
+* when it ran here, the CPU load sampled every 100 ms (harness.run.cpu_load): the host's run
+  queue against its cores, system and steal time, and per process of the run (each server's API
+  server, engine core and worker, the harness with lm-eval and the proxy) its runnable threads
+  by name and its CPU seconds; and the host's CPU model and ISA (bf16 speed depends on it).
 
 `--json PATH` writes the same numbers as a benchmark record to commit. Numbers only, no
 thresholds: speed targets are read from records, never asserted in tests.
@@ -67,7 +71,8 @@ def busy_share(before: Any, after: Any) -> float | None:
 
 def bench_record(run_dir: Path, wall_s: float | None = None,
                  peak_rss_bytes: int | None = None,
-                 cpu_busy_share: float | None = None) -> dict[str, Any]:
+                 cpu_busy_share: float | None = None,
+                 cpu_load: dict[str, Any] | None = None) -> dict[str, Any]:
     from harness.run.provenance import hardware
     from harness.serve.launch.startup_phases import PHASES, parse_logs, summed
 
@@ -94,6 +99,7 @@ def bench_record(run_dir: Path, wall_s: float | None = None,
         "cell_wall_s": sum(groups.values()),
         "startup_share_of_cell_time": waited / sum(groups.values()) if groups else None,
         "kv_digest_share_of_pd_eval": _digest_share(cells),
+        "cpu_load": cpu_load,
     }
 
 
@@ -129,6 +135,11 @@ def print_bench(record: dict[str, Any]) -> None:
                       fmt(c["baseline_eval_s"]), fmt(c["pd_eval_s"]),
                       "-" if digest is None else f"{digest:.2f}")
     console.print(cells)
+    if record.get("cpu_load"):
+        print_cpu_load(console, record["cpu_load"])
+    hw = record["hardware"]
+    console.print(f"host: {hw.get('cpu')}, {hw.get('cpu_count')} cores, ISA "
+                  f"{' '.join(hw.get('cpu_isa') or []) or '-'}")
     share = record["startup_share_of_cell_time"]
     med = record["server_startup_median_s"]
     console.print(f"servers: {len(record['servers'])}, start-up median {fmt(med)} s "
@@ -144,8 +155,39 @@ def print_bench(record: dict[str, Any]) -> None:
                      if record.get("kv_digest_share_of_pd_eval") else ""))
 
 
+def print_cpu_load(console: Any, load: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"runnable threads per process (sampled every {load['interval_s']} s, "
+                        f"{load['samples']} samples)")
+    for col in ("process", "comm", "runnable mean", "peak", "threads", "CPU s",
+                "ctx switches vol/invol", "runnable threads (share of samples)"):
+        table.add_column(col)
+    for p in load["processes"]:
+        if not p["cpu_s"] and not p["runnable_mean"]:
+            continue
+        top = ", ".join(f"{name} {share:.2f}" for name, share in
+                        list(p["runnable_threads"].items())[:4])
+        table.add_row(p["process"], p["comm"], f"{p['runnable_mean']:.2f}",
+                      str(p["runnable_peak"]), str(p["threads_peak"]), f"{p['cpu_s']:.0f}",
+                      f"{p['voluntary_switches']}/{p['involuntary_switches']}", top)
+    console.print(table)
+    shares = load.get("cpu_shares") or {}
+    pct = lambda k: f"{100 * shares[k]:.0f}%" if k in shares else "-"  # noqa: E731
+    console.print(f"run queue (procs_running): mean {load['run_queue_mean']:.1f}, p95 "
+                  f"{load['run_queue_p95']}, max {load['run_queue_max']} on {load['cores']} cores; "
+                  f"the run's threads runnable: mean {load['run_runnable_mean']:.1f}; CPU "
+                  f"{load['run_cpu_s']:.0f} s; host time user {pct('user')}, system "
+                  f"{pct('system')}, steal {pct('steal')}, idle {pct('idle')}")
+    pd = load.get("during_pd") or {}
+    if pd.get("samples"):
+        console.print(f"while a P/D pair was evaluated ({pd['samples']} samples): run queue mean "
+                      f"{pd['run_queue_mean']:.1f}, p95 {pd['run_queue_p95']}; the run's threads "
+                      f"runnable mean {pd['run_runnable_mean']:.1f}, p95 {pd['run_runnable_p95']}")
+
+
 def bench(args: argparse.Namespace) -> int:
-    wall = rss = busy = None
+    wall = rss = busy = load = None
     if args.from_dir:
         run_dir = Path(args.from_dir)
         if not (run_dir / "logs").is_dir():
@@ -155,16 +197,21 @@ def bench(args: argparse.Namespace) -> int:
         import psutil
 
         from harness.cli.run import run_command
+        from harness.run.cpu_load import CpuLoadSampler
 
         started, cpu_before = time.monotonic(), psutil.cpu_times()
         holder: dict[str, Any] = {}
-        code = run_command(args, on_runner=lambda r: holder.setdefault("runner", r))
+        sampler = CpuLoadSampler().start()
+        try:
+            code = run_command(args, on_runner=lambda r: holder.setdefault("runner", r))
+        finally:
+            load = sampler.stop()
         if "runner" not in holder:
             return code
         runner = holder["runner"]
         run_dir, wall, rss = runner.run_dir, time.monotonic() - started, runner.peak_rss_bytes
         busy = busy_share(cpu_before, psutil.cpu_times())
-    record = bench_record(run_dir, wall, rss, busy)
+    record = bench_record(run_dir, wall, rss, busy, load)
     print_bench(record)
     if args.bench_json:
         from harness.core.atomic import atomic_write_text

@@ -59,7 +59,7 @@ class Cell:
     decode_tp: int = 1
     num_prefill: int = 1
     num_decode: int = 1
-    dtype: str = "bfloat16"
+    dtype: str = "bfloat16"        # in the id when not bfloat16 (a CPU without bf16: float32)
     max_model_len: int = 2048
     compile: str = "default"        # see COMPILE_MODES; in the id (and the baseline) when not default
     network: str = "local"          # see NETWORKS; in the id when not local
@@ -101,6 +101,8 @@ class Cell:
             parts.append(f"kvbuf-{self.kv_buffer_device}")
         if self.compile != "default":
             parts.append(self.compile)
+        if self.dtype != "bfloat16":
+            parts.append(self.dtype)
         if self.network != "local":
             parts.append(self.network)
         if self.kv_connector != DEFAULT_KV_CONNECTOR:

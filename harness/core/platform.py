@@ -54,6 +54,32 @@ class VllmFeatures:
         raise RuntimeError(f"vLLM {self.version} has neither --attention-backend nor VLLM_ATTENTION_BACKEND")
 
 
+# the vector and matrix extensions that decide how fast a CPU server computes in bf16: on a
+# 2-core host with AVX2 only, a bf16 evaluation took 2.4x as long as in float32 (session 13),
+# and CPU timings are not comparable across hosts that differ here
+CPU_ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
+# either computes bf16 natively (AMX implies avx512_bf16 on every x86 CPU that has it)
+BF16_ISA_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_isa(cpuinfo: str) -> list[str]:
+    """The CPU_ISA_FLAGS the first processor of /proc/cpuinfo lists."""
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            return [f for f in CPU_ISA_FLAGS if f in flags]
+    return []
+
+
+def detect_cpu_isa() -> tuple[str, ...] | None:
+    """This machine's CPU_ISA_FLAGS; None where /proc/cpuinfo cannot be read (not Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return tuple(cpu_isa(f.read()))
+    except OSError:
+        return None
+
+
 @dataclass(frozen=True)
 class GpuDevice:
     index: int
@@ -156,13 +182,15 @@ class PlatformInfo:
     vllm: VllmFeatures | None = None
     # why this machine cannot run network=netns cells (None: it can, or a pretend machine)
     netns_unavailable: str | None = None
+    cpu_isa: tuple[str, ...] | None = None    # CPU_ISA_FLAGS present; None: not known
 
     @classmethod
     def detect(cls, vllm: VllmFeatures | None = None) -> "PlatformInfo":
         """This machine's GPUs (`detect_gpus`); `vllm` is what the caller probed, if anything
         (`harness.serve.launch.vllm_features.detect_platform` probes it)."""
         return dataclasses.replace(cls.from_devices(detect_gpus(), vllm=vllm),
-                                   netns_unavailable=netns_unavailable_reason())
+                                   netns_unavailable=netns_unavailable_reason(),
+                                   cpu_isa=detect_cpu_isa())
 
     @classmethod
     def from_devices(cls, devices: Iterable[GpuDevice], vllm: VllmFeatures | None = None) -> "PlatformInfo":
@@ -176,14 +204,27 @@ class PlatformInfo:
             vllm=vllm,
         )
 
+    @property
+    def computes_bf16(self) -> bool:
+        """The CPU has bf16 instructions (True when its ISA is not known)."""
+        return self.cpu_isa is None or any(f in self.cpu_isa for f in BF16_ISA_FLAGS)
+
     @classmethod
     def from_spec(cls, spec: str) -> "PlatformInfo":
-        """A pretend machine for listing: "cpu", "cuda:8" or "cuda:8:141" (GiB per GPU)."""
+        """A pretend machine for listing: "cpu", "cpu:avx2" (its ISA flags, "+"-joined, e.g.
+        "cpu:avx2+avx512f+avx512_bf16"), "cuda:8" or "cuda:8:141" (GiB per GPU)."""
         parts = spec.strip().lower().split(":")
         if parts == ["cpu"]:
             return cls()
+        if parts[0] == "cpu" and len(parts) == 2 and parts[1]:
+            flags = tuple(parts[1].split("+"))
+            unknown = [f for f in flags if f not in CPU_ISA_FLAGS]
+            if unknown:
+                raise ValueError(f"platform spec {spec!r}: unknown ISA flag(s) {unknown}; "
+                                 f"known: {'+'.join(CPU_ISA_FLAGS)}")
+            return cls(cpu_isa=flags)
         if parts[0] != "cuda" or len(parts) not in (2, 3) or not parts[1].isdigit():
-            raise ValueError(f"platform spec {spec!r}: expected 'cpu', 'cuda:N' or 'cuda:N:GiB'")
+            raise ValueError(f"platform spec {spec!r}: expected 'cpu', 'cpu:ISA+ISA', 'cuda:N' or 'cuda:N:GiB'")
         gib = float(parts[2]) if len(parts) == 3 else 80.0
         count = int(parts[1])
         return cls.from_devices(GpuDevice(i, "pretend", int(gib * 1024**3)) for i in range(count))

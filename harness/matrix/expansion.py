@@ -17,6 +17,7 @@ from harness.core.platform import PlatformInfo
 from harness.matrix.axes import AXES, PAIR_AXES, REQUIRED_BLOCK, axis_values
 from harness.matrix.errors import DuplicateCellIdError, MatrixError
 from harness.matrix.rules import EXCLUDING_KINDS, check_cell, normalize_cell
+from harness.matrix.rules_machine import host_dtype
 from harness.matrix.spec import MatrixSpec, Rulebook
 
 
@@ -100,6 +101,7 @@ def expand(spec: MatrixSpec, profile: str, platform: PlatformInfo | None = None)
     """
     seen: dict[str, _Candidate] = {}
     for cand in _collect(spec, profile):
+        cand.cell = host_dtype(cand.cell, platform)
         cid = cand.cell.cell_id
         if cid in seen:
             if seen[cid].cell != cand.cell:

@@ -1,16 +1,35 @@
 """Validity rules about this machine: its GPU count, network namespaces and the installed vLLM. They stay silent
 when the cell is checked for any machine (no platform); their kind is "unavailable".
 
-Registered in the order they are checked (harness.matrix.rules runs these last).
+Registered in the order they are checked (harness.matrix.rules runs these last). Beside them, one
+expansion step rewrites a cell for this machine: `host_dtype`, the dtype its CPU computes fast.
 """
 from __future__ import annotations
 
 from harness.core.cell import DEVICES, Cell
 from harness.core.kv_connectors import KV_CONNECTORS
+from harness.core.platform import PlatformInfo
 from harness.matrix.rule_types import RuleContext, RuleList
 
 RULES = RuleList()
 rule = RULES.rule
+
+# What a CPU without bf16 instructions runs instead of bf16. On the AVX2-only 2-core host a bf16
+# evaluation took 2.4-2.5x as long as in float32 (results/benchmarks/cpu-ci-20261202-s13). The KV
+# path under test stays the same there: CPU_ATTN lays a bf16 cache out for AMX only on AMX CPUs
+# (vLLM 0.32 cpu_attn._get_attn_isa); without AMX bf16 and float32 both take the "vec" page
+# order, NIXL moves the blocks byte for byte either way (twice the bytes), and the baseline runs
+# the same dtype. On an AMX host float32 would leave the AMX cache layout untested: no change.
+HOST_FALLBACK_DTYPE = "float32"
+
+
+def host_dtype(cell: Cell, platform: PlatformInfo | None) -> Cell:
+    """`cell` in the dtype this machine computes fast: a bf16 CPU cell in float32 where the CPU
+    has no bf16 instructions (the cell id then ends in the dtype); any other cell unchanged."""
+    if (platform is None or cell.device != "cpu" or cell.dtype != "bfloat16"
+            or platform.computes_bf16):
+        return cell
+    return cell.replace(dtype=HOST_FALLBACK_DTYPE)
 
 
 @rule("gpu-count", "unavailable")

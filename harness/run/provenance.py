@@ -8,7 +8,7 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
-from harness.core.platform import detect_gpus
+from harness.core.platform import cpu_isa, detect_gpus
 
 
 def _distribution_version(*names: str) -> str | None:
@@ -37,21 +37,6 @@ def versions() -> dict[str, str | None]:
             "lm_eval": _distribution_version("lm_eval", "lm-eval"),
             "torch": _distribution_version("torch"),
             "harness": sha or harness.__version__, "python": py_platform.python_version()}
-
-
-# the vector and matrix extensions that decide how fast a CPU server computes in bf16: on a
-# 2-core host with AVX2 only, a bf16 evaluation took 2.4x as long as in float32 (session 13),
-# and CPU timings are not comparable across hosts that differ here
-CPU_ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
-
-
-def cpu_isa(cpuinfo: str) -> list[str]:
-    """The CPU_ISA_FLAGS the first processor of /proc/cpuinfo lists."""
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            return [f for f in CPU_ISA_FLAGS if f in flags]
-    return []
 
 
 def hardware(device: str) -> dict:

@@ -26,3 +26,17 @@ def test_stolen_time_is_not_idle():
 
 def test_no_time_passed_says_nothing():
     assert busy_share(times(user=1), times(user=1)) is None
+
+
+def test_cpu_load_is_printed(capsys):
+    import time as _time
+
+    from harness.cli.bench import print_cpu_load
+    from harness.run.cpu_load import CpuLoadSampler
+    from rich.console import Console
+
+    with CpuLoadSampler(interval_s=0.02) as sampler:
+        _time.sleep(0.1)
+    print_cpu_load(Console(width=200), sampler.summary())
+    out = capsys.readouterr().out
+    assert "run queue (procs_running): mean" in out and "steal" in out and "system" in out

@@ -246,10 +246,10 @@ def test_duplicate_ids_of_different_cells_are_an_error(tmp_path):
     profiles:
       p:
         grids:
-          - {model: d, dtype: bfloat16}
-          - {model: d, dtype: float16}
+          - {model: d, max_model_len: 1024}
+          - {model: d, max_model_len: 512}
     """
-    with pytest.raises(DuplicateCellIdError, match="v1-CPU_ATTN-p128d128-d-tp1x1.*dtype"):
+    with pytest.raises(DuplicateCellIdError, match="v1-CPU_ATTN-p128d128-d-tp1x1.*max_model_len"):
         expand(load_matrix(write(tmp_path, text)), "p", CPU)
 
 

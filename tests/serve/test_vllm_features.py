@@ -183,6 +183,7 @@ def test_platform_detect_with_fake_smi(monkeypatch):
 def test_platform_detect_without_gpu(monkeypatch):
     monkeypatch.setattr(platform_mod, "query_nvidia_smi", lambda: None)
     monkeypatch.setattr(platform_mod, "query_torch", lambda: [])
+    monkeypatch.setattr(platform_mod, "detect_cpu_isa", lambda: None)
     assert PlatformInfo.detect() == PlatformInfo()
     assert PlatformInfo.detect().describe() == "cpu (no GPU)"
 
@@ -191,6 +192,10 @@ def test_platform_from_spec():
     assert PlatformInfo.from_spec("cpu") == PlatformInfo()
     four = PlatformInfo.from_spec("cuda:4:141")
     assert four.gpu_count == 4 and four.gpu_memory_bytes[0] == 141 * 2**30
-    for bad in ("gpu:2", "cuda", "cuda:x"):
+    assert PlatformInfo.from_spec("cpu:avx2").cpu_isa == ("avx2",)
+    assert not PlatformInfo.from_spec("cpu:avx2+avx512f").computes_bf16
+    assert PlatformInfo.from_spec("cpu:avx2+avx512f+avx512_bf16").computes_bf16
+    assert PlatformInfo.from_spec("cpu").computes_bf16          # ISA unknown: left alone
+    for bad in ("gpu:2", "cuda", "cuda:x", "cpu:avx3"):
         with pytest.raises(ValueError):
             PlatformInfo.from_spec(bad)

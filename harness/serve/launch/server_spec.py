@@ -16,6 +16,7 @@ from typing import Any, Mapping, Sequence
 from harness.core.cell import Cell
 from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR
 from harness.serve.connectors.registry import connector_for
+from harness.serve.launch import thread_budget
 from harness.serve.plugins.startup.compile_key import ENV as COMPILE_KEY_ENV
 from harness.serve.plugins.startup.fork_start import ENV as FORK_START_ENV
 from harness.serve.plugins.faults.spec import BY_REQUEST
@@ -307,6 +308,7 @@ def build_env(spec: ServerSpec, features: Features = Features(),
         # each rank binds its own core, which a forked rank was not seen to do.
         if forks_engine(spec):
             env[FORK_START_ENV] = "1"
+        thread_budget.apply(env)    # what each thread may do on the pinned core
         if spec.cpu_cores is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpu_cores
         if spec.kv_cache_bytes:
