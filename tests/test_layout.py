@@ -1,5 +1,6 @@
-"""The package's shape: no import cycle, dependencies pointing one way between the sub-packages,
-small modules, and only a handful of modules at the top of harness/.
+"""The package's shape: no import cycle, dependencies pointing one way between the sub-packages
+(and between serve/'s rooms), functions that fit on a screen, collaborators that get typed
+objects and keep to their public faces, and only a handful of modules at the top of harness/.
 
 Imports are read with `ast` from every module, wherever they stand (a function-level import
 makes a cycle just as well as a module-level one), so nothing is imported to run this test.
@@ -19,7 +20,15 @@ TOP_LEVEL_ALLOWED = {"__init__", "pytest_plugin", "pytest_suite"}
 # serve/'s rooms, bottom first; `deploy` (the module at serve/'s top) composes them all
 SERVE_ROOMS = ("plugins", "connectors", "host", "launch", "net", "supervision", "template", "proxy",
                "deploy")
-MAX_LINES = 400
+MAX_FUNCTION_LINES = 80
+# `x._name` on a parameter `x` that is not self/cls, allowed where the underscore is public API
+# (namedtuple's `_fields`, `_asdict`, `_replace`, `_make`) or there is no public way
+PUBLIC_UNDERSCORE_API = {"_fields", "_asdict", "_replace", "_make"}
+PRIVATE_ACCESS_ALLOWED = {
+    # argparse lists a parser's actions and groups only through these
+    ("harness.cli.run_deployment", "refuse_cell_flags", "parser._action_groups"),
+    ("harness.cli.run_deployment", "refuse_cell_flags", "parser._actions"),
+}
 
 
 def module_name(path: Path) -> str:
@@ -123,10 +132,60 @@ def test_every_subpackage_has_a_layer():
     assert pkgs == set(LAYERS)
 
 
-def test_modules_are_small():
-    big = {name: n for name, path in modules().items()
-           if (n := len(path.read_text().splitlines())) > MAX_LINES}
-    assert not big, f"modules over {MAX_LINES} lines: {big}"
+def functions(tree: ast.AST) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def parameters(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.arg]:
+    a = fn.args
+    return [*a.posonlyargs, *a.args, *a.kwonlyargs, *([a.vararg] if a.vararg else []),
+            *([a.kwarg] if a.kwarg else [])]
+
+
+def test_no_function_needs_a_scroll():
+    long = {f"{name}:{fn.name}": n for name, path in modules().items()
+            for fn in functions(ast.parse(path.read_text()))
+            if (n := fn.end_lineno - fn.lineno + 1) > MAX_FUNCTION_LINES}
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def private_reaches(source: str, module: str) -> set[tuple[str, str, str]]:
+    """(module, function, `param._name`) for each private attribute a function reads on one of
+    its parameters other than self/cls."""
+    found = set()
+    for fn in functions(ast.parse(source)):
+        params = {a.arg for a in parameters(fn)} - {"self", "cls"}
+        for node in ast.walk(fn):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in params and node.attr.startswith("_")
+                    and not node.attr.startswith("__") and node.attr not in PUBLIC_UNDERSCORE_API):
+                found.add((module, fn.name, f"{node.value.id}.{node.attr}"))
+    return found
+
+
+def test_the_private_reach_check_sees_a_collaborator_reaching_in():
+    source = "def start_ahead(runner, cells):\n    return runner._plan_group(cells)\n"
+    assert private_reaches(source, "m") == {("m", "start_ahead", "runner._plan_group")}
+    assert private_reaches("def f(self):\n    return self._x\n", "m") == set()
+
+
+def test_no_function_reaches_into_a_parameters_private_attributes():
+    found = set().union(*(private_reaches(path.read_text(), name)
+                          for name, path in modules().items()))
+    wrong = sorted(found - PRIVATE_ACCESS_ALLOWED)
+    assert not wrong, f"private attributes of another object: {wrong}"
+    stale = sorted(PRIVATE_ACCESS_ALLOWED - found)
+    assert not stale, f"allowed but no longer there: {stale}"
+
+
+def test_run_collaborators_are_typed():
+    """run/'s collaborators get typed objects: no named parameter there is annotated `Any`."""
+    untyped = [f"{name}:{fn.name}({a.arg})" for name, path in modules().items()
+               if name.startswith("harness.run.")
+               for fn in functions(ast.parse(path.read_text()))
+               for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]
+               if a.annotation is not None and ast.unparse(a.annotation) in ("Any", "'Any'")]
+    assert not untyped, f"parameters typed Any in run/: {untyped}"
 
 
 def test_few_modules_at_the_top():

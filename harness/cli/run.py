@@ -355,26 +355,24 @@ def dry_run(cells: Sequence[Cell], options: RunOptions, hybrid_models: Sequence[
     digest files, a canary's armed decode, a netns cell's `ip netns exec`); nothing starts."""
     import tempfile
 
-    from harness.serve.deploy import Placement, plan_baseline, plan_pair
+    from harness.serve.deploy import DeployContext, Placement, plan_baseline, plan_pair
     from harness.serve.launch.models import resolve
     from harness.serve.plugins.faults.spec import FAULT_KINDS as SERVER_FAULTS
     from harness.serve.host.ports import PortAllocator
-    from harness.serve.launch.server_spec import Features
 
-    placement = Placement.detect(options.gpu_layout)
     log_dir = Path(options.results_dir) / "RUN_ID" / "logs"
     with tempfile.TemporaryDirectory() as locks:
-        allocator = PortAllocator(lock_dir=locks)
+        ctx = DeployContext(allocator=PortAllocator(lock_dir=locks),
+                            placement=Placement.detect(options.gpu_layout), log_dir=log_dir,
+                            startup_timeout_s=options.startup_timeout_s,
+                            kv_cache_bytes=options.kv_cache_bytes, kv_digest=options.kv_digest)
         for cell in cells:
             model = resolve(cell.model)
-            common = dict(model_path=model.path, hybrid=model.hybrid or cell.model in hybrid_models,
-                          allocator=allocator, placement=placement, log_dir=log_dir,
-                          features=Features(), startup_timeout_s=options.startup_timeout_s,
-                          kv_cache_bytes=options.kv_cache_bytes)
-            pair = plan_pair(cell, **common, arm_faults=cell.fault in SERVER_FAULTS,
-                             kv_digest=options.kv_digest)
+            served = dict(model_path=model.path,
+                          hybrid=model.hybrid or cell.model in hybrid_models)
+            pair = plan_pair(cell, ctx, **served, arm_faults=cell.fault in SERVER_FAULTS)
             print(f"# {cell.cell_id}  (baseline {cell.baseline_key})")
-            for line in plan_baseline(cell, **common).commands() + pair.commands():
+            for line in plan_baseline(cell, ctx, **served).commands() + pair.commands():
                 print(line)
             print()
     return 0
