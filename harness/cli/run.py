@@ -26,6 +26,14 @@ _CELL = Cell(model="-")
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """Every option of `pd-accuracy run`, in its help groups."""
+    _add_selection(p)
+    _add_adhoc_cell(p)
+    _add_evaluation(p)
+    _add_output(p)
+
+
+def _add_selection(p: argparse.ArgumentParser) -> None:
     sel = p.add_argument_group("which cells")
     sel.add_argument("--deployment", metavar="FILE", default=None,
                      help="judge a running P/D deployment described by FILE (docs/deployment.md) "
@@ -35,6 +43,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     sel.add_argument("--only", help="comma-separated cell ids")
     sel.add_argument("-k", dest="keyword", help="keyword expression on cell ids (like pytest -k)")
     sel.add_argument("--shard", help="I/N: run the I-th of N deterministic shards (0-based)")
+
+
+def _add_adhoc_cell(p: argparse.ArgumentParser) -> None:
     adhoc = p.add_argument_group("one ad-hoc cell (instead of --profile)")
     adhoc.add_argument("--model", help="zoo name, local path or hub id")
     adhoc.add_argument("--backend", default=None)
@@ -69,6 +80,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     adhoc.add_argument("--kv-layout", choices=KV_LAYOUTS, default=_CELL.kv_layout,
                        help="VLLM_KV_CACHE_LAYOUT of the decode server only (GPU)")
     adhoc.add_argument("--server-arg", action="append", default=[], help="extra vLLM argument")
+
+
+def _add_evaluation(p: argparse.ArgumentParser) -> None:
     ev = p.add_argument_group("evaluation")
     ev.add_argument("--limit", type=int, default=None, help=f"questions per cell (default {_OPT.limit})")
     ev.add_argument("--task", default=_OPT.task, help="lm-eval task (default: by model)")
@@ -93,6 +107,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     ev.add_argument("--margin", type=float, default=100 * _OPT.margin, metavar="PTS",
                     help="PASS means P/D is not worse than the baseline by more than this many "
                          f"accuracy points (default {100 * _OPT.margin:.0f})")
+
+
+def _add_output(p: argparse.ArgumentParser) -> None:
     out = p.add_argument_group("output")
     out.add_argument("--results-dir", default=_OPT.results_dir)
     out.add_argument("--junit-xml", default=None)

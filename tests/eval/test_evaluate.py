@@ -10,7 +10,7 @@ from typing import Iterator
 
 import pytest
 import yaml
-from http_fakes import FakeHttp
+from tests.http_fakes import FakeHttp
 
 from harness.eval.lmeval import (
     DATA_DIR_TOKEN, DatasetNotFound, EvalRun, QuestionRecord, _capturing_lm_class,

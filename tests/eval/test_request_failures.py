@@ -8,7 +8,7 @@ import json
 from typing import Iterator
 
 import pytest
-from http_fakes import FakeHttp
+from tests.http_fakes import FakeHttp
 
 from harness.eval import lmeval
 from harness.eval.lmeval import RequestsFailed, _capturing_lm_class, prompt_hash

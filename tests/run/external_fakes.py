@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import requests
 import yaml
-from http_fakes import FakeHttp
+from tests.http_fakes import FakeHttp
 
 from harness.eval.lmeval import EvalRun, QuestionRecord, prompt_hash
 

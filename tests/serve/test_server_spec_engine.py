@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from server_specs import flag, make_spec
+from tests.server_specs import flag, make_spec
 from harness.core.cell import Cell
 from harness.serve.deploy import DeployContext, Placement, plan_server
 from harness.serve.host.ports import PortAllocator

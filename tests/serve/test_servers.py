@@ -6,7 +6,7 @@ import shlex
 
 import pytest
 
-from server_specs import flag, make_spec
+from tests.server_specs import flag, make_spec
 from harness.serve.launch.server_spec import Features, ServerSpec, build_argv, build_env, render_command
 
 OLD_VLLM = Features(attention_backend_flag=False, v2_runner_env=False,
