@@ -18,14 +18,14 @@ from typing import Any, Callable, Iterator, Sequence
 
 from harness.core.cell import Cell
 from harness.core.options import RunOptions
-from harness.eval.lmeval import EvalRun, split_size
 from harness.judge.verdict import Policy, Verdict, error, fail
 from harness.run.aa_rerun import AAReruns, BaselineGate
+from harness.run.baseline_rounds import BaselineRounds
 from harness.run.cell_eval import CellEvaluator
 from harness.run.group_plan import GroupPlan, GroupPlanner
 from harness.run.groups_ahead import GroupsAhead, first_group
 from harness.run.record import CellResult, Recorder, write_record
-from harness.run.stages import BaselineRound, EndpointAsker, QuestionOrder, StagedRun
+from harness.run.stages import BaselineRound, EndpointAsker
 from harness.serve.deploy import DeployContext, Deployment, Endpoint, Placement, ProxyDeployment
 from harness.serve.host.ports import PortAllocator
 from harness.serve.host.start_slots import StartSlots
@@ -88,6 +88,8 @@ class Runner:
         self.planner = GroupPlanner(options, self.deploy, frozenset(hybrid_models))
         self.recorder = Recorder(options, policy, self.run_id, self.results_root, self.progress)
         self.ask = EndpointAsker(options)
+        self.baseline_rounds = BaselineRounds(options, self.ask, self.results_root, self.run_id,
+                                              self.progress)
         self.cells = CellEvaluator(policy, self.deploy, self.results_root, self.ask,
                                    self.recorder, self.progress)
         self.ahead = GroupsAhead(self.planner, self.progress)   # started during a last pair
@@ -166,85 +168,53 @@ class Runner:
             write_record(self.results_root, r.record)
         return results
 
-    def _wait_for_baseline(self, group: _Turn, baseline: Deployment) -> None:
+    def _wait_for_baseline(self, turn: _Turn, baseline: Deployment) -> None:
         """Wait for the baseline; a baseline that cannot start is every cell's ERROR."""
         waiting = time.monotonic()
         try:
             baseline.wait()
         except ManagedProcessError as exc:
             reason = f"baseline failed to start: {exc}"
-            waited = {"startup_s": time.monotonic() - group.started}  # what the attempt cost
+            waited = {"startup_s": time.monotonic() - turn.started}  # what the attempt cost
             raise _GroupAborted([self.record(c, error(reason, c.expected_failure), timings=waited,
                                               artifacts={"logs": baseline.logs()})
-                                 for c in group.plan.cells]) from exc
-        group.waited["baseline"] = time.monotonic() - waiting
+                                 for c in turn.plan.cells]) from exc
+        turn.waited["baseline"] = time.monotonic() - waiting
 
-    def _evaluate_baseline(self, group: _Turn, baseline: Deployment,
+    def _evaluate_baseline(self, turn: _Turn, baseline: Deployment,
                            aa_reruns: AAReruns) -> list[BaselineRound]:
-        """Every repeat's baseline evaluation, its samples written to disk, and its A/A re-run
-        handed to `aa_reruns` (it runs while the pairs start and answer; harness.run.aa_rerun)."""
-        base_ep = baseline.baseline_endpoint()
-        task, data_dir, key = group.plan.task, group.plan.data_dir, group.plan.baseline_key
-        repeats = self.options.repeats
-        rounds: list[BaselineRound] = []
-        size = split_size(task, data_dir)
-        limit = self.options.limit
+        """Every repeat's baseline round (harness.run.baseline_rounds); a baseline that fails to
+        answer is every cell's ERROR."""
         try:
-            for r in range(repeats):
-                order = QuestionOrder.for_repeat(size, self.options.sample_seed, r)
-                staged = StagedRun(lambda docs, n: group.gate(lambda: self.ask(
-                    base_ep, "baseline", task, data_dir, sample=docs, limit=n)), order)
-                tag = f" (repeat {r + 1}/{repeats})" if repeats > 1 else ""
-                self.progress(f"evaluating baseline ({task}, {limit} questions){tag}")
-                base_run = staged.up_to(limit)
-                run_id = self.run_id if repeats == 1 else f"{self.run_id}-r{r:02d}"
-                base_dir = self.results_root / run_id / "baselines"
-                samples_path = base_run.write_jsonl(base_dir / f"{key}.jsonl")
-                aa_rerun = None
-                if self.options.noise_floor:
-                    self.progress("evaluating baseline again at concurrency 1 (A/A noise floor), "
-                                  "in the background")
-                    aa_rerun = aa_reruns.submit(self._aa_job(
-                        base_ep, task, data_dir, order.docs(0, limit), limit,
-                        base_dir / f"{key}-aa.jsonl"))
-                rounds.append(BaselineRound(run_id, order, staged, aa_rerun, samples_path))
+            return self.baseline_rounds.evaluate(turn.plan, baseline.baseline_endpoint(),
+                                                 turn.gate, aa_reruns)
         except Exception as exc:  # noqa: BLE001 - any failure of the baseline is environmental
             reason = f"baseline evaluation failed: {type(exc).__name__}: {exc}"
             raise _GroupAborted([self.record(c, error(reason, c.expected_failure),
                                               artifacts={"logs": baseline.logs()})
-                                 for c in group.plan.cells]) from exc
-        return rounds
+                                 for c in turn.plan.cells]) from exc
 
-    def _aa_job(self, base_ep: Endpoint, task: str, data_dir: str | None,
-                sample: list[int] | None, limit: int, samples_path: Path) -> Callable[[], EvalRun]:
-        def job() -> EvalRun:
-            aa = self.ask(base_ep, "baseline-aa", task, data_dir, concurrency=1,
-                               sample=sample, limit=limit)
-            aa.write_jsonl(samples_path)
-            return aa
-        return job
-
-    def _launch_pair(self, group: _Turn, index: int,
+    def _launch_pair(self, turn: _Turn, index: int,
                      launched: list[Deployment]) -> Deployment | None:
-        """Plan and launch the group's pair number `index`; None past the last pair."""
-        if index >= len(group.plan.pairs):
+        """Plan and launch the turn's pair number `index`; None past the last pair."""
+        if index >= len(turn.plan.pairs):
             return None
-        pair = self.planner.pair(group.plan, index)
+        pair = self.planner.pair(turn.plan, index)
         launched.append(pair)
         pair.launch()
         return pair
 
-    def _run_pairs(self, group: _Turn, baseline: Deployment, rounds: list[BaselineRound],
+    def _run_pairs(self, turn: _Turn, baseline: Deployment, rounds: list[BaselineRound],
                    first_pair: Deployment, launched: list[Deployment],
                    next_cells: Sequence[Cell] = ()) -> list[CellResult]:
         """Each pair in turn: wait for it, launch the next one (after the last: the next
-        group's servers), run its cells on every round."""
+        turn's servers), run its cells on every round."""
         base_samples = rounds[0].samples_path
         # the first run's: each A/A re-run's time is in its cell's timings (it overlaps the pair)
         baseline_eval_s = sum(b.run.wall_s for b in rounds) / self.options.repeats
         results: list[CellResult] = []
         pair: Deployment | None = first_pair
-        for i, cells_of_pair in enumerate(group.plan.pairs):
+        for i, cells_of_pair in enumerate(turn.plan.pairs):
             assert pair is not None   # _launch_pair gave one for every index below len(pairs)
             waiting = time.monotonic()
             try:
@@ -255,20 +225,20 @@ class Runner:
                     results.append(self.record(
                         c, fail(f"P/D pair failed to start while the baseline ran: {exc}",
                                 c.expected_failure, check="pd-startup"),
-                        timings={"startup_s": time.monotonic() - group.started},
+                        timings={"startup_s": time.monotonic() - turn.started},
                         artifacts={"logs": pair.logs(), "baseline_samples": str(base_samples)}))
-                pair = self._launch_pair(group, i + 1, launched)
+                pair = self._launch_pair(turn, i + 1, launched)
                 continue
             # blocked on servers: the baseline's start-up (the first pair's cells) + this pair's
-            pair_wait = time.monotonic() - waiting + (group.waited.pop("baseline", 0.0))
+            pair_wait = time.monotonic() - waiting + (turn.waited.pop("baseline", 0.0))
             self.peak_rss_bytes = max(self.peak_rss_bytes, baseline.rss_bytes() + pair.rss_bytes())
-            following = self._launch_pair(group, i + 1, launched)  # starts while this one is evaluated
+            following = self._launch_pair(turn, i + 1, launched)  # starts while this one is evaluated
             if following is None:
                 self.ahead.start(next_cells, baseline.rss_bytes() + pair.rss_bytes())
             for cell in cells_of_pair:
                 for rnd in rounds:
                     results.append(self.cells.evaluate(
-                        cell, pair, rnd, group.plan,
+                        cell, pair, rnd, turn.plan,
                         timings={"startup_s": max(baseline.startup_s or 0, pair.startup_s or 0),
                                  "startup_wait_s": pair_wait, "baseline_eval_s": baseline_eval_s},
                         baseline_logs=baseline.logs()))

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from harness.core.options import RunOptions
 from harness.judge.verdict import Policy
 from harness.run import external

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.server_specs import flag, make_spec
 from harness.core.cell import Cell
 from harness.serve.deploy import DeployContext, Placement, plan_server
 from harness.serve.host.ports import PortAllocator
 from harness.serve.launch.server_spec import (ROLES, SPEC_DECODE_CONFIGS, ServerSpec, build_argv, build_env,
                                        engine_argv, engine_settings, kv_transfer_config, Features)
+from tests.server_specs import flag, make_spec
 
 
 def spec(role: str = "decode", device: str = "cuda", **kw) -> ServerSpec:
