@@ -146,12 +146,6 @@ def functions(tree: ast.AST) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
     return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
 
 
-def parameters(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.arg]:
-    a = fn.args
-    return [*a.posonlyargs, *a.args, *a.kwonlyargs, *([a.vararg] if a.vararg else []),
-            *([a.kwarg] if a.kwarg else [])]
-
-
 def test_no_function_needs_a_scroll():
     long = {f"{name}:{fn.name}": n for name, path in modules().items()
             for fn in functions(ast.parse(path.read_text()))
