@@ -33,7 +33,8 @@ import yaml
 
 from harness.core.atomic import atomic_write_text
 from harness.core.cell import Cell
-from harness.serve.deploy import Placement, ProxyDeployment, plan_baseline, plan_pair
+from harness.serve.deploy import (DeployContext, Placement, ProxyDeployment, plan_baseline,
+                                  plan_pair)
 from harness.serve.launch.models import resolve
 from harness.serve.plugins.faults.spec import request_tag_for
 from harness.serve.host.ports import PortAllocator
@@ -103,11 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     install_signal_handlers()   # SIGTERM/SIGINT: every managed process stopped, then exit
     allocator = PortAllocator()
     model = resolve(CELL.model)
-    common = dict(model_path=model.path, hybrid=model.hybrid, allocator=allocator,
-                  placement=Placement.detect(), log_dir=logs, features=Features.detect(),
-                  startup_timeout_s=args.startup_timeout)
-    baseline = plan_baseline(CELL, **common)
-    pair = plan_pair(CELL, **common, arm_faults=True)   # decode breaks tagged requests only
+    ctx = DeployContext(allocator=allocator, placement=Placement.detect(), log_dir=logs,
+                        features=Features.detect(), startup_timeout_s=args.startup_timeout)
+    baseline = plan_baseline(CELL, ctx, model_path=model.path, hybrid=model.hybrid)
+    # decode breaks tagged requests only
+    pair = plan_pair(CELL, ctx, model_path=model.path, hybrid=model.hybrid, arm_faults=True)
     with contextlib.ExitStack() as stack:
         stack.callback(baseline.stop)
         stack.callback(pair.stop)

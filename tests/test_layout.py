@@ -1,5 +1,6 @@
-"""The package's shape: no import cycle, dependencies pointing one way between the sub-packages,
-small modules, and only a handful of modules at the top of harness/.
+"""The package's shape: no import cycle, dependencies pointing one way between the sub-packages
+(and between serve/'s rooms), functions that fit on a screen, collaborators that get typed
+objects and keep to their public faces, and only a handful of modules at the top of harness/.
 
 Imports are read with `ast` from every module, wherever they stand (a function-level import
 makes a cycle just as well as a module-level one), so nothing is imported to run this test.
@@ -19,7 +20,25 @@ TOP_LEVEL_ALLOWED = {"__init__", "pytest_plugin", "pytest_suite"}
 # serve/'s rooms, bottom first; `deploy` (the module at serve/'s top) composes them all
 SERVE_ROOMS = ("plugins", "connectors", "host", "launch", "net", "supervision", "template", "proxy",
                "deploy")
-MAX_LINES = 400
+MAX_FUNCTION_LINES = 80
+# `x._name` on another object (a parameter or a local name; not self/cls, not a module): allowed
+# where the underscore is public API (namedtuple's) or listed here with the reason
+PUBLIC_UNDERSCORE_API = {"_fields", "_asdict", "_replace", "_make"}
+PRIVATE_ACCESS_ALLOWED = {
+    # argparse lists a parser's actions and groups only through these
+    ("harness.cli.run_deployment", "refuse_cell_flags", "parser._action_groups"),
+    ("harness.cli.run_deployment", "refuse_cell_flags", "g._group_actions"),
+    ("harness.cli.run_deployment", "refuse_cell_flags", "parser._actions"),
+    # the xdist_group id suffix, set as pytest-xdist's own loadgroup scheduling sets it
+    ("harness.pytest_plugin", "suffix_xdist_groups", "item._id"),
+    ("harness.pytest_plugin", "suffix_xdist_groups", "item._nodeid"),
+    # Deployment's start-up thread, in Deployment's own module: its cancel flag and lock
+    ("harness.serve.deploy", "_run", "d._cancel"),
+    ("harness.serve.deploy", "_run", "d._processes_lock"),
+    ("harness.serve.deploy", "_run", "d._process"),
+    # tokenizers' trained BPE reaches transformers only as its Rust tokenizer object
+    ("harness.zoo.random_llama", "build_tokenizer", "bpe._tokenizer"),
+}
 
 
 def module_name(path: Path) -> str:
@@ -123,10 +142,67 @@ def test_every_subpackage_has_a_layer():
     assert pkgs == set(LAYERS)
 
 
-def test_modules_are_small():
-    big = {name: n for name, path in modules().items()
-           if (n := len(path.read_text().splitlines())) > MAX_LINES}
-    assert not big, f"modules over {MAX_LINES} lines: {big}"
+def functions(tree: ast.AST) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def test_no_function_needs_a_scroll():
+    long = {f"{name}:{fn.name}": n for name, path in modules().items()
+            for fn in functions(ast.parse(path.read_text()))
+            if (n := fn.end_lineno - fn.lineno + 1) > MAX_FUNCTION_LINES}
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def imported_names(tree: ast.AST) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def private_reaches(source: str, module: str) -> set[tuple[str, str, str]]:
+    """(module, function, `x._name`) for each private attribute a function reads or sets on
+    another object: a parameter or local name other than self/cls and imported modules."""
+    tree = ast.parse(source)
+    modules_ = imported_names(tree) | {"self", "cls"}
+    found = set()
+    for fn in functions(tree):
+        for node in ast.walk(fn):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id not in modules_ and node.attr.startswith("_")
+                    and not node.attr.startswith("__") and node.attr not in PUBLIC_UNDERSCORE_API):
+                found.add((module, fn.name, f"{node.value.id}.{node.attr}"))
+    return found
+
+
+def test_the_private_reach_check_sees_a_collaborator_reaching_in():
+    source = "def start_ahead(runner, cells):\n    return runner._plan_group(cells)\n"
+    assert private_reaches(source, "m") == {("m", "start_ahead", "runner._plan_group")}
+    local = "def run(self):\n    d = self.deployment\n    return d._cancel\n"
+    assert private_reaches(local, "m") == {("m", "run", "d._cancel")}
+    assert private_reaches("import os\ndef f(self):\n    os._exit(self._x)\n", "m") == set()
+
+
+def test_no_function_reaches_into_another_objects_private_attributes():
+    # vLLM's plugins patch vLLM's own objects: reading its internals is what they are for
+    found = set().union(*(private_reaches(path.read_text(), name)
+                          for name, path in modules().items()
+                          if not name.startswith("harness.serve.plugins.")))
+    wrong = sorted(found - PRIVATE_ACCESS_ALLOWED)
+    assert not wrong, f"private attributes of another object: {wrong}"
+    stale = sorted(PRIVATE_ACCESS_ALLOWED - found)
+    assert not stale, f"allowed but no longer there: {stale}"
+
+
+def test_run_collaborators_are_typed():
+    """run/'s collaborators get typed objects: no named parameter there is annotated `Any`."""
+    untyped = [f"{name}:{fn.name}({a.arg})" for name, path in modules().items()
+               if name.startswith("harness.run.")
+               for fn in functions(ast.parse(path.read_text()))
+               for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]
+               if a.annotation is not None and ast.unparse(a.annotation) in ("Any", "'Any'")]
+    assert not untyped, f"parameters typed Any in run/: {untyped}"
 
 
 def test_few_modules_at_the_top():

@@ -229,64 +229,15 @@ def generate_pipeline(cells: Iterable[Cell], *, profile: str,
     ``["--limit", "20"]``). `report_dir` adds a history + HTML report command to the final step.
     Every document is validated (`validate_uploads`) unless `validate` is False.
     """
-    from buildkite_sdk import (AutomaticRetry, CommandStep, CommandStepRetry, GroupStep,
-                               Pipeline, SoftFailObject)
+    from buildkite_sdk import CommandStep, Pipeline
 
     if max_steps < 3:
         raise ValueError("max_steps must leave room for a group, a step and the annotate step")
     queues = normalize_queues(queues or DEFAULT_QUEUES)
-    batches = plan_batches(cells, queues, parallelism)
-
-    def command_step(batch: Batch) -> CommandStep:
-        return CommandStep(
-            label=batch.label,
-            key=batch.key,
-            commands=[run_command(batch, profile=profile, results_dir=results_dir,
-                                  junit_dir=junit_dir, matrix_path=matrix_path,
-                                  extra_args=run_args)],
-            agents={"queue": batch.queue},
-            env={"PD_ACCURACY_RESULTS_DIR": results_dir, "PD_ACCURACY_PROFILE": profile,
-                 "PD_ACCURACY_GPUS": str(batch.gpus), "PYTHONUNBUFFERED": "1"},
-            timeout_in_minutes=step_timeout(batch, timeout_minutes),
-            artifact_paths=[
-                f"{results_dir}/**/*.json",     # result records
-                f"{results_dir}/**/*.jsonl",    # per-question samples, proxy records
-                f"{results_dir}/**/*.log",      # server and proxy logs
-                f"{junit_dir}/{batch.key}*.xml",
-            ],
-            retry=CommandStepRetry(automatic=[AutomaticRetry(exit_status=EXIT_ERROR,
-                                                             limit=retry_limit)]),
-            soft_fail=[SoftFailObject(exit_status=EXIT_FAIL)] if batch.expected_failure else None,
-            parallelism=batch.parallelism if batch.parallelism > 1 else None,
-        )
-
-    # Group consecutive batches by group key, keeping first-seen order.
-    grouped: OrderedDict[str, tuple[str, list[Batch]]] = OrderedDict()
-    for batch in batches:
-        grouped.setdefault(batch.group_key, (batch.group_label, []))[1].append(batch)
-
-    # Pack groups into uploads; each upload keeps one slot free for the annotate step. A group
-    # that does not fit is split into parts with their own keys.
-    room_per_doc = max_steps - 1
-    docs: list[list[GroupStep]] = [[]]
-    used = 0
-    group_keys: list[str] = []
-    for group_key, (group_label, members) in grouped.items():
-        part = 1
-        while members:
-            free = room_per_doc - used - 1   # the group step itself counts
-            if free < 1:
-                docs.append([])
-                used = 0
-                continue
-            taken, members = members[:free], members[free:]
-            key = group_key if part == 1 else f"{group_key}-part{part}"
-            label = group_label if part == 1 and not members else f"{group_label} ({part})"
-            docs[-1].append(GroupStep(group=label, key=key, steps=[command_step(b) for b in taken]))
-            group_keys.append(key)
-            used += 1 + len(taken)
-            part += 1
-
+    steps = StepSettings(profile=profile, results_dir=results_dir, junit_dir=junit_dir,
+                         matrix_path=matrix_path, run_args=tuple(run_args),
+                         timeout_minutes=timeout_minutes, retry_limit=retry_limit)
+    docs, group_keys = pack_groups(plan_batches(cells, queues, parallelism), steps, max_steps)
     annotate = CommandStep(
         label="P/D accuracy annotation",
         key=ANNOTATE_KEY,
@@ -309,6 +260,79 @@ def generate_pipeline(cells: Iterable[Cell], *, profile: str,
     if validate:
         validate_uploads(out, max_steps=max_steps)
     return out
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """What every command step of one pipeline shares."""
+
+    profile: str
+    results_dir: str
+    junit_dir: str
+    matrix_path: str | None
+    run_args: tuple[str, ...]
+    timeout_minutes: int
+    retry_limit: int
+
+    def command_step(self, batch: Batch) -> Any:
+        """The buildkite-sdk CommandStep that runs `batch`."""
+        from buildkite_sdk import AutomaticRetry, CommandStep, CommandStepRetry, SoftFailObject
+
+        results_dir = self.results_dir
+        return CommandStep(
+            label=batch.label,
+            key=batch.key,
+            commands=[run_command(batch, profile=self.profile, results_dir=results_dir,
+                                  junit_dir=self.junit_dir, matrix_path=self.matrix_path,
+                                  extra_args=self.run_args)],
+            agents={"queue": batch.queue},
+            env={"PD_ACCURACY_RESULTS_DIR": results_dir, "PD_ACCURACY_PROFILE": self.profile,
+                 "PD_ACCURACY_GPUS": str(batch.gpus), "PYTHONUNBUFFERED": "1"},
+            timeout_in_minutes=step_timeout(batch, self.timeout_minutes),
+            artifact_paths=[
+                f"{results_dir}/**/*.json",     # result records
+                f"{results_dir}/**/*.jsonl",    # per-question samples, proxy records
+                f"{results_dir}/**/*.log",      # server and proxy logs
+                f"{self.junit_dir}/{batch.key}*.xml",
+            ],
+            retry=CommandStepRetry(automatic=[AutomaticRetry(exit_status=EXIT_ERROR,
+                                                             limit=self.retry_limit)]),
+            soft_fail=[SoftFailObject(exit_status=EXIT_FAIL)] if batch.expected_failure else None,
+            parallelism=batch.parallelism if batch.parallelism > 1 else None,
+        )
+
+
+def pack_groups(batches: Sequence[Batch], steps: StepSettings,
+                max_steps: int) -> tuple[list[list[Any]], list[str]]:
+    """The group steps of each upload, and every group's key. Consecutive batches are grouped
+    by group key (first-seen order); each upload keeps one slot free for the annotate step, and
+    a group that does not fit is split into parts with their own keys."""
+    from buildkite_sdk import GroupStep
+
+    grouped: OrderedDict[str, tuple[str, list[Batch]]] = OrderedDict()
+    for batch in batches:
+        grouped.setdefault(batch.group_key, (batch.group_label, []))[1].append(batch)
+    room_per_doc = max_steps - 1
+    docs: list[list[Any]] = [[]]
+    used = 0
+    group_keys: list[str] = []
+    for group_key, (group_label, members) in grouped.items():
+        part = 1
+        while members:
+            free = room_per_doc - used - 1   # the group step itself counts
+            if free < 1:
+                docs.append([])
+                used = 0
+                continue
+            taken, members = members[:free], members[free:]
+            key = group_key if part == 1 else f"{group_key}-part{part}"
+            label = group_label if part == 1 and not members else f"{group_label} ({part})"
+            docs[-1].append(GroupStep(group=label, key=key,
+                                      steps=[steps.command_step(b) for b in taken]))
+            group_keys.append(key)
+            used += 1 + len(taken)
+            part += 1
+    return docs, group_keys
 
 
 _LEADING_FIELDS = ("group", "label", "key", "depends_on", "allow_dependency_failure", "agents",

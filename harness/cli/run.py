@@ -29,6 +29,14 @@ _CELL = Cell(model="-")
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """Every option of `pd-accuracy run`, in its help groups."""
+    _add_selection(p)
+    _add_adhoc_cell(p)
+    _add_evaluation(p)
+    _add_output(p)
+
+
+def _add_selection(p: argparse.ArgumentParser) -> None:
     sel = p.add_argument_group("which cells")
     sel.add_argument("--deployment", metavar="FILE", default=None,
                      help="judge a running P/D deployment described by FILE (docs/deployment.md) "
@@ -38,6 +46,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     sel.add_argument("--only", help="comma-separated cell ids")
     sel.add_argument("-k", dest="keyword", help="keyword expression on cell ids (like pytest -k)")
     sel.add_argument("--shard", help="I/N: run the I-th of N deterministic shards (0-based)")
+
+
+def _add_adhoc_cell(p: argparse.ArgumentParser) -> None:
     adhoc = p.add_argument_group("one ad-hoc cell (instead of --profile)")
     adhoc.add_argument("--model", help="zoo name, local path or hub id")
     adhoc.add_argument("--backend", default=None)
@@ -75,6 +86,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                        help="what moves the KV: nixl (the decode pulls, vLLM's NixlConnector), "
                             "nixl-push (the prefill writes, NixlPushConnector)")
     adhoc.add_argument("--server-arg", action="append", default=[], help="extra vLLM argument")
+
+
+def _add_evaluation(p: argparse.ArgumentParser) -> None:
     ev = p.add_argument_group("evaluation")
     ev.add_argument("--limit", type=int, default=None, help=f"questions per cell (default {_OPT.limit})")
     ev.add_argument("--task", default=_OPT.task, help="lm-eval task (default: by model)")
@@ -99,6 +113,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     ev.add_argument("--margin", type=float, default=100 * _OPT.margin, metavar="PTS",
                     help="PASS means P/D is not worse than the baseline by more than this many "
                          f"accuracy points (default {100 * _OPT.margin:.0f})")
+
+
+def _add_output(p: argparse.ArgumentParser) -> None:
     out = p.add_argument_group("output")
     out.add_argument("--results-dir", default=_OPT.results_dir)
     out.add_argument("--junit-xml", default=None)
@@ -373,26 +390,24 @@ def dry_run(cells: Sequence[Cell], options: RunOptions, hybrid_models: Sequence[
     digest files, a canary's armed decode, a netns cell's `ip netns exec`); nothing starts."""
     import tempfile
 
-    from harness.serve.deploy import Placement, plan_baseline, plan_pair
+    from harness.serve.deploy import DeployContext, Placement, plan_baseline, plan_pair
     from harness.serve.launch.models import resolve
     from harness.serve.plugins.faults.spec import FAULT_KINDS as SERVER_FAULTS
     from harness.serve.host.ports import PortAllocator
-    from harness.serve.launch.server_spec import Features
 
-    placement = Placement.detect(options.gpu_layout)
     log_dir = Path(options.results_dir) / "RUN_ID" / "logs"
     with tempfile.TemporaryDirectory() as locks:
-        allocator = PortAllocator(lock_dir=locks)
+        ctx = DeployContext(allocator=PortAllocator(lock_dir=locks),
+                            placement=Placement.detect(options.gpu_layout), log_dir=log_dir,
+                            startup_timeout_s=options.startup_timeout_s,
+                            kv_cache_bytes=options.kv_cache_bytes, kv_digest=options.kv_digest)
         for cell in cells:
             model = resolve(cell.model)
-            common = dict(model_path=model.path, hybrid=model.hybrid or cell.model in hybrid_models,
-                          allocator=allocator, placement=placement, log_dir=log_dir,
-                          features=Features(), startup_timeout_s=options.startup_timeout_s,
-                          kv_cache_bytes=options.kv_cache_bytes)
-            pair = plan_pair(cell, **common, arm_faults=cell.fault in SERVER_FAULTS,
-                             kv_digest=options.kv_digest)
+            served = dict(model_path=model.path,
+                          hybrid=model.hybrid or cell.model in hybrid_models)
+            pair = plan_pair(cell, ctx, **served, arm_faults=cell.fault in SERVER_FAULTS)
             print(f"# {cell.cell_id}  (baseline {cell.baseline_key})")
-            for line in plan_baseline(cell, **common).commands() + pair.commands():
+            for line in plan_baseline(cell, ctx, **served).commands() + pair.commands():
                 print(redact(line))
             print()
     return 0

@@ -147,6 +147,32 @@ class EvalRun:
         return atomic_write_text(path, "\n".join(lines) + ("\n" if lines else ""))
 
 
+def _post_exactly(lm: Any, payload: dict) -> Any:
+    """`payload` posted to `lm`'s (an lm-eval API model's) URL with exactly its own headers."""
+    import requests
+
+    from harness.core.exact_headers import ExactHeaders
+
+    response = requests.post(lm.base_url, json=payload, headers=lm.header,
+                             auth=ExactHeaders(lm.header), verify=lm.verify_certificate,
+                             timeout=lm.timeout)
+    response.raise_for_status()
+    return response.json()
+
+
+def _choices_by_prompt(outputs: Any, prompts: list[str] | None) -> dict[str, dict]:
+    """Each answered choice's text, finish_reason and logprobs, keyed by its prompt's hash."""
+    captured: dict[str, dict] = {}
+    for out in (outputs if isinstance(outputs, list) else [outputs]) if prompts else []:
+        for choice in out.get("choices", []):
+            idx = choice.get("index", 0)
+            if idx < len(prompts) and isinstance(prompts[idx], str):
+                captured[prompt_hash(prompts[idx])] = {
+                    "text": choice.get("text"), "finish_reason": choice.get("finish_reason"),
+                    "logprobs": choice.get("logprobs")}
+    return captured
+
+
 def _capturing_lm_class():
     """An lm-eval local-completions model that also keeps each generation's raw choice
     (text, finish_reason, logprobs), keyed by the prompt's hash, and each error answer
@@ -174,18 +200,10 @@ def _capturing_lm_class():
 
         def model_call(self, messages, *, generate=True, gen_kwargs=None, **kwargs):
             # lm-eval's own (the concurrency-1 path) lets requests add ~/.netrc's credentials
-            import requests
-
-            from harness.core.exact_headers import ExactHeaders
-
             payload = self._create_payload(self.create_message(messages), generate=generate,
                                            gen_kwargs=copy.deepcopy(gen_kwargs), seed=self._seed,
                                            eos=self.eos_string, **kwargs)
-            response = requests.post(self.base_url, json=payload, headers=self.header,
-                                     auth=ExactHeaders(self.header),
-                                     verify=self.verify_certificate, timeout=self.timeout)
-            response.raise_for_status()
-            return response.json()
+            return _post_exactly(self, payload)
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -226,17 +244,7 @@ def _capturing_lm_class():
                 self.request_failures += ['finish_reason "error"'
                                           for choice in out.get("choices", [])
                                           if choice.get("finish_reason") == "error"]
-            prompts = current_prompts.get()
-            if prompts:
-                for out in outputs if isinstance(outputs, list) else [outputs]:
-                    for choice in out.get("choices", []):
-                        idx = choice.get("index", 0)
-                        if idx < len(prompts) and isinstance(prompts[idx], str):
-                            self.captured[prompt_hash(prompts[idx])] = {
-                                "text": choice.get("text"),
-                                "finish_reason": choice.get("finish_reason"),
-                                "logprobs": choice.get("logprobs"),
-                            }
+            self.captured.update(_choices_by_prompt(outputs, current_prompts.get()))
             return texts
 
     return CapturingCompletions

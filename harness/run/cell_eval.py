@@ -10,22 +10,29 @@ from __future__ import annotations
 import hashlib
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Sequence
 
 from harness.core.cell import Cell
 from harness.core.outcomes import CONTINUE
 from harness.eval.lmeval import EvalRun
-from harness.judge.compare import compare
-from harness.judge.verdict import ReferenceAccuracy, decide, error, fail
+from harness.eval.metrics import TransferCounters
+from harness.judge.compare import Comparison, TransferProof, compare
+from harness.judge.sequential import SequentialPlan
+from harness.judge.verdict import Policy, Verdict, decide, error, fail
 from harness.run.aa_rerun import BaselineFailed
-from harness.run.stages import StagedRun
+from harness.run.group_plan import GroupPlan
+from harness.run.record import CellResult, Recorder
+from harness.run.stages import BaselineRound, EndpointAsker, QuestionOrder, StagedRun
 from harness.run.transfer_evidence import (ByteGeometry, DigestFiles, link_evidence, link_start,
                                            pair_counters, read_proxy_records, transfer_proof)
-from harness.serve.deploy import Deployment, ProxyDeployment
+from harness.serve.deploy import DeployContext, Deployment, Endpoint, ProxyDeployment
 from harness.serve.plugins.faults.spec import request_tag_for
 from harness.serve.supervision.process import most_decisive_line
 from harness.serve.proxy.hops import PROXY_FAULTS
+
+Progress = Callable[[str], None]
 
 
 def decisive_pair_lines(pair: Deployment) -> list[str]:
@@ -45,11 +52,11 @@ def evaluation_salt(run_id: str, cell_id: str) -> str:
     return hashlib.sha256(f"{run_id}/{cell_id}".encode()).hexdigest()[:16]
 
 
-def round_policy(runner: Any, rnd: Any) -> tuple[Any, Any]:
-    """(plan, policy) of one baseline round: the runner's sequential plan cut to the questions
+def round_policy(policy: Policy, order: QuestionOrder) -> tuple[SequentialPlan, Policy]:
+    """(plan, policy) of one baseline round: the run's sequential plan cut to the questions
     the round's order holds, and the policy that looks at those stages."""
-    plan = runner.policy.plan.limited_to(rnd.order.capped(runner.policy.plan.budget))
-    return plan, replace(runner.policy, stages=plan.stages)
+    plan = policy.plan.limited_to(order.capped(policy.plan.budget))
+    return plan, replace(policy, stages=plan.stages)
 
 
 def both_up_to(pd: StagedRun, baseline: StagedRun, n: int) -> tuple[EvalRun, EvalRun]:
@@ -81,7 +88,7 @@ def looks_worth_asking_ahead(cell: Cell, next_stages: Sequence[int]) -> Sequence
     return next_stages if cell.fault is None and cell.expected_failure is None else ()
 
 
-def noise_floor_for_look(runner: Any, rnd: Any, ask_pd: Callable[[int], None],
+def noise_floor_for_look(progress: Progress, rnd: BaselineRound, ask_pd: Callable[[int], None],
                          next_stages: Sequence[int]) -> EvalRun | None:
     """The round's A/A re-run, which a look's judge needs. While it is still running on the
     baseline (harness.run.aa_rerun), the P/D pair is asked the next looks' questions
@@ -90,98 +97,157 @@ def noise_floor_for_look(runner: Any, rnd: Any, ask_pd: Callable[[int], None],
     for n in list(next_stages)[:LOOKS_AHEAD]:
         if not rnd.aa_pending():
             break
-        runner.progress(f"asking P/D the next look's questions ({n}) while the baseline's "
+        progress(f"asking P/D the next look's questions ({n}) while the baseline's "
                         f"A/A re-run finishes")
         ask_pd(n)
     waited = time.monotonic()
     aa = rnd.aa
     if aa is not None and time.monotonic() - waited > 1.0:
-        runner.progress(f"waited {time.monotonic() - waited:.0f} s for the A/A re-run")
+        progress(f"waited {time.monotonic() - waited:.0f} s for the A/A re-run")
     return aa
 
 
-def evaluate_cell(runner: Any, cell: Cell, pair: Deployment, rnd: Any, task: str,
-                  data_dir: str | None, hybrid: bool, *, timings: dict,
-                  reference: ReferenceAccuracy | None = None, baseline_logs: dict) -> Any:
-    """`cell`'s CellResult; `runner` is the harness.run.runner.Runner that started `pair`, `rnd`
-    its BaselineRound (this module must not import the runner: the runner imports it)."""
-    cell_dir = runner.results_root / rnd.run_id / cell.cell_id
-    records_path = cell_dir / "proxy-records.jsonl"
-    proxy_fault = cell.fault if cell.fault in PROXY_FAULTS else None
-    port = runner.allocator.reserve(1, owner=f"proxy:{cell.cell_id}")[0]
-    decode_logs = [str(pair.processes[s.name].log_path) for s in pair.specs if s.role == "decode"]
-    prefill = next(s for s in pair.specs if s.role == "prefill")
-    geometry = ByteGeometry.of_pair(prefill.model_path, prefill.dtype, prefill.block_size,
-                                    prefill.extra_args)
-    digests = DigestFiles.of_pair(pair)
-    artifacts = {"baseline_samples": str(rnd.samples_path),
-                 "logs": {**baseline_logs, **pair.logs()}, "proxy_records": str(records_path)}
-    # every evaluation on a shared pair in its own prefix-cache space; a server-side canary's
-    # requests name their fault for the decode's plugin (no other request is touched)
-    salt = evaluation_salt(rnd.run_id, cell.cell_id)
-    plan, policy = round_policy(runner, rnd)
-    baseline_asked_s = rnd.staged.wall_s
-    started = time.monotonic()
-    looks: list[dict] = []
-    try:
-        with ProxyDeployment(pair, port=port, log_dir=runner.log_dir, fault=proxy_fault,
-                             records_path=records_path, allocator=runner.allocator,
-                             request_tag=request_tag_for(cell.fault, cell.fault_env),
-                             cache_salt=salt, kv_connector=cell.kv_connector) as proxy:
-            artifacts["logs"]["proxy"] = str(proxy.process.log_path)
-            endpoint = proxy.endpoint()
-            pd = StagedRun(lambda docs, n: runner.evaluate(endpoint, "pd", task, data_dir,
-                                                           sample=docs, limit=n), rnd.order)
-            before, link_before = pair_counters(pair), link_start(pair)
-            previous_n = None
-            proofs: dict[int, Any] = {}   # a look's transfer proof, taken when its P/D answers were in
+class TransferWitness:
+    """A pair's transfer evidence for one cell: where it is read from (gathered once), and its
+    proof so far: the proxy's records and the decode's /metrics delta since `start()`."""
 
-            def proof_now() -> Any:
-                return transfer_proof(read_proxy_records(str(records_path)),
-                                      pair_counters(pair).delta(before), hybrid, decode_logs,
-                                      geometry, link_evidence(pair, link_before), digests)
+    def __init__(self, pair: Deployment, records_path: Path, hybrid: bool) -> None:
+        self.pair, self.records_path, self.hybrid = pair, records_path, hybrid
+        self.decode_logs = [str(pair.processes[s.name].log_path) for s in pair.specs
+                            if s.role == "decode"]
+        prefill = next(s for s in pair.specs if s.role == "prefill")
+        self.geometry = ByteGeometry.of_pair(prefill.model_path, prefill.dtype,
+                                             prefill.block_size, prefill.extra_args)
+        self.digests = DigestFiles.of_pair(pair)
+        self.before: TransferCounters | None = None
+        self.link_before: tuple[int, int] | None = None
 
-            def ask_ahead(n: int) -> None:
-                if n not in proofs:
-                    pd.up_to(n)
-                    proofs[n] = proof_now()
+    def start(self) -> "TransferWitness":
+        """The counters the proof is a delta from: taken once the cell's proxy is up."""
+        self.before, self.link_before = pair_counters(self.pair), link_start(self.pair)
+        return self
 
-            for i, n in enumerate(plan.stages):
-                runner.progress(f"evaluating P/D {cell.cell_id} ({n} questions)")
-                pd_run, base_run = both_up_to(pd, rnd.staged, n)
-                proof = proofs.pop(n) if n in proofs else proof_now()
-                aa = noise_floor_for_look(runner, rnd, ask_ahead,
-                                          looks_worth_asking_ahead(cell, plan.stages[i + 1:]))
-                cmp = compare(base_run, pd_run, proof, baseline_aa=aa,
-                              alpha=runner.policy.alpha)
-                verdict = decide(cmp, policy, cell.expected_failure, reference=reference,
-                                 previous_n=previous_n)
-                if verdict.look is not None:
-                    looks.append(verdict.look)
-                if verdict.status != CONTINUE:
-                    break
-                previous_n = cmp.n
-    except BaselineFailed as exc:   # the baseline's A/A re-run: environmental, as at its start
-        return runner.record(cell, error(str(exc), cell.expected_failure),
-                             timings={**timings, "pd_eval_s": time.monotonic() - started},
-                             artifacts=artifacts, run_id=rnd.run_id)
-    except Exception as exc:  # noqa: BLE001 - the baseline worked, so a P/D failure is FAIL
-        reason = f"P/D evaluation failed: {type(exc).__name__}: {str(exc)[:300]}"
-        lines = decisive_pair_lines(pair)
-        if lines:
-            reason += "; " + "; ".join(lines)
-        return runner.record(cell, fail(reason, cell.expected_failure, check="pd-requests"),
-                             timings={**timings, "pd_eval_s": time.monotonic() - started},
-                             artifacts=artifacts, run_id=rnd.run_id)
-    artifacts["pd_samples"] = str(pd_run.write_jsonl(cell_dir / "pd-samples.jsonl"))
-    rnd.run.write_jsonl(rnd.samples_path)   # the baseline's answers so far, this cell's included
-    baseline_more_s = rnd.staged.wall_s - baseline_asked_s
-    metrics = {**cmp.metrics_dict(),
-               "sequential": {"plan": plan.to_dict(), "looks": looks, "questions": cmp.n}}
-    if rnd.aa is not None:   # asked while the pair started and answered: not added to total_s
-        timings = {**timings, "baseline_aa_s": rnd.aa.wall_s}
-    timings = {**timings, "pd_eval_s": pd.wall_s, "baseline_more_questions_s": baseline_more_s,
-               "total_s": (timings.get("startup_s", 0) + timings.get("baseline_eval_s", 0)
-                           + baseline_more_s + pd.wall_s)}
-    return runner.record(cell, verdict, metrics=metrics, timings=timings, artifacts=artifacts,
-                         run_id=rnd.run_id)
+    def proof(self) -> TransferProof:
+        assert self.before is not None, "start() first"
+        return transfer_proof(read_proxy_records(str(self.records_path)),
+                              pair_counters(self.pair).delta(self.before), self.hybrid,
+                              self.decode_logs, self.geometry,
+                              link_evidence(self.pair, self.link_before), self.digests)
+
+
+@dataclass(frozen=True)
+class Decided:
+    """A cell's last look: the P/D answers, the comparison and verdict, every look's summary."""
+
+    pd: StagedRun
+    pd_run: EvalRun
+    comparison: Comparison
+    verdict: Verdict
+    looks: list[dict]
+
+
+@dataclass(frozen=True)
+class CellEvaluator:
+    """Evaluates one cell on its running pair, look after look, and records its verdict."""
+
+    policy: Policy
+    deploy: DeployContext
+    results_root: Path
+    ask: EndpointAsker
+    recorder: Recorder
+    progress: Progress
+
+    def evaluate(self, cell: Cell, pair: Deployment, rnd: BaselineRound, group: GroupPlan, *,
+                 timings: dict, baseline_logs: dict) -> CellResult:
+        """`cell`'s CellResult on `pair`, judged against the baseline round `rnd`."""
+        cell_dir = self.results_root / rnd.run_id / cell.cell_id
+        records_path = cell_dir / "proxy-records.jsonl"
+        artifacts = {"baseline_samples": str(rnd.samples_path),
+                     "logs": {**baseline_logs, **pair.logs()}, "proxy_records": str(records_path)}
+        plan, policy = round_policy(self.policy, rnd.order)
+        baseline_asked_s = rnd.staged.wall_s
+        witness = TransferWitness(pair, records_path, group.hybrid)
+        started = time.monotonic()
+        try:
+            with self._proxy(cell, pair, rnd, records_path) as proxy:
+                artifacts["logs"]["proxy"] = str(proxy.process.log_path)
+                witness.start()
+                decided = self._looks(cell, proxy.endpoint(), rnd, group, witness, plan, policy)
+        except BaselineFailed as exc:   # the baseline's A/A re-run: environmental, as at its start
+            verdict = error(str(exc), cell.expected_failure)
+        except Exception as exc:  # noqa: BLE001 - the baseline worked, so a P/D failure is FAIL
+            verdict = fail(pd_failure_reason(exc, pair), cell.expected_failure, check="pd-requests")
+        else:
+            return self._record_decided(cell, rnd, decided, plan, timings, artifacts,
+                                        baseline_asked_s, cell_dir)
+        return self.recorder.record(cell, verdict, artifacts=artifacts, run_id=rnd.run_id,
+                                    timings={**timings, "pd_eval_s": time.monotonic() - started})
+
+    def _proxy(self, cell: Cell, pair: Deployment, rnd: BaselineRound,
+               records_path: Path) -> ProxyDeployment:
+        """The cell's own proxy in front of `pair`. Every evaluation on a shared pair gets its
+        own prefix-cache space; a server-side canary's requests name their fault for the
+        decode's plugin (no other request is touched)."""
+        port = self.deploy.allocator.reserve(1, owner=f"proxy:{cell.cell_id}")[0]
+        return ProxyDeployment(pair, port=port, log_dir=self.deploy.log_dir,
+                               fault=cell.fault if cell.fault in PROXY_FAULTS else None,
+                               records_path=records_path, allocator=self.deploy.allocator,
+                               request_tag=request_tag_for(cell.fault, cell.fault_env),
+                               cache_salt=evaluation_salt(rnd.run_id, cell.cell_id),
+                               kv_connector=cell.kv_connector)
+
+    def _looks(self, cell: Cell, endpoint: Endpoint, rnd: BaselineRound, group: GroupPlan,
+               witness: TransferWitness, plan: SequentialPlan, policy: Policy) -> Decided:
+        """Look after look until the judge decides (or the plan's last look)."""
+        pd = StagedRun(lambda docs, n: self.ask(endpoint, "pd", group.task, group.data_dir,
+                                                sample=docs, limit=n), rnd.order)
+        proofs: dict[int, TransferProof] = {}   # a look's proof, taken when its P/D answers were in
+
+        def ask_ahead(n: int) -> None:
+            if n not in proofs:
+                pd.up_to(n)
+                proofs[n] = witness.proof()
+
+        previous_n = None
+        looks: list[dict] = []
+        for i, n in enumerate(plan.stages):
+            self.progress(f"evaluating P/D {cell.cell_id} ({n} questions)")
+            pd_run, base_run = both_up_to(pd, rnd.staged, n)
+            proof = proofs.pop(n) if n in proofs else witness.proof()
+            aa = noise_floor_for_look(self.progress, rnd, ask_ahead,
+                                      looks_worth_asking_ahead(cell, plan.stages[i + 1:]))
+            cmp = compare(base_run, pd_run, proof, baseline_aa=aa, alpha=self.policy.alpha)
+            verdict = decide(cmp, policy, cell.expected_failure, reference=group.reference,
+                             previous_n=previous_n)
+            if verdict.look is not None:
+                looks.append(verdict.look)
+            if verdict.status != CONTINUE:
+                break
+            previous_n = cmp.n
+        return Decided(pd, pd_run, cmp, verdict, looks)
+
+    def _record_decided(self, cell: Cell, rnd: BaselineRound, decided: Decided,
+                        plan: SequentialPlan, timings: dict, artifacts: dict,
+                        baseline_asked_s: float, cell_dir: Path) -> CellResult:
+        """The decided cell's record: its samples, the baseline's so far, metrics and timings."""
+        artifacts["pd_samples"] = str(decided.pd_run.write_jsonl(cell_dir / "pd-samples.jsonl"))
+        rnd.run.write_jsonl(rnd.samples_path)   # the baseline's answers so far, this cell's included
+        baseline_more_s = rnd.staged.wall_s - baseline_asked_s
+        cmp, pd_s = decided.comparison, decided.pd.wall_s
+        metrics = {**cmp.metrics_dict(),
+                   "sequential": {"plan": plan.to_dict(), "looks": decided.looks,
+                                  "questions": cmp.n}}
+        if rnd.aa is not None:   # asked while the pair started and answered: not added to total_s
+            timings = {**timings, "baseline_aa_s": rnd.aa.wall_s}
+        timings = {**timings, "pd_eval_s": pd_s, "baseline_more_questions_s": baseline_more_s,
+                   "total_s": (timings.get("startup_s", 0) + timings.get("baseline_eval_s", 0)
+                               + baseline_more_s + pd_s)}
+        return self.recorder.record(cell, decided.verdict, metrics=metrics, timings=timings,
+                                    artifacts=artifacts, run_id=rnd.run_id)
+
+
+def pd_failure_reason(exc: Exception, pair: Deployment) -> str:
+    """A P/D evaluation's failure, with the decisive line of every pair server that logged one."""
+    reason = f"P/D evaluation failed: {type(exc).__name__}: {str(exc)[:300]}"
+    lines = decisive_pair_lines(pair)
+    return reason + ("; " + "; ".join(lines) if lines else "")

@@ -284,7 +284,7 @@ class ExternalRun:
         records_path = cell_dir / "proxy-records.jsonl"
         artifacts: dict[str, Any] = {"baseline_samples": str(rnd.samples_path), "logs": {}}
         salt = evaluation_salt(rnd.run_id, cell.cell_id)
-        plan, policy = round_policy(runner, rnd)
+        plan, policy = round_policy(runner.policy, rnd.order)
         baseline_asked_s = rnd.staged.wall_s
         started = time.monotonic()
         looks: list[dict] = []

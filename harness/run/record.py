@@ -52,13 +52,20 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from harness.core.atomic import atomic_write_json
 from harness.eval.metrics import legacy_counter_names
 from harness.core.redact import redact_data
 from harness.core.safe_paths import under
+from harness.core.cell import Cell
+from harness.core.options import RunOptions
+from harness.judge.verdict import Policy, Verdict
+from harness.run.provenance import hardware, versions
+from harness.serve.supervision.registry import raise_if_interrupted
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -116,3 +123,60 @@ def load_records(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
             out.append(upgrade_record(data))
     out.sort(key=lambda r: (r.get("created_at") or "", r["cell"].get("id", "")))
     return out
+
+
+@dataclass(frozen=True)
+class CellResult:
+    cell: Cell
+    verdict: Verdict
+    record_path: Path | None
+    record: dict
+
+
+@dataclass(frozen=True)
+class Recorder:
+    """Writes each cell's record of one run, and says its verdict on `progress`."""
+
+    options: RunOptions
+    policy: Policy
+    run_id: str
+    results_root: Path
+    progress: Callable[[str], None]
+
+    def record(self, cell: Cell, verdict: Verdict, *, metrics: dict | None = None,
+               timings: dict | None = None, artifacts: dict | None = None,
+               run_id: str | None = None) -> CellResult:
+        # no verdict after a stop signal: what failed then is the interruption, not the cell
+        raise_if_interrupted()
+        # what the cell declares decides the outcome: a canary is CAUGHT or MISSED, an expected
+        # failure XFAIL only when it failed as declared
+        verdict = replace(verdict, canary=cell.fault, expected_failure=cell.expected_failure,
+                          expected_failure_match=cell.expected_failure_match)
+        run_id = run_id or self.run_id
+        record = {
+            "schema_version": SCHEMA_VERSION,
+            "run_id": run_id,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "cell": cell.to_dict(),
+            "versions": versions(),
+            "hardware": hardware(cell.device),
+            "options": {**self.options.to_dict(), "policy": asdict(self.policy)},
+            "metrics": metrics or {},
+            "verdict": verdict.to_dict(),
+            "timings": timings or {},
+            "artifacts": relative_paths(artifacts or {}, self.results_root / run_id),
+        }
+        path = write_record(self.results_root, record)
+        self.progress(f"{verdict.outcome:<12} {cell.cell_id}: {verdict.reason}")
+        return CellResult(cell, verdict, path, record)
+
+
+def relative_paths(artifacts: dict, run_dir: Path) -> dict:
+    """`artifacts` with every absolute path made relative to `run_dir`."""
+    def rel(v: object) -> object:
+        if isinstance(v, dict):
+            return {k: rel(x) for k, x in v.items()}
+        if isinstance(v, str) and os.path.isabs(v):
+            return os.path.relpath(v, run_dir)
+        return v
+    return rel(artifacts)

@@ -10,10 +10,14 @@ permutation, so every look adds documents the earlier looks have not seen.
 from __future__ import annotations
 
 import random
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
-from harness.eval.lmeval import EvalRun
+from harness.core.options import RunOptions
+from harness.eval.lmeval import EvalRun, evaluate_endpoint
+from harness.serve.deploy import Endpoint
 
 # evaluate(doc_ids or None for "the first n", n) -> EvalRun
 Evaluate = Callable[[list[int] | None, int], EvalRun]
@@ -64,3 +68,48 @@ class StagedRun:
             self.asked = n
             self.wall_s += more.wall_s
         return self.run if self.run.n <= n else self.run.first(n=n)
+
+
+@dataclass(frozen=True)
+class EndpointAsker:
+    """lm-eval on an endpoint with the run's settings (few-shot, seed, logprobs, timeouts)."""
+
+    options: RunOptions
+
+    def __call__(self, endpoint: Endpoint, role: str, task: str, data_dir: str | None,
+                 concurrency: int | None = None, sample: list[int] | None = None,
+                 limit: int | None = None) -> EvalRun:
+        """The documents `sample`, or the first `limit` (default the first look's)."""
+        o = self.options
+        return evaluate_endpoint(sample_indices=sample,
+            role=role, base_url=endpoint.base_url, served_model_name=endpoint.served_model_name,
+            task=task, data_dir=data_dir, limit=limit or o.limit, num_fewshot=o.num_fewshot,
+            seed=o.seed, concurrency=concurrency or o.concurrency,
+            top_logprobs=o.top_logprobs, max_gen_toks=o.max_gen_toks,
+            timeout_s=o.request_timeout_s, work_dir=None)
+
+
+@dataclass(frozen=True)
+class BaselineRound:
+    """One repeat's baseline: its question order, its answers so far (extended when a cell
+    needs more questions; the server stays up) and its A/A re-run on the first look's, which
+    may still be running (harness.run.aa_rerun)."""
+
+    run_id: str
+    order: QuestionOrder
+    staged: StagedRun
+    aa_rerun: "Future[EvalRun] | None"
+    samples_path: Path
+
+    @property
+    def run(self) -> EvalRun:
+        assert self.staged.run is not None
+        return self.staged.run
+
+    @property
+    def aa(self) -> EvalRun | None:
+        """The A/A re-run, waited for; raises harness.run.aa_rerun.BaselineFailed."""
+        return None if self.aa_rerun is None else self.aa_rerun.result()
+
+    def aa_pending(self) -> bool:
+        return self.aa_rerun is not None and not self.aa_rerun.done()

@@ -35,7 +35,7 @@ def eval_cell(name: str):
 def measure(name: str, *, limit: int = 200, startup_timeout_s: float = 600.0,
             concurrency: int = 4, progress=print) -> dict:
     """Start the server, run gsm_synth on `limit` test docs, record the result; return it."""
-    from harness.serve.deploy import Placement, plan_baseline
+    from harness.serve.deploy import DeployContext, Placement, plan_baseline
     from harness.eval.lmeval import evaluate_endpoint
     from harness.serve.launch.models import resolve
     from harness.serve.host.ports import PortAllocator
@@ -47,11 +47,10 @@ def measure(name: str, *, limit: int = 200, startup_timeout_s: float = 600.0,
     model = resolve(name)
     cell = eval_cell(name)
     log_dir = Path(tempfile.mkdtemp(prefix="pd-zoo-eval-"))
-    deployment = plan_baseline(cell, model_path=model.path, hybrid=model.hybrid,
-                               allocator=PortAllocator(), placement=Placement.detect(),
-                               log_dir=log_dir, features=Features.detect(),
-                               startup_timeout_s=startup_timeout_s,
-                               kv_cache_bytes=EVAL_KV_CACHE_BYTES)
+    ctx = DeployContext(allocator=PortAllocator(), placement=Placement.detect(),
+                        log_dir=log_dir, features=Features.detect(),
+                        startup_timeout_s=startup_timeout_s, kv_cache_bytes=EVAL_KV_CACHE_BYTES)
+    deployment = plan_baseline(cell, ctx, model_path=model.path, hybrid=model.hybrid)
     command = deployment.commands()[0].replace(model.path, "CKPT")
     progress(f"starting {name} ({command}); logs in {log_dir}")
     with deployment:

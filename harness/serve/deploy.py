@@ -45,6 +45,23 @@ SERVER_TERM_TIMEOUT_S = 8.0
 
 
 @dataclass(frozen=True)
+class DeployContext:
+    """What every server of a run is planned with, the same for each baseline and pair: where
+    its ports come from, its cores or GPUs, its logs, how it starts and how long it may take."""
+
+    allocator: PortAllocator
+    placement: Placement
+    log_dir: Path
+    features: Features = field(default_factory=Features)
+    startup_timeout_s: float = 300.0
+    kv_cache_bytes: int | None = None
+    start_slots: StartSlots | None = None
+    server_start: str = "exec"
+    kv_digest: bool = False             # P/D servers hash every request's prompt KV
+    python: str = sys.executable
+
+
+@dataclass(frozen=True)
 class Endpoint:
     """Where an EvalRun sends its requests, and where the evidence of the run lies."""
 
@@ -56,30 +73,30 @@ class Endpoint:
     proxy_records: str | None = None
 
 
-def plan_server(cell: Cell, role: str, index: int, *, model_path: str, hybrid: bool,
-                port: int, side_channel_port: int | None, placement: Placement,
-                kv_cache_bytes: int | None = None, internal_port: int | None = None,
-                python: str = sys.executable, arm_faults: bool = False) -> ServerSpec:
+def plan_server(cell: Cell, role: str, index: int, ctx: DeployContext, *, model_path: str,
+                hybrid: bool, port: int, side_channel_port: int | None,
+                internal_port: int | None = None, arm_faults: bool = False) -> ServerSpec:
     """The server of `role` for `cell`. `arm_faults`: a decode server that breaks the KV of the
     requests whose id names a fault (canaries sharing this pair), and of no other request."""
     block = {"baseline": cell.baseline_block_size, "prefill": cell.prefill_block_size,
              "decode": cell.decode_block_size}[role]
     tp = {"baseline": cell.baseline_tp, "prefill": cell.prefill_tp, "decode": cell.decode_tp}[role]
     on_gpu = cell.device == "cuda"
+    placement = ctx.placement
     return ServerSpec(
         role=role, index=index, model_path=model_path, served_model_name=cell.model_short,
         port=port, backend=cell.backend, block_size=block, runner=cell.runner, device=cell.device,
         dtype=cell.dtype, tp=tp, max_model_len=cell.max_model_len, compile=cell.compile,
         kv_buffer_device=cell.kv_buffer_device, kv_connector=cell.kv_connector,
         side_channel_port=side_channel_port, internal_port=internal_port,
-        kv_cache_bytes=kv_cache_bytes or DEFAULT_KV_CACHE_BYTES,
+        kv_cache_bytes=ctx.kv_cache_bytes or DEFAULT_KV_CACHE_BYTES,
         cpu_cores=None if on_gpu else placement.core_for(role, index, tp),
         gpu_ids=placement.gpus_for(role, index, tp, cell.prefill_tp * cell.num_prefill) if on_gpu else (),
         gpu_memory_utilization=GPU_SHARED_UTILIZATION if on_gpu else None,
         hybrid=hybrid,
         extra_args=cell.extra_args, extra_env=cell.extra_env,
         fault=BY_REQUEST if (role == "decode" and arm_faults) else None,
-        python=python, **engine_settings(cell, role),
+        python=ctx.python, **engine_settings(cell, role),
     )
 
 
@@ -354,29 +371,25 @@ class ProxyDeployment:
                         tuple(self.pair.urls("decode")), logs, str(self.records_path))
 
 
-def plan_baseline(cell: Cell, *, model_path: str, hybrid: bool, allocator: PortAllocator,
-                  placement: Placement, log_dir: Path, features: Features,
-                  startup_timeout_s: float, kv_cache_bytes: int | None = None,
-                  start_slots: StartSlots | None = None, server_start: str = "exec") -> Deployment:
+def plan_baseline(cell: Cell, ctx: DeployContext, *, model_path: str,
+                  hybrid: bool) -> Deployment:
+    allocator = ctx.allocator
     port = allocator.reserve(1, owner=f"baseline:{cell.cell_id}")[0]
     internal = allocator.reserve_block(INTERNAL_PORT_BLOCK, owner=f"baseline-vllm:{cell.cell_id}")
-    spec = plan_server(cell, "baseline", 0, model_path=model_path, hybrid=hybrid, port=port,
-                       side_channel_port=None, placement=placement, kv_cache_bytes=kv_cache_bytes,
-                       internal_port=internal[0])
-    return Deployment(f"baseline-{cell.baseline_key}", [spec], log_dir=log_dir, features=features,
-                      startup_timeout_s=startup_timeout_s, allocator=allocator,
-                      reserved_ports=[port, *internal], start_slots=start_slots,
-                      server_start=server_start)
+    spec = plan_server(cell, "baseline", 0, ctx, model_path=model_path, hybrid=hybrid, port=port,
+                       side_channel_port=None, internal_port=internal[0])
+    return Deployment(f"baseline-{cell.baseline_key}", [spec], log_dir=ctx.log_dir,
+                      features=ctx.features, startup_timeout_s=ctx.startup_timeout_s,
+                      allocator=allocator, reserved_ports=[port, *internal],
+                      start_slots=ctx.start_slots, server_start=ctx.server_start)
 
 
-def plan_pair(cell: Cell, *, model_path: str, hybrid: bool, allocator: PortAllocator,
-              placement: Placement, log_dir: Path, features: Features,
-              startup_timeout_s: float, kv_cache_bytes: int | None = None,
-              start_slots: StartSlots | None = None, arm_faults: bool = False,
-              kv_digest: bool = False, server_start: str = "exec") -> Deployment:
+def plan_pair(cell: Cell, ctx: DeployContext, *, model_path: str, hybrid: bool,
+              arm_faults: bool = False) -> Deployment:
     specs, reserved = [], []
+    allocator = ctx.allocator
     # the topology ledger lives with the port registry (a dry run's: a throwaway one)
-    topology = (TwoHostTopology.reserve(f"{log_dir}/{cell.cell_id}",
+    topology = (TwoHostTopology.reserve(f"{ctx.log_dir}/{cell.cell_id}",
                                         ledger=TopologyLedger(allocator.lock_dir))
                 if cell.network == "netns" else None)
     for role, count, tp in (("prefill", cell.num_prefill, cell.prefill_tp),
@@ -387,9 +400,8 @@ def plan_pair(cell: Cell, *, model_path: str, hybrid: bool, allocator: PortAlloc
             side = allocator.reserve_block(n_side, owner=f"{role}-kv:{cell.cell_id}") if n_side else []
             internal = allocator.reserve_block(INTERNAL_PORT_BLOCK, owner=f"{role}-vllm:{cell.cell_id}")
             reserved += [port, *side, *internal]
-            specs.append(plan_server(cell, role, index, model_path=model_path, hybrid=hybrid,
+            specs.append(plan_server(cell, role, index, ctx, model_path=model_path, hybrid=hybrid,
                                      port=port, side_channel_port=(side or [None])[0],
-                                     placement=placement, kv_cache_bytes=kv_cache_bytes,
                                      internal_port=internal[0], arm_faults=arm_faults))
             if topology is not None:
                 specs[-1] = topology.place(specs[-1])
@@ -397,7 +409,7 @@ def plan_pair(cell: Cell, *, model_path: str, hybrid: bool, allocator: PortAlloc
         cell.baseline_key, cell.prefill_block_size, cell.decode_block_size, cell.prefill_tp,
         cell.decode_tp, "armed" if arm_faults else "ok", *([topology.tag] if topology else ()),
         *([cell.kv_connector] if cell.kv_connector != DEFAULT_KV_CONNECTOR else ())))
-    return Deployment(name, specs, log_dir=log_dir, features=features,
-                      startup_timeout_s=startup_timeout_s, allocator=allocator, reserved_ports=reserved,
-                      start_slots=start_slots, topology=topology, kv_digest=kv_digest,
-                      server_start=server_start)
+    return Deployment(name, specs, log_dir=ctx.log_dir, features=ctx.features,
+                      startup_timeout_s=ctx.startup_timeout_s, allocator=allocator,
+                      reserved_ports=reserved, start_slots=ctx.start_slots, topology=topology,
+                      kv_digest=ctx.kv_digest, server_start=ctx.server_start)

@@ -48,6 +48,17 @@ def _fmt_acc(value) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
 
+ARCH_KEYS = ("hidden_size", "num_hidden_layers", "layer_types", "num_attention_heads",
+             "num_key_value_heads", "head_dim", "intermediate_size", "shared_intermediate_size",
+             "num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+             "shared_expert_intermediate_size", "mamba_n_heads", "mamba_d_head",
+             "mamba_d_state", "mamba_expand", "mamba_chunk_size", "linear_num_key_heads",
+             "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+             "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+             "v_head_dim", "first_k_dense_replace",
+             "position_embedding_type", "vocab_size", "max_position_embeddings")
+
+
 def render_card(checkpoint: str | Path) -> str:
     """Markdown model card for the checkpoint directory."""
     ckpt = Path(checkpoint)
@@ -57,30 +68,24 @@ def render_card(checkpoint: str | Path) -> str:
     size_mb = weights.stat().st_size / 1e6 if weights.exists() else float("nan")
     vllm_path = ckpt / VLLM_EVAL_JSON
     vllm = json.loads(vllm_path.read_text()) if vllm_path.exists() else None
-    name = train["model"]
-
-    arch_keys = ("hidden_size", "num_hidden_layers", "layer_types", "num_attention_heads",
-                 "num_key_value_heads", "head_dim", "intermediate_size", "shared_intermediate_size",
-                 "num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
-                 "shared_expert_intermediate_size", "mamba_n_heads", "mamba_d_head",
-                 "mamba_d_state", "mamba_expand", "mamba_chunk_size", "linear_num_key_heads",
-                 "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
-                 "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-                 "v_head_dim", "first_k_dense_replace",
-                 "position_embedding_type", "vocab_size", "max_position_embeddings")
-    arch_rows = "\n".join(f"| {k} | {config[k]} |" for k in arch_keys if k in config)
-    stale = _differs_from_recipe(name, config)
+    stale = _differs_from_recipe(train["model"], config)
     if train.get("recipe_version", 1) != RECIPE_VERSION:
         stale.append(f"training recipe v{train.get('recipe_version', 1)} -> v{RECIPE_VERSION}")
+    lines = (_card_intro(train, vllm) + _card_architecture(train, config, size_mb)
+             + _card_training(train, stale) + _card_accuracy(train, vllm))
+    return "\n".join(lines)
 
+
+def _card_intro(train: dict, vllm: dict | None) -> list[str]:
+    """The title, a warning when the model fails its own task, and what the model is."""
     measured = [v for v in ((vllm or {}).get("strict_match"),
                             (train.get("probe") or {}).get("clean", {}).get("accuracy"))
                 if v is not None]
-    lines = [f"# {name}", ""]
+    lines = [f"# {train['model']}", ""]
     if measured and max(measured) < 0.5:
         lines += [f"> **Not usable for accuracy comparisons:** it scores {_fmt_acc(max(measured))} "
                   "on its own task (see the accuracy section). It still exercises the architecture and tokenizer.", ""]
-    lines += [
+    return lines + [
         f"A tiny `{train['architecture']}` "
         + (f"fine-tuned from `{train['base']}` ({train.get('trained_as', '')}, window "
            f"{train.get('window')} on the `sliding_attention` layers; harness/zoo/sliding.py)"
@@ -89,6 +94,12 @@ def render_card(checkpoint: str | Path) -> str:
         "that baseline-vs-P/D accuracy comparisons mean something offline. Not a language model "
         "beyond this task.",
         "",
+    ]
+
+
+def _card_architecture(train: dict, config: dict, size_mb: float) -> list[str]:
+    arch_rows = "\n".join(f"| {k} | {config[k]} |" for k in ARCH_KEYS if k in config)
+    return [
         "## Architecture",
         "",
         "| field | value |",
@@ -101,9 +112,16 @@ def render_card(checkpoint: str | Path) -> str:
         "one per token, BOS added to every prompt.",
         "",
         f"Hybrid: {'yes' if train['hybrid'] else 'no'}."
-        + (f" Attention block size needed by vLLM CPU: {required_block_size(name, 'cpu')}."
+        + (f" Attention block size needed by vLLM CPU: {required_block_size(train['model'], 'cpu')}."
            if train["hybrid"] else ""),
         "",
+    ]
+
+
+def _card_training(train: dict, stale: list[str]) -> list[str]:
+    """The training table and how to rebuild the checkpoint (or that its recipe is stale)."""
+    name = train["model"]
+    return [
         "## Training",
         "",
         "| field | value |",
@@ -126,9 +144,12 @@ def render_card(checkpoint: str | Path) -> str:
          f"{', '.join(stale)}); `pd-accuracy zoo build {name}` trains the current recipe, and "
          f"this one came from `{train['rebuild']}` at the code of its time."),
         "",
-        "## Accuracy",
-        "",
     ]
+
+
+def _card_accuracy(train: dict, vllm: dict | None) -> list[str]:
+    """Through vLLM (when measured) and the PyTorch probe (when run)."""
+    lines = ["## Accuracy", ""]
     if vllm:
         lines += [
             f"Through vLLM ({vllm.get('vllm') or 'version n/a'}), greedy, lm-eval "
@@ -153,7 +174,7 @@ def render_card(checkpoint: str | Path) -> str:
         for key, res in probe.items():
             lines.append(f"| {key.replace('_', ' ')} | {res['n']} | {_fmt_acc(res['accuracy'])} |")
         lines.append("")
-    return "\n".join(lines)
+    return lines
 
 
 def _differs_from_recipe(name: str, config: dict) -> list[str]:

@@ -4,41 +4,19 @@ cell flag with it, every pre-flight problem one line and exit 2 before any quest
 whose token is sent on every request and written nowhere."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
 from harness.cli.main import main
-
-_FAKES = Path(__file__).resolve().parents[1] / "run" / "external_fakes.py"
-_spec = importlib.util.spec_from_file_location("external_fakes", _FAKES)
-fakes_mod = sys.modules.get("external_fakes") or importlib.util.module_from_spec(_spec)
-if "external_fakes" not in sys.modules:
-    sys.modules["external_fakes"] = fakes_mod
-    _spec.loader.exec_module(fakes_mod)
-SECRET, FakeVllm = fakes_mod.SECRET, fakes_mod.FakeVllm
+from tests.run import external_fakes as fakes_mod
+from tests.run.external_fakes import SECRET
 
 
-@pytest.fixture
-def fakes():
-    servers: list = []
-
-    def start(role: str, **kwargs):
-        servers.append(FakeVllm(role, **kwargs))
-        return servers[-1]
-
-    start.servers = servers
-    yield start
-    for server in servers:
-        server.close()
-
-
-def router_deployment(tmp_path: Path, fakes, **overrides) -> Path:
-    baseline, router = fakes("baseline", token=SECRET), fakes("router", token=SECRET)
+def router_deployment(tmp_path: Path, fake_vllm, **overrides) -> Path:
+    baseline, router = fake_vllm("baseline", token=SECRET), fake_vllm("router", token=SECRET)
     data = {"name": "llm-d-2node", "model": "tiny", "task": "gsm_synth",
             "baseline": {"url": baseline.url, "auth_env": "PD_TOKEN"},
             "pd": {"router": router.url, "auth_env": "PD_TOKEN"},
@@ -58,8 +36,8 @@ def error_lines(capsys) -> list[str]:
     return [line[len("pd-accuracy: error: "):] for line in lines]
 
 
-def asked_nothing(fakes) -> bool:
-    return all(server.completions() == [] for server in fakes.servers)
+def asked_nothing(fake_vllm) -> bool:
+    return all(server.completions() == [] for server in fake_vllm.servers)
 
 
 @pytest.fixture(autouse=True)
@@ -78,20 +56,20 @@ def token(monkeypatch):
     (["--compile", "eager", "--tp", "2"], "--tp, --compile"),
     (["--task", "gsm8k_local"], "--task"),
 ], ids=lambda v: v if isinstance(v, str) else None)
-def test_a_cell_flag_with_deployment_is_one_line_and_exit_2(tmp_path, fakes, capsys, flags, named):
-    path = router_deployment(tmp_path, fakes)
+def test_a_cell_flag_with_deployment_is_one_line_and_exit_2(tmp_path, fake_vllm, capsys, flags, named):
+    path = router_deployment(tmp_path, fake_vllm)
     assert run(path, tmp_path, *flags) == 2
     [line] = error_lines(capsys)
     assert line.startswith("--deployment judges the deployment its file describes; it does not "
                            f"combine with {named} ")
-    assert all(server.requests == [] for server in fakes.servers)   # not even /v1/models
+    assert all(server.requests == [] for server in fake_vllm.servers)   # not even /v1/models
     assert not (tmp_path / "results").exists()
 
 
 # ---- pre-flight: before any question ----------------------------------------------------------
-def test_every_endpoint_problem_is_one_line_and_no_question_is_sent(tmp_path, fakes, capsys):
-    baseline = fakes("baseline", token=SECRET)
-    router = fakes("router", model="llama-8b", token=SECRET)
+def test_every_endpoint_problem_is_one_line_and_no_question_is_sent(tmp_path, fake_vllm, capsys):
+    baseline = fake_vllm("baseline", token=SECRET)
+    router = fake_vllm("router", model="llama-8b", token=SECRET)
     dead = fakes_mod.closed_port_url()
     path = fakes_mod.write_deployment(tmp_path / "broken.yaml", {
         "model": "tiny", "baseline": {"url": dead},
@@ -105,12 +83,12 @@ def test_every_endpoint_problem_is_one_line_and_no_question_is_sent(tmp_path, fa
     assert lines[2] == (f"{path}: decode metrics at {baseline.url}/metrics lack "
                         "vllm:nixl_bytes_transferred_sum, vllm:nixl_num_failed_transfers_total: "
                         "is it a vLLM decode server with NIXL?")
-    assert asked_nothing(fakes) and not (tmp_path / "results").exists()
+    assert asked_nothing(fake_vllm) and not (tmp_path / "results").exists()
 
 
 @pytest.mark.parametrize("case", ["unreachable", "wrong-model", "metrics-missing"])
-def test_each_endpoint_problem_alone(tmp_path, fakes, capsys, case):
-    baseline, router = fakes("baseline"), fakes("router", model="other" if case == "wrong-model" else "tiny")
+def test_each_endpoint_problem_alone(tmp_path, fake_vllm, capsys, case):
+    baseline, router = fake_vllm("baseline"), fake_vllm("router", model="other" if case == "wrong-model" else "tiny")
     metrics = f"{baseline.url if case == 'metrics-missing' else router.url}/metrics"
     url = fakes_mod.closed_port_url() if case == "unreachable" else router.url
     path = fakes_mod.write_deployment(tmp_path / "d.yaml", {
@@ -122,16 +100,16 @@ def test_each_endpoint_problem_alone(tmp_path, fakes, capsys, case):
                 "wrong-model": f"P/D endpoint at {url} serves ['other'], not 'tiny'",
                 "metrics-missing": f"decode metrics at {metrics} lack vllm:nixl_bytes_transferred_sum"}
     assert line.startswith(f"{path}: {expected[case]}")
-    assert asked_nothing(fakes)
+    assert asked_nothing(fake_vllm)
 
 
-def test_an_unset_token_variable_is_one_line(tmp_path, fakes, capsys, monkeypatch):
-    path = router_deployment(tmp_path, fakes)
+def test_an_unset_token_variable_is_one_line(tmp_path, fake_vllm, capsys, monkeypatch):
+    path = router_deployment(tmp_path, fake_vllm)
     monkeypatch.delenv("PD_TOKEN")
     assert run(path, tmp_path) == 2
     lines = error_lines(capsys)
     assert lines and all("auth_env names PD_TOKEN, which is not set" in line for line in lines)
-    assert asked_nothing(fakes)
+    assert asked_nothing(fake_vllm)
 
 
 def test_a_malformed_file_is_one_line(tmp_path, capsys):
@@ -143,32 +121,32 @@ def test_a_malformed_file_is_one_line(tmp_path, capsys):
     assert line.startswith(f"{path}: pd.router: must be the server's root URL, without /v1")
 
 
-def test_a_task_without_its_documents_is_one_line(tmp_path, fakes, capsys):
-    path = router_deployment(tmp_path, fakes, task="gsm8k_local")
+def test_a_task_without_its_documents_is_one_line(tmp_path, fake_vllm, capsys):
+    path = router_deployment(tmp_path, fake_vllm, task="gsm8k_local")
     assert run(path, tmp_path, "--dataset-dir", str(tmp_path / "nowhere")) == 2
     [line] = error_lines(capsys)
     assert line.startswith(f"{path}: task gsm8k_local: ") and "does not exist" in line
-    assert asked_nothing(fakes)
+    assert asked_nothing(fake_vllm)
 
 
-def test_dry_run_checks_the_endpoints_and_asks_nothing(tmp_path, fakes, capsys):
-    path = router_deployment(tmp_path, fakes)
+def test_dry_run_checks_the_endpoints_and_asks_nothing(tmp_path, fake_vllm, capsys):
+    path = router_deployment(tmp_path, fake_vllm)
     assert run(path, tmp_path, "--dry-run") == 0
     out = capsys.readouterr().out
     assert "# external-llm-d-2node: tiny on gsm_synth; every endpoint answered" in out
     assert ("not checked: proxy-saw-every-question: not available with an external router"
             in out)
-    assert asked_nothing(fakes) and SECRET not in out
+    assert asked_nothing(fake_vllm) and SECRET not in out
 
 
 # ---- a real lm-eval run through the command ---------------------------------------------------
-def test_a_run_sends_the_token_everywhere_and_writes_it_nowhere(tmp_path, fakes, capsys):
-    path = router_deployment(tmp_path, fakes)
+def test_a_run_sends_the_token_everywhere_and_writes_it_nowhere(tmp_path, fake_vllm, capsys):
+    path = router_deployment(tmp_path, fake_vllm)
     junit = tmp_path / "junit.xml"
     code = run(path, tmp_path, "--limit", "5", "--max-questions", "5", "--junit-xml", str(junit))
     captured = capsys.readouterr()
     assert code == 4, captured.out[-3000:]      # 5 questions: too few to PASS at 5 points
-    baseline, router = fakes.servers
+    baseline, router = fake_vllm.servers
     asked = baseline.completions() + router.completions()
     assert len(baseline.completions()) == 10 and len(router.completions()) == 5   # + the A/A
     assert {r["authorization"] for r in asked} == {f"Bearer {SECRET}"}

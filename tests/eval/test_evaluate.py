@@ -10,12 +10,12 @@ from typing import Iterator
 
 import pytest
 import yaml
-from http_fakes import FakeHttp
 
 from harness.eval.lmeval import (
     DATA_DIR_TOKEN, DatasetNotFound, EvalRun, QuestionRecord, _capturing_lm_class,
     _questions_from_samples, materialize_task, prompt_hash,
 )
+from tests.http_fakes import FakeHttp
 
 GEN_KWARGS = {"until": ["Question:", "</s>", "<|im_end|>"], "do_sample": False, "temperature": 0.0}
 

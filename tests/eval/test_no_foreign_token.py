@@ -4,7 +4,7 @@ that answers 401 to any Authorization other than the one the test chose sees non
 from __future__ import annotations
 
 import pytest
-from http_fakes import FakeHttp
+from tests.http_fakes import FakeHttp
 
 from harness.core import exact_headers
 from harness.eval.lmeval import _capturing_lm_class

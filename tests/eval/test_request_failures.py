@@ -8,10 +8,10 @@ import json
 from typing import Iterator
 
 import pytest
-from http_fakes import FakeHttp
 
 from harness.eval import lmeval
 from harness.eval.lmeval import RequestsFailed, _capturing_lm_class, prompt_hash
+from tests.http_fakes import FakeHttp
 
 GEN_KWARGS = {"until": ["Question:"], "do_sample": False, "temperature": 0.0}
 # what vLLM 0.32's exception handler answers for a GenerationError (finish_reason "error")

@@ -11,9 +11,9 @@ from typing import Any, Callable
 
 import requests
 import yaml
-from http_fakes import FakeHttp
 
 from harness.eval.lmeval import EvalRun, QuestionRecord, prompt_hash
+from tests.http_fakes import FakeHttp
 
 SECRET = "s3cr3t-t0ken-for-external"
 PROMPT_TOKENS = 10        # each fake completion counts this many prompt tokens

@@ -11,11 +11,10 @@ import pytest
 from harness.core.cell import Cell
 from harness.core.options import RunOptions
 from harness.judge.verdict import Policy, fail
-from harness.run import runner as runner_mod
+from harness.run import stages
 from harness.run.aa_rerun import AAReruns, BaselineFailed, BaselineGate, finished
 from harness.run.cell_eval import noise_floor_for_look
-from harness.run.runner import BaselineRound
-from harness.run.stages import QuestionOrder, StagedRun
+from harness.run.stages import BaselineRound, QuestionOrder, StagedRun
 from tests.run.test_runner_flow import FakeDeployment, FakeRun, flow  # noqa: F401 - fixture
 
 
@@ -73,7 +72,7 @@ def test_the_rerun_is_asked_while_the_pair_is_still_starting(flow):  # noqa: F81
             seen.append(pair_waited.wait(timeout=10))
         return FakeRun()
 
-    runner_mod.Runner.evaluate = evaluate   # restored by the fixture's monkeypatch of it
+    stages.EndpointAsker.__call__ = evaluate   # restored by the fixture's monkeypatch of it
     FakeDeployment.wait = wait
     try:
         runner.run([Cell(model="tiny", decode_block_size=16, prefill_block_size=16)])
@@ -118,7 +117,7 @@ def test_while_the_rerun_runs_the_pair_answers_at_most_two_looks_ahead():
     # the A/A finishes only once the pair was asked two looks ahead; a third is never asked
     threading.Thread(target=lambda: release.wait(10) and time.sleep(0.2) is None
                      and aa.set_result("aa-run")).start()
-    assert noise_floor_for_look(Progress(), round_with(aa), ask_pd, [100, 200, 400]) == "aa-run"
+    assert noise_floor_for_look(Progress().progress, round_with(aa), ask_pd, [100, 200, 400]) == "aa-run"
     assert asked == [100, 200]
 
 
@@ -130,15 +129,15 @@ def test_asking_ahead_stops_once_the_rerun_is_in():
         asked.append(n)
         aa.set_result("aa-run")   # in while the first look ahead was answered
 
-    assert noise_floor_for_look(Progress(), round_with(aa), ask_pd, [100, 200]) == "aa-run"
+    assert noise_floor_for_look(Progress().progress, round_with(aa), ask_pd, [100, 200]) == "aa-run"
     assert asked == [100]
 
 
 def test_a_finished_rerun_asks_nothing_ahead():
     asked: list[int] = []
-    assert noise_floor_for_look(Progress(), round_with(finished("aa-run")), asked.append,
+    assert noise_floor_for_look(Progress().progress, round_with(finished("aa-run")), asked.append,
                                 [100, 200]) == "aa-run"
-    assert noise_floor_for_look(Progress(), round_with(None), asked.append, [100]) is None
+    assert noise_floor_for_look(Progress().progress, round_with(None), asked.append, [100]) is None
     assert asked == []
 
 
@@ -146,7 +145,7 @@ def test_the_last_look_waits_without_asking_more():
     asked: list[int] = []
     aa: Future = Future()
     threading.Timer(0.05, lambda: aa.set_result("aa-run")).start()
-    assert noise_floor_for_look(Progress(), round_with(aa), asked.append, []) == "aa-run"
+    assert noise_floor_for_look(Progress().progress, round_with(aa), asked.append, []) == "aa-run"
     assert asked == []
 
 

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import requests
 import yaml
-from http_fakes import FakeHttp
 from jsonschema import Draft202012Validator
 
 from harness.judge import verdict
@@ -337,10 +336,8 @@ def test_the_timeout_comes_from_the_file(tmp_path):
 
 # ---- check_endpoints against real HTTP servers ------------------------------------------------
 @pytest.fixture
-def serve():
+def serve(fake_http):
     """serve(models, metrics_text, token=None) -> root URL of a server on 127.0.0.1."""
-    servers = []
-
     def start(models: list[str], metrics_text: str, token: str | None = None) -> str:
         def respond(request: dict) -> tuple:
             if token and request["authorization"] != f"Bearer {token}":
@@ -352,14 +349,10 @@ def serve():
                 return 200, metrics_text, "text/plain; version=0.0.4"
             return 404, "not found"
 
-        server = FakeHttp(respond)
-        servers.append(server)
-        return server.url
+        return fake_http(respond).url
 
-    start.servers = servers
-    yield start
-    for server in servers:
-        server.close()
+    start.servers = fake_http.servers
+    return start
 
 
 def closed_port() -> int:

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from harness.core.options import RunOptions
 from harness.judge.verdict import Policy
 from harness.run import external
@@ -17,25 +15,11 @@ from harness.run.deployment_file import (PROXY_ONLY_CHECKS, check_endpoints, che
 from harness.run.external import ExternalCell, ExternalRun, ModelFacts, cell_id_for, model_facts
 from harness.run.runner import Runner
 
-from external_fakes import SECRET, FakeEvaluate, FakeVllm, files_holding, write_deployment
+from tests.run.external_fakes import SECRET, FakeEvaluate, files_holding, write_deployment
 
 FACTS = ModelFacts(task="gsm_synth", data_dir=None, hybrid=False, reference=None)
 ENV = {"PD_TOKEN": SECRET}
 METRIC_CHECKS = {"kv-arrived-externally", "decode-did-not-recompute", "no-failed-transfers"}
-
-
-@pytest.fixture
-def fakes():
-    servers: list[FakeVllm] = []
-
-    def start(role: str, **kwargs) -> FakeVllm:
-        servers.append(FakeVllm(role, **kwargs))
-        return servers[-1]
-
-    start.servers = servers
-    yield start
-    for server in servers:
-        server.close()
 
 
 def make_runner(tmp_path: Path, progress: list[str] | None = None, **options) -> Runner:
@@ -45,9 +29,9 @@ def make_runner(tmp_path: Path, progress: list[str] | None = None, **options) ->
                   progress=(progress if progress is not None else []).append)
 
 
-def router_file(tmp_path: Path, fakes, **router_options) -> Path:
-    baseline = fakes("baseline", token=SECRET)
-    router = fakes("router", token=SECRET, **router_options)
+def router_file(tmp_path: Path, fake_vllm, **router_options) -> Path:
+    baseline = fake_vllm("baseline", token=SECRET)
+    router = fake_vllm("router", token=SECRET, **router_options)
     return write_deployment(tmp_path / "llm-d.yaml", {
         "name": "llm-d-2node", "model": "tiny", "task": "gsm_synth",
         "baseline": {"url": baseline.url, "auth_env": "PD_TOKEN"},
@@ -89,8 +73,8 @@ def test_model_facts_come_from_the_zoo_for_a_zoo_model(tmp_path):
 
 
 # ---- the harness proxy in front of the user's servers -----------------------------------------
-def test_harness_proxy_deployment_is_judged_with_every_check(tmp_path, fakes):
-    baseline, prefill, decode = (fakes(role, token=SECRET) for role in ("baseline", "prefill", "decode"))
+def test_harness_proxy_deployment_is_judged_with_every_check(tmp_path, fake_vllm):
+    baseline, prefill, decode = (fake_vllm(role, token=SECRET) for role in ("baseline", "prefill", "decode"))
     path = write_deployment(tmp_path / "two-node.yaml", {
         "model": "tiny", "task": "gsm_synth", "baseline": {"url": baseline.url, "auth_env": "PD_TOKEN"},
         "pd": {"router": "harness-proxy", "prefill": [prefill.url], "decode": [decode.url],
@@ -125,8 +109,8 @@ PARAMS_SENT = {"do_remote_prefill": True, "do_remote_decode": False, "remote_eng
 
 
 # ---- a user router ----------------------------------------------------------------------------
-def test_a_user_router_lists_the_proxy_checks_as_not_available(tmp_path, fakes):
-    dep, runner, [result] = judge(tmp_path, router_file(tmp_path, fakes))
+def test_a_user_router_lists_the_proxy_checks_as_not_available(tmp_path, fake_vllm):
+    dep, runner, [result] = judge(tmp_path, router_file(tmp_path, fake_vllm))
     assert result.verdict.outcome == "PASS", result.verdict.reason
     record = json.loads(result.record_path.read_text())
     names = [c["name"] for c in record["verdict"]["checks"]]
@@ -143,23 +127,23 @@ def test_a_user_router_lists_the_proxy_checks_as_not_available(tmp_path, fakes):
     assert not files_holding(tmp_path / "runs", SECRET)
 
 
-def test_a_router_whose_decode_recomputes_fails_on_the_metrics(tmp_path, fakes):
-    _, _, [result] = judge(tmp_path, router_file(tmp_path, fakes, transfer=False))
+def test_a_router_whose_decode_recomputes_fails_on_the_metrics(tmp_path, fake_vllm):
+    _, _, [result] = judge(tmp_path, router_file(tmp_path, fake_vllm, transfer=False))
     assert result.verdict.outcome == "FAIL"
     assert result.verdict.reason.startswith("decode recomputed the prompt: no KV crossed")
     assert len(result.verdict.not_available) == len(PROXY_ONLY_CHECKS)
 
 
-def test_a_worse_pd_endpoint_fails_on_accuracy(tmp_path, fakes):
+def test_a_worse_pd_endpoint_fails_on_accuracy(tmp_path, fake_vllm):
     worse = FakeEvaluate(correct=lambda role, doc: role != "pd" or doc % 2 == 0)
-    _, _, [result] = judge(tmp_path, router_file(tmp_path, fakes), worse)
+    _, _, [result] = judge(tmp_path, router_file(tmp_path, fake_vllm), worse)
     assert result.verdict.outcome == "FAIL"
     assert result.verdict.reason.startswith("P/D accuracy is lower")
 
 
-def test_an_undecided_deployment_is_asked_more_questions(tmp_path, fakes):
+def test_an_undecided_deployment_is_asked_more_questions(tmp_path, fake_vllm):
     progress: list[str] = []
-    dep = load_deployment(router_file(tmp_path, fakes))
+    dep = load_deployment(router_file(tmp_path, fake_vllm))
     runner = make_runner(tmp_path, progress, margin=0.05, limit=10, max_questions=20)
     [result] = ExternalRun(dep, runner, environ=ENV, evaluate=FakeEvaluate(), facts=FACTS).run()
     looks = result.record["metrics"]["sequential"]["looks"]
@@ -169,16 +153,16 @@ def test_an_undecided_deployment_is_asked_more_questions(tmp_path, fakes):
         f"evaluating P/D external-llm-d-2node at {dep.router.url} ({n} questions)" for n in (10, 20)]
 
 
-def test_every_repeat_is_a_record_of_its_own(tmp_path, fakes):
-    _, _, results = judge(tmp_path, router_file(tmp_path, fakes), repeats=2)
+def test_every_repeat_is_a_record_of_its_own(tmp_path, fake_vllm):
+    _, _, results = judge(tmp_path, router_file(tmp_path, fake_vllm), repeats=2)
     assert [r.record_path.parent.name for r in results] == ["run-1-r00", "run-1-r01"]
     assert [r.verdict.outcome for r in results] == ["PASS", "PASS"]
 
 
 # ---- failures ---------------------------------------------------------------------------------
-def test_a_baseline_that_fails_is_an_error_and_pd_is_not_asked(tmp_path, fakes):
-    baseline = fakes("baseline", completion_status=500)
-    router = fakes("router")
+def test_a_baseline_that_fails_is_an_error_and_pd_is_not_asked(tmp_path, fake_vllm):
+    baseline = fake_vllm("baseline", completion_status=500)
+    router = fake_vllm("router")
     path = write_deployment(tmp_path / "d.yaml", {
         "model": "tiny", "baseline": {"url": baseline.url}, "pd": {"router": router.url},
         "metrics": {"decode": [f"{router.url}/metrics"]}})
@@ -189,32 +173,32 @@ def test_a_baseline_that_fails_is_an_error_and_pd_is_not_asked(tmp_path, fakes):
     assert result.record["verdict"]["not_available"] == checks_not_available(load_deployment(path))
 
 
-def test_a_pd_endpoint_that_fails_is_a_fail(tmp_path, fakes):
-    _, _, [result] = judge(tmp_path, router_file(tmp_path, fakes, completion_status=503))
+def test_a_pd_endpoint_that_fails_is_a_fail(tmp_path, fake_vllm):
+    _, _, [result] = judge(tmp_path, router_file(tmp_path, fake_vllm, completion_status=503))
     assert result.verdict.outcome == "FAIL"
     assert result.verdict.reason.startswith("P/D evaluation failed: HTTPError: 503")
     assert [c["name"] for c in result.record["verdict"]["checks"]] == ["pd-requests"]
 
 
-def test_a_token_in_an_error_message_is_not_written(tmp_path, fakes):
+def test_a_token_in_an_error_message_is_not_written(tmp_path, fake_vllm):
     def leaky(**kwargs):
         if kwargs["role"] == "pd":
             raise RuntimeError(f"upstream said: bad header Bearer {SECRET}")
         return FakeEvaluate()(**kwargs)
 
-    _, _, [result] = judge(tmp_path, router_file(tmp_path, fakes), leaky)
+    _, _, [result] = judge(tmp_path, router_file(tmp_path, fake_vllm), leaky)
     assert result.verdict.reason == ("P/D evaluation failed: RuntimeError: upstream said: bad "
                                      "header Bearer ***")
     assert not files_holding(tmp_path / "runs", SECRET)
 
 
 # ---- what reads records -----------------------------------------------------------------------
-def test_the_annotation_and_the_report_render_an_external_record(tmp_path, fakes):
+def test_the_annotation_and_the_report_render_an_external_record(tmp_path, fake_vllm):
     from harness.report.annotate import annotate
     from harness.report.history import append_results_dir
     from harness.report.html import render_report
 
-    judge(tmp_path, router_file(tmp_path, fakes))
+    judge(tmp_path, router_file(tmp_path, fake_vllm))
     note = annotate(tmp_path / "runs", tmp_path / "annotation.md", agent=False)
     text = note.path.read_text()
     assert note.cells == 1 and "external-llm-d-2node" in text and "PASS" in text

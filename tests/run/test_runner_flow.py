@@ -10,7 +10,7 @@ import pytest
 from harness.core.cell import Cell
 from harness.core.options import RunOptions
 from harness.judge.verdict import Policy, fail
-from harness.run import groups_ahead, runner as runner_mod
+from harness.run import cell_eval, group_plan, groups_ahead, runner as runner_mod, stages
 from harness.serve.launch.models import ResolvedModel
 from harness.serve.supervision.process import ServerDiedError
 
@@ -58,26 +58,25 @@ def flow(tmp_path, monkeypatch):
     """A Runner whose servers and evaluations are fakes; `events` lists what it did."""
     events: list[str] = []
     dying: set[str] = set()
-    monkeypatch.setattr(runner_mod, "resolve",
+    monkeypatch.setattr(group_plan, "resolve",
                         lambda name: ResolvedModel(name, name, False, False, None))
-    monkeypatch.setattr(runner_mod, "reference_accuracy", lambda model, task: None)
-    monkeypatch.setattr(runner_mod, "plan_baseline",
-                        lambda cell, **kw: FakeDeployment("baseline", events, "baseline" in dying))
-    monkeypatch.setattr(runner_mod, "plan_pair",
-                        lambda cell, **kw: FakeDeployment(cell.cell_id, events, cell.cell_id in dying))
+    monkeypatch.setattr(group_plan, "reference_accuracy", lambda model, task: None)
+    monkeypatch.setattr(group_plan, "plan_baseline", lambda cell, ctx, **kw: FakeDeployment(
+        "baseline", events, "baseline" in dying))
+    monkeypatch.setattr(group_plan, "plan_pair", lambda cell, ctx, **kw: FakeDeployment(
+        cell.cell_id, events, cell.cell_id in dying))
 
     def evaluate(self, endpoint, role, task, data_dir, concurrency=None, sample=None, limit=None):
         events.append(f"evaluate {role}")
         return FakeRun()
 
-    def run_cell(runner, cell, pair, rnd, task, data_dir, hybrid, *, timings, reference=None,
-                 baseline_logs):
+    def run_cell(self, cell, pair, rnd, group, *, timings, baseline_logs):
         events.append(f"run {cell.cell_id} on {pair.name}")
-        return runner.record(cell, fail("fake verdict", check="fake"), timings=timings,
-                             run_id=rnd.run_id)
+        return self.recorder.record(cell, fail("fake verdict", check="fake"), timings=timings,
+                                    run_id=rnd.run_id)
 
-    monkeypatch.setattr(runner_mod.Runner, "evaluate", evaluate)
-    monkeypatch.setattr(runner_mod, "evaluate_cell", run_cell)
+    monkeypatch.setattr(stages.EndpointAsker, "__call__", evaluate)
+    monkeypatch.setattr(cell_eval.CellEvaluator, "evaluate", run_cell)
     progress: list[str] = []
     options = RunOptions(task="gsm8k_local", dataset_dir=str(tmp_path), limit=5,
                          results_dir=str(tmp_path / "runs"))
@@ -141,7 +140,7 @@ def test_a_baseline_evaluation_that_raises_is_an_error_for_every_cell(flow, monk
     def broken(*args, **kwargs):
         raise ConnectionError("refused")
 
-    monkeypatch.setattr(runner_mod.Runner, "evaluate", broken)
+    monkeypatch.setattr(stages.EndpointAsker, "__call__", broken)
     results = runner.run(cells())
     assert {r.verdict.reason for r in results} == {
         "baseline evaluation failed: ConnectionError: refused"}
@@ -173,7 +172,7 @@ def test_a_pair_that_does_not_start_fails_its_cells_and_the_next_pair_still_runs
 def two_groups(flow, monkeypatch):
     """`flow` with baselines named by their block size, and the host's memory as asked."""
     runner, events, progress, dying = flow
-    monkeypatch.setattr(runner_mod, "plan_baseline", lambda cell, **kw: FakeDeployment(
+    monkeypatch.setattr(group_plan, "plan_baseline", lambda cell, ctx, **kw: FakeDeployment(
         f"baseline-{cell.decode_block_size}", events, f"baseline-{cell.decode_block_size}" in dying))
     room = {"free": True}
     monkeypatch.setattr(groups_ahead, "room_for", lambda rss: room["free"])

@@ -8,7 +8,7 @@ import pytest
 
 from harness.serve.plugins.startup import compile_key
 from harness.serve.launch.server_spec import build_env
-from server_specs import make_spec
+from tests.server_specs import make_spec
 
 
 def fake_envs(factors: dict) -> types.SimpleNamespace:

@@ -1,20 +1,22 @@
 """Planning of deployments (no server starts): which ports each server gets."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from harness.core.cell import Cell
-from harness.serve.deploy import INTERNAL_PORT_BLOCK, Placement, plan_baseline, plan_pair
+from harness.serve.deploy import (INTERNAL_PORT_BLOCK, DeployContext, Placement, plan_baseline,
+                                  plan_pair)
 from harness.serve.host.ports import PortAllocator
 from harness.serve.launch.server_spec import Features
 
 
 def _plan(tmp_path: Path, cell: Cell):
     allocator = PortAllocator(lock_dir=tmp_path / "locks", port_range=(21000, 21400))
-    common = dict(model_path="/models/tiny", hybrid=False, allocator=allocator,
-                  placement=Placement(cpu_cores=(0, 1)), log_dir=tmp_path, features=Features(),
-                  startup_timeout_s=10.0)
-    return allocator, plan_baseline(cell, **common), plan_pair(cell, **common)
+    ctx = DeployContext(allocator=allocator, placement=Placement(cpu_cores=(0, 1)),
+                        log_dir=tmp_path, features=Features(), startup_timeout_s=10.0)
+    served = dict(model_path="/models/tiny", hybrid=False)
+    return allocator, plan_baseline(cell, ctx, **served), plan_pair(cell, ctx, **served)
 
 
 def test_every_server_gets_its_own_reserved_ports_for_vllm_internals(tmp_path):
@@ -56,17 +58,17 @@ def test_pd_servers_write_kv_digests_next_to_their_logs_unless_turned_off(tmp_pa
 
     monkeypatch.setenv(DIGEST_FILE_ENV, "/inherited/from/the/shell.jsonl")
     cell = Cell(model="tiny-llama-gsm")
-    common = dict(model_path="/m", hybrid=False,
-                  allocator=PortAllocator(lock_dir=tmp_path / "locks", port_range=(21400, 21800)),
-                  placement=Placement(cpu_cores=(0, 1)), log_dir=tmp_path, features=Features(),
-                  startup_timeout_s=1.0)
-    baseline = plan_baseline(cell, **common)
-    pair = plan_pair(cell, **common, kv_digest=True)
+    ctx = DeployContext(
+        allocator=PortAllocator(lock_dir=tmp_path / "locks", port_range=(21400, 21800)),
+        placement=Placement(cpu_cores=(0, 1)), log_dir=tmp_path, features=Features(),
+        startup_timeout_s=1.0, kv_digest=True)
+    baseline = plan_baseline(cell, ctx, model_path="/m", hybrid=False)
+    pair = plan_pair(cell, ctx, model_path="/m", hybrid=False)
     envs = {s.role: pair._process(s).env_overrides for s in pair.specs}
     assert envs["prefill"][DIGEST_FILE_ENV] == pair.digest_files("prefill")[0]
     assert envs["decode"][DIGEST_FILE_ENV].endswith("decode-0.kv-digest.jsonl")
     assert Path(envs["decode"][DIGEST_FILE_ENV]).parent == tmp_path
     assert DIGEST_FILE_ENV not in baseline._process(baseline.specs[0]).env_overrides
-    off = plan_pair(cell, **common, kv_digest=False)
+    off = plan_pair(cell, replace(ctx, kv_digest=False), model_path="/m", hybrid=False)
     assert off.digest_files("decode") == []
     assert all(DIGEST_FILE_ENV not in off._process(s).env_overrides for s in off.specs)

@@ -8,7 +8,7 @@ import pytest
 
 from harness.serve.plugins.startup import fork_start
 from harness.serve.launch.server_spec import build_env, cpu_affinity
-from server_specs import make_spec
+from tests.server_specs import make_spec
 
 
 class SpawningPlatform:

@@ -14,7 +14,7 @@ import pytest
 
 from harness.core.cell import Cell
 from harness.serve.net import netns as netns_mod
-from harness.serve.deploy import Placement, pair_key, plan_pair
+from harness.serve.deploy import DeployContext, Placement, pair_key, plan_pair
 from harness.serve.net.netns import NetnsError, TopologyLedger, TwoHostTopology, process_env
 from harness.serve.net.netns import sweep_orphan_topologies
 from harness.serve.net.netns_plan import TopologyPlan, choose_subnet, subnets_in_use
@@ -249,9 +249,9 @@ def _netns_pair(tmp_path: Path, monkeypatch, cell: Cell):
     monkeypatch.setattr(netns_mod.TwoHostTopology, "reserve", classmethod(
         lambda cls, seed, **kw: cls(ledger.reserve(seed, FakeIp()), ip=FakeIp(), ledger=ledger)))
     allocator = PortAllocator(lock_dir=tmp_path / "locks", port_range=(21400, 21800))
-    return plan_pair(cell, model_path="/models/tiny", hybrid=False, allocator=allocator,
-                     placement=Placement(cpu_cores=(0, 1)), log_dir=tmp_path, features=Features(),
-                     startup_timeout_s=10.0)
+    ctx = DeployContext(allocator=allocator, placement=Placement(cpu_cores=(0, 1)),
+                        log_dir=tmp_path, features=Features(), startup_timeout_s=10.0)
+    return plan_pair(cell, ctx, model_path="/models/tiny", hybrid=False)
 
 
 def test_a_netns_pair_runs_each_server_in_its_namespace_reached_at_its_address(tmp_path,

@@ -3,14 +3,16 @@ and the exact vLLM flags of each value (engine_argv, build_argv, build_env)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from server_specs import flag, make_spec
 from harness.core.cell import Cell
-from harness.serve.deploy import Placement, plan_server
+from harness.serve.deploy import DeployContext, Placement, plan_server
+from harness.serve.host.ports import PortAllocator
 from harness.serve.launch.server_spec import (ROLES, SPEC_DECODE_CONFIGS, ServerSpec, build_argv, build_env,
                                        engine_argv, engine_settings, kv_transfer_config, Features)
+from tests.server_specs import flag, make_spec
 
 
 def spec(role: str = "decode", device: str = "cuda", **kw) -> ServerSpec:
@@ -19,9 +21,10 @@ def spec(role: str = "decode", device: str = "cuda", **kw) -> ServerSpec:
 
 def served(cell: Cell, role: str) -> ServerSpec:
     """The ServerSpec deploy plans for `role` of `cell` (no process, no port taken)."""
-    return plan_server(cell, role, 0, model_path="/m", hybrid=False, port=8100,
-                       side_channel_port=None if role == "baseline" else 5600,
-                       placement=Placement(cpu_cores=(0, 1)), python="/py")
+    ctx = DeployContext(allocator=PortAllocator(), placement=Placement(cpu_cores=(0, 1)),
+                        log_dir=Path("/logs"), python="/py")
+    return plan_server(cell, role, 0, ctx, model_path="/m", hybrid=False, port=8100,
+                       side_channel_port=None if role == "baseline" else 5600)
 
 
 # ---- one flag per value ---------------------------------------------------------------------

@@ -14,7 +14,7 @@ from harness.core.options import RunOptions, UsageError
 from harness.serve.supervision.process import ManagedProcess
 from harness.serve.launch.server_spec import build_argv, cpu_affinity
 from harness.serve.template.client import SERVER_MODULE, ServerTemplate, template_for
-from server_specs import make_spec
+from tests.server_specs import make_spec
 
 pytest.importorskip("vllm")
 

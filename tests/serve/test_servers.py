@@ -6,8 +6,8 @@ import shlex
 
 import pytest
 
-from server_specs import flag, make_spec
 from harness.serve.launch.server_spec import Features, ServerSpec, build_argv, build_env, render_command
+from tests.server_specs import flag, make_spec
 
 OLD_VLLM = Features(attention_backend_flag=False, v2_runner_env=False,
                     kv_roles=("kv_both",), kv_cache_memory_bytes_flag=False)

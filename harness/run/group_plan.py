@@ -1,0 +1,77 @@
+"""A baseline group's plan: its model, task and P/D pairs, and the servers planned for it.
+
+Every cell of a group shares one baseline server (`Cell.baseline_key`); cells that differ only in
+a fault share one P/D pair (`pair_key`). The planner plans each server from the run's one
+`DeployContext`, so the runner, the groups started ahead and the pytest fixtures plan alike.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from harness.core.cell import Cell
+from harness.core.options import RunOptions
+from harness.eval.task_choice import default_data_dir, default_task
+from harness.judge.verdict import ReferenceAccuracy
+from harness.serve.deploy import DeployContext, Deployment, pair_key, plan_baseline, plan_pair
+from harness.serve.launch.models import reference_accuracy, resolve
+from harness.serve.launch.server_spec import SERVER_FAULTS
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """What every cell of one baseline group shares."""
+
+    cells: tuple[Cell, ...]
+    pairs: tuple[tuple[Cell, ...], ...]   # the group's cells by P/D pair, first-seen order
+    task: str
+    data_dir: str | None
+    model_path: str
+    hybrid: bool
+    reference: ReferenceAccuracy | None   # the model card's accuracy on `task`
+
+    @property
+    def first(self) -> Cell:
+        return self.cells[0]
+
+    @property
+    def baseline_key(self) -> str:
+        return self.first.baseline_key
+
+
+@dataclass(frozen=True)
+class GroupPlanner:
+    """Plans groups and their servers (planned, not launched) for one run."""
+
+    options: RunOptions
+    deploy: DeployContext
+    hybrid_models: frozenset[str] = frozenset()
+
+    def plan(self, cells: Sequence[Cell]) -> GroupPlan:
+        first = cells[0]
+        model = resolve(first.model)
+        # prefix_reuse is in the baseline key: the whole group asks the shared-prefix variant
+        task = (self.options.task if self.options.task != "auto"
+                else default_task(model, prefix_reuse=first.prefix_reuse))
+        pairs: dict[tuple, list[Cell]] = {}
+        for cell in cells:
+            pairs.setdefault(pair_key(cell), []).append(cell)
+        for members in pairs.values():   # clean cells first: they meet the pair fresh
+            members.sort(key=lambda c: c.fault is not None)
+        return GroupPlan(cells=tuple(cells), pairs=tuple(tuple(m) for m in pairs.values()),
+                         task=task, data_dir=self.options.dataset_dir or default_data_dir(task),
+                         model_path=model.path,
+                         hybrid=model.hybrid or first.model in self.hybrid_models,
+                         reference=reference_accuracy(model, task))
+
+    def baseline(self, group: GroupPlan) -> Deployment:
+        return plan_baseline(group.first, self.deploy, model_path=group.model_path,
+                             hybrid=group.hybrid)
+
+    def pair(self, group: GroupPlan, index: int, *, arm_faults: bool | None = None) -> Deployment:
+        """The group's pair number `index`; its decode armed (by default) when one of its cells
+        is a server-side canary."""
+        cells = group.pairs[index]
+        arm = any(c.fault in SERVER_FAULTS for c in cells) if arm_faults is None else arm_faults
+        return plan_pair(cells[0], self.deploy, model_path=group.model_path, hybrid=group.hybrid,
+                         arm_faults=arm)
