@@ -154,6 +154,7 @@ def adhoc_cell(args: argparse.Namespace, platform, catalog) -> Cell:
 def select_cells(args: argparse.Namespace) -> tuple[list[Cell], object]:
     """The cells to run, validated; raises UsageError with one line on bad input."""
     from harness import matrix
+    from harness.core.model_config import ModelConfigError
     from harness.core.platform import PlatformInfo
     from harness.serve.launch.vllm_features import detect_platform
 
@@ -165,7 +166,10 @@ def select_cells(args: argparse.Namespace) -> tuple[list[Cell], object]:
             raise UsageError("give either --profile or --model, not both")
         # an ad-hoc cell comes from no matrix: the rules read the default matrix's model facts
         rules_catalog = matrix.load_matrix().models
-        cells = [adhoc_cell(args, platform, rules_catalog)]
+        try:
+            cells = [adhoc_cell(args, platform, rules_catalog)]
+        except ModelConfigError as exc:   # its config.json is no model config
+            raise UsageError(str(exc)) from None
     else:
         try:
             spec = matrix.load_matrix(args.matrix)
