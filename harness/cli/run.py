@@ -240,10 +240,12 @@ def print_table(results, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from harness.serve.launch.effective_config import summary as effective_summary
+
     console = console or Console(width=200)
     table = Table(title="pd-accuracy verdicts", show_lines=False)
     for col in ("cell", "outcome", "baseline", "P/D", "Δ pts [95% CI]", "McNemar p", "MDE",
-                "gen. agree", "ext. tokens", "reason"):
+                "gen. agree", "ext. tokens", "servers ran", "reason"):
         table.add_column(col, overflow="fold")
     for r in results:
         m = r.record.get("metrics") or {}
@@ -257,7 +259,7 @@ def print_table(results, console=None) -> None:
             "-" if m.get("mcnemar_p") is None else f"{m['mcnemar_p']:.3g}",
             pct(m.get("mde")), pct(m.get("agreement")),
             "-" if not t else f"{t.get('prompt_tokens_external', 0):.0f}",
-            r.verdict.reason[:160])
+            effective_summary(r.record.get("effective_config")), r.verdict.reason[:160])
     console.print(table)
 
 

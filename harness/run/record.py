@@ -39,8 +39,16 @@ Schema (version 1) — every key is always present; unknown values are null:
       "artifacts": {"baseline_samples": "path.jsonl", "pd_samples": "path.jsonl",
                     "logs": {"baseline": "...log", "prefill-0": "...", "decode-0": "...",
                              "proxy": "..."},
-                    "proxy_records": "path.jsonl"}
+                    "proxy_records": "path.jsonl"},
+      "effective_config": {                          # what each server really ran, from its
+        "decode-0": {"role": "decode-0", "block_size": 128, "attention_backend": "CPU_ATTN",
+                     "kv_cache_dtype": "bfloat16", "kv_cache_layout": "LBHNC", "runner": "v1",
+                     ..., "sources": {"block_size": "log: ..."}, "not_exposed": {...}},
+        ...} | null                                  # log (harness.serve.launch.effective_config)
     }
+
+`effective_config` is written by every run since it was added; older records lack it (readers
+treat it as null), so it is not in RECORD_KEYS.
 
 Paths in "artifacts" are relative to the record's own directory when they lie below it.
 """

@@ -23,6 +23,7 @@ from harness.core.options import RunOptions
 from harness.eval.lmeval import EvalRun, evaluate_endpoint, split_size
 from harness.run.aa_rerun import AAReruns, BaselineGate
 from harness.run.cell_eval import evaluate_cell
+from harness.run.effective_config_evidence import with_effective_config
 from harness.run.groups_ahead import (GroupsAhead, baseline_and_first_pair, first_group,
                                       start_ahead)
 from harness.run.stages import QuestionOrder, StagedRun
@@ -140,21 +141,20 @@ class Runner:
                 run_id: str | None = None) -> CellResult:
         # no verdict after a stop signal: what failed then is the interruption, not the cell
         raise_if_interrupted()
-        # what the cell declares decides the outcome: a canary is CAUGHT or MISSED, an expected
-        # failure XFAIL only when it failed as declared
+        # what the cell declares decides the outcome (canary CAUGHT/MISSED, XFAIL only as declared)
         verdict = replace(verdict, canary=cell.fault, expected_failure=cell.expected_failure,
                           expected_failure_match=cell.expected_failure_match)
+        verdict, effective_config = with_effective_config(cell, verdict, artifacts)
         record = {
             "schema_version": SCHEMA_VERSION,
             "run_id": run_id or self.run_id,
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "cell": cell.to_dict(),
-            "versions": versions(),
-            "hardware": hardware(cell.device),
+            "versions": versions(), "hardware": hardware(cell.device),
             "options": {**self.options.to_dict(), "policy": asdict(self.policy)},
             "metrics": metrics or {},
             "verdict": verdict.to_dict(),
-            "timings": timings or {},
+            "timings": timings or {}, "effective_config": effective_config,
             "artifacts": self._relative(artifacts or {}, self.results_root / (run_id or self.run_id)),
         }
         path = write_record(self.results_root, record)
