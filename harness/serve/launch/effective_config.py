@@ -23,7 +23,7 @@ from typing import Any
 _ARGS_RE = re.compile(r"non-default args: (\{.*\})")
 _ENGINE_RE = re.compile(r"Initializing a V\d LLM engine \(v[^)]*\) with config: (.*)")
 _RAISED_BLOCK_RE = re.compile(r"Setting attention block size to (\d+) tokens")
-_FORCED_BLOCK_RE = re.compile(r"requires block_size=(\d+), overriding user-specified block_size")
+FORCED_BLOCK_RE = re.compile(r"requires block_size=(\d+), overriding user-specified block_size")
 _LAYOUT_RES = (re.compile(r"Using (\w+) KV cache layout"), re.compile(r"Detected kv cache layout (\w+)"))
 _BACKEND_RES = (re.compile(r"Detected attention backend\(s\) \[([^\]]*)\]"),
                 re.compile(r"Using (\w+) attention backend out of"),
@@ -131,7 +131,7 @@ def parse_server_log(role: str, log_text: str, metrics_text: str = "") -> Effect
         else:
             put("kv_cache_dtype", cache_dtype, "engine config line")
     for pattern, source in ((_RAISED_BLOCK_RE, "log: vLLM raised it to the Mamba page"),
-                            (_FORCED_BLOCK_RE, "log: the backend forced it")):
+                            (FORCED_BLOCK_RE, "log: the backend forced it")):
         m = pattern.search(log_text)
         if m:
             put("block_size", int(m.group(1)), source)
