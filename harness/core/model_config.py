@@ -80,13 +80,14 @@ def read_config(path: str | os.PathLike[str], model: str | None = None) -> dict[
     return data
 
 
-def hub_cache_config(repo_id: str) -> Path | None:
-    """config.json of hub model `repo_id` when it is in the local Hugging Face cache (no network)."""
+def hub_cache_config(repo_id: str, cache_dir: str | os.PathLike[str] | None = None) -> Path | None:
+    """config.json of hub model `repo_id` when it is in the local Hugging Face cache (no network;
+    `cache_dir`: another cache than $HF_HUB_CACHE's)."""
     try:
         from huggingface_hub import try_to_load_from_cache
     except ImportError:   # harness installed without vLLM: no hub cache to read
         return None
-    found = try_to_load_from_cache(repo_id, "config.json")
+    found = try_to_load_from_cache(repo_id, "config.json", cache_dir=cache_dir)
     return Path(found) if isinstance(found, str) else None
 
 

@@ -144,3 +144,17 @@ def test_bad_config_on_the_command_line_is_one_line_exit_2(tmp_path, capsys, con
     assert main(["run", "--model", str(model), "--dry-run", "--results-dir", str(tmp_path / "r")]) == 2
     err = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
     assert len(err) == 1 and err[0].startswith("pd-accuracy: error: ") and expected in err[0]
+
+
+def test_a_hub_id_reads_its_config_from_the_local_cache(tmp_path):
+    from harness.core.model_config import hub_cache_config
+
+    snapshot = tmp_path / "models--Qwen--Qwen3-0.6B" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    shutil.copy(CONFIGS / "Qwen3-0.6B.json", snapshot / "config.json")
+    (tmp_path / "models--Qwen--Qwen3-0.6B" / "refs").mkdir()
+    (tmp_path / "models--Qwen--Qwen3-0.6B" / "refs" / "main").write_text("abc123")
+    found = hub_cache_config("Qwen/Qwen3-0.6B", cache_dir=tmp_path)
+    assert found == snapshot / "config.json"
+    assert facts_from_config("Qwen/Qwen3-0.6B", read_config(found))["num_kv_heads"] == 8
+    assert hub_cache_config("Qwen/not-cached", cache_dir=tmp_path) is None

@@ -72,3 +72,11 @@ def test_an_empty_log_states_nothing():
     c = parse_server_log("decode-0", "")
     assert c.block_size is None and c.sources == {} and set(c.not_exposed) >= {"kernel_block_size"}
     assert summary(None) == "-"
+
+
+def test_a_hybrids_state_backend_is_not_its_attention_backend():
+    """vLLM CPU 0.32, the zoo Granite hybrid's decode: NIXL lists the Mamba layers' backend first."""
+    line = ("(Worker pid=16189) INFO 12-03 16:20:46 [base_worker.py:861] Detected attention "
+            "backend(s) ['MAMBA2_ATTN', 'CPU_ATTN']\n")
+    assert parse_server_log("decode-0", line).attention_backend == "CPU_ATTN"
+    assert parse_server_log("decode-0", line.replace("'MAMBA2_ATTN', ", "'GDN_ATTN', ")).attention_backend == "CPU_ATTN"

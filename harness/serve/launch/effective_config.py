@@ -28,6 +28,7 @@ _LAYOUT_RES = (re.compile(r"Using (\w+) KV cache layout"), re.compile(r"Detected
 _BACKEND_RES = (re.compile(r"Detected attention backend\(s\) \[([^\]]*)\]"),
                 re.compile(r"Using (\w+) attention backend out of"),
                 re.compile(r"Using (\w+) backend\."))
+_STATE_BACKEND_MARKERS = ("MAMBA", "GDN", "LINEAR", "SHORT_CONV", "KDA")
 _REFUSED_BACKEND_RE = re.compile(r"Cannot use (?:AttentionBackendEnum\.)?(\w+) backend on CPU")
 _RUNNER_RES = ((re.compile(r"\[(?:gpu|cpu)_model_runner\.py:\d+\] Starting to load model"), "v1"),
                (re.compile(r"\[model_runner\.py:\d+\] Loading model from scratch"), "v2"))
@@ -87,6 +88,14 @@ def cache_config_info(metrics_text: str) -> dict[str, str]:
     return {k: v for k, v in _LABEL_RE.findall(m.group(1))} if m else {}
 
 
+def _attention_backend(listed: str) -> str:
+    """The attention backend among those a server lists: a hybrid's NIXL line also names its
+    state layers' backend ("['MAMBA2_ATTN', 'CPU_ATTN']", vLLM CPU 0.32)."""
+    names = [n.strip(" '\"") for n in listed.split(",") if n.strip(" '\"")]
+    attention = [n for n in names if not any(m in n for m in _STATE_BACKEND_MARKERS)]
+    return (attention or names or [listed])[0]
+
+
 def _speculative(config: str) -> str | None:
     if re.search(r"\bspeculative_config=None\b", config):
         return "none"
@@ -142,7 +151,7 @@ def parse_server_log(role: str, log_text: str, metrics_text: str = "") -> Effect
     refused = _REFUSED_BACKEND_RE.search(log_text)
     for pattern in _BACKEND_RES:
         if (m := pattern.search(log_text)):
-            put("attention_backend", m.group(1).replace("'", "").split(",")[0].strip(), "log")
+            put("attention_backend", _attention_backend(m.group(1)), "log")
             break
     else:
         if refused:   # vLLM CPU falls back to its one non-MLA backend, without a line of its own
