@@ -48,10 +48,10 @@ def test_every_stated_difference_is_named_and_asked_values_are_not_compared():
     lines = mismatches(cell, configs())
     assert lines == ["baseline ran eager, the cell says default", "prefill ran eager, the cell says default",
                      "decode ran eager, the cell says default"]
-    other = Cell(model="m", prefill_block_size=64, decode_block_size=64, compile="eager")
-    # the baseline's backend is only asked (no line of its own): not compared; its block is
-    # only asked too (no change logged): not compared either
-    assert mismatches(other, configs()) == []
+    # the baseline's backend is only asked (no line of its own): not compared
+    assert mismatches(Cell(model="m", backend="FLASH_ATTN", prefill_block_size=32,
+                           decode_block_size=32, compile="eager"), configs())[0] == \
+        "prefill ran CPU_ATTN, the cell says FLASH_ATTN"
     mla = parse_server_log("decode-0", DECODE + "(APIServer pid=1) INFO 12-03 16:00:00 [cpu.py:175] "
                            "Using CPU_MLA backend.\n")
     assert mismatches(CELL, {"decode-0": mla}) == []   # NIXL's line came first: CPU_ATTN

@@ -21,7 +21,7 @@ def test_a_pd_decode_log_states_what_it_ran():
             c.chunked_prefill) == (32, "CPU_ATTN", "bfloat16", "LBHNC", "v1", 1, True, "none",
                                    True, True)
     assert c.sources["attention_backend"] == "log"            # NIXL's "Detected attention backend(s)"
-    assert c.sources["block_size"].startswith("asked")         # no change logged
+    assert c.sources["block_size"] == "log: the block asked for, no change logged"
     assert c.kernel_block_size is None and "kernel_block_size" in c.not_exposed
     assert "async_scheduling" in c.not_exposed
 
@@ -30,7 +30,10 @@ def test_a_baseline_states_no_backend_so_it_is_marked_asked():
     c = parse_server_log("baseline", BASELINE)
     assert c.attention_backend == "CPU_ATTN" and c.sources["attention_backend"].startswith("asked")
     assert "attention_backend" in c.not_exposed
-    assert summary({"baseline": c.to_dict()}) == "baseline: block 32?, CPU_ATTN?, bfloat16, LBHNC, v1"
+    assert summary({"baseline": c.to_dict()}) == "baseline: block 32, CPU_ATTN?, bfloat16, LBHNC, v1"
+    # a log cut before the engine started states no block of its own
+    cut = parse_server_log("baseline", BASELINE.split("Initializing a V1")[0])
+    assert cut.sources["block_size"].startswith("asked")
 
 
 def test_vllm_changing_the_block_is_what_the_server_ran():

@@ -139,6 +139,8 @@ def parse_server_log(role: str, log_text: str, metrics_text: str = "") -> Effect
             put("kv_cache_dtype", model_dtype, "engine config line (kv_cache_dtype=auto: the model dtype)")
         else:
             put("kv_cache_dtype", cache_dtype, "engine config line")
+    if requested and engine_m:   # vLLM logs each change below before its engine starts
+        put("block_size", int(requested), "log: the block asked for, no change logged")
     for pattern, source in ((_RAISED_BLOCK_RE, "log: vLLM raised it to the Mamba page"),
                             (FORCED_BLOCK_RE, "log: the backend forced it")):
         m = pattern.search(log_text)
