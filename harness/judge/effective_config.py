@@ -32,6 +32,14 @@ def _said(config: EffectiveConfig, name: str) -> bool:
     return bool(source) and not source.startswith("asked")
 
 
+def _same_backend(cell: Cell, ran: str | None) -> bool:
+    """On CPU an MLA model's CPU_ATTN cell is served by vLLM CPU's MLA backend (CPU_MLA or
+    AMX_MLA, its own choice: the mla-backend rule); elsewhere the names must agree."""
+    if cell.device == "cpu" and cell.backend == "CPU_ATTN" and str(ran).endswith("_MLA"):
+        return True
+    return ran == cell.backend
+
+
 def mismatches(cell: Cell, configs: Mapping[str, EffectiveConfig]) -> list[str]:
     """One line per difference between what each server ran and what `cell` says for its role."""
     lines = []
@@ -44,7 +52,7 @@ def mismatches(cell: Cell, configs: Mapping[str, EffectiveConfig]) -> list[str]:
                  "decode": cell.decode_block_size}[kind]
         if _said(c, "block_size") and c.block_size != block:
             lines.append(f"{who} ran block {c.block_size}, the cell says {block}")
-        if _said(c, "attention_backend") and c.attention_backend != cell.backend:
+        if _said(c, "attention_backend") and not _same_backend(cell, c.attention_backend):
             lines.append(f"{who} ran {c.attention_backend}, the cell says {cell.backend}")
         if _said(c, "runner") and c.runner != cell.runner:
             lines.append(f"{who} ran the {c.runner} model runner, the cell says {cell.runner}")

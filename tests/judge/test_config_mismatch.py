@@ -52,9 +52,13 @@ def test_every_stated_difference_is_named_and_asked_values_are_not_compared():
     assert mismatches(Cell(model="m", backend="FLASH_ATTN", prefill_block_size=32,
                            decode_block_size=32, compile="eager"), configs())[0] == \
         "prefill ran CPU_ATTN, the cell says FLASH_ATTN"
-    mla = parse_server_log("decode-0", DECODE + "(APIServer pid=1) INFO 12-03 16:00:00 [cpu.py:175] "
-                           "Using CPU_MLA backend.\n")
-    assert mismatches(CELL, {"decode-0": mla}) == []   # NIXL's line came first: CPU_ATTN
+    # an MLA model on CPU: vLLM CPU serves CPU_ATTN with its MLA backend (the mla-backend
+    # rule), but the block it forces is not the cell's
+    mla = parse_server_log("decode-0", DECODE.replace("['CPU_ATTN']", "['CPU_MLA']")
+                           + "(APIServer pid=1) WARNING 12-03 16:00:00 [cpu.py:276] CPU MLA backend "
+                           "requires block_size=16, overriding user-specified block_size=32.\n")
+    assert mla.attention_backend == "CPU_MLA"
+    assert mismatches(CELL, {"decode-0": mla}) == ["decode ran block 16, the cell says 32"]
 
 
 def test_an_expected_failure_matches_the_misconfiguration_not_the_verdict_it_hid():
