@@ -83,7 +83,7 @@ class ModelCatalog:
     models: dict[str, ModelInfo] = field(default_factory=dict)
     block_size_provider: BlockSizeProvider | None = None
     config_facts: ConfigFacts | None = None
-    _cache: dict[str, ModelInfo] = field(default_factory=dict, repr=False)
+    _cache: dict[str, ModelInfo] = field(default_factory=dict, repr=False, compare=False)
 
     def declared(self, model: str) -> ModelInfo | None:
         """What the matrix declares about `model` (a hub id also matches by its last path part)."""
