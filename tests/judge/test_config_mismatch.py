@@ -82,3 +82,16 @@ def test_the_record_gets_each_servers_effective_config(tmp_path):
     assert effective["decode-0"]["block_size"] == 64 and json.dumps(effective)
     assert verdict.status == ERROR
     assert with_effective_config(CELL, PASSED, {"logs": {"decode-0": str(tmp_path / "gone")}}) == (PASSED, None)
+
+
+def test_a_real_hybrid_decode_ran_its_cell():
+    """The zoo Granite hybrid's decode, p128 eager on vLLM CPU 0.32 (run 20261203T161959Z-715284):
+    NIXL lists MAMBA2_ATTN before CPU_ATTN and vLLM keeps block 128 (padding the Mamba page)."""
+    text = (LOGS / "cpu-granite-hybrid-p128-decode.log").read_text()
+    decode = parse_server_log("decode-0", text)
+    assert (decode.block_size, decode.attention_backend, decode.kv_cache_layout) == (128, "CPU_ATTN", "LBHNC")
+    cell = Cell(model="tiny-granite-hybrid-gsm", compile="eager",
+                extra_env=(("VLLM_SSM_CONV_STATE_LAYOUT", "DS"),))
+    assert mismatches(cell, {"decode-0": decode}) == []
+    assert mismatches(Cell(model="m", prefill_block_size=64, decode_block_size=64, compile="eager"),
+                      {"decode-0": decode}) == ["decode ran block 128, the cell says 64"]
