@@ -158,3 +158,15 @@ def test_a_hub_id_reads_its_config_from_the_local_cache(tmp_path):
     assert found == snapshot / "config.json"
     assert facts_from_config("Qwen/Qwen3-0.6B", read_config(found))["num_kv_heads"] == 8
     assert hub_cache_config("Qwen/not-cached", cache_dir=tmp_path) is None
+
+
+@pytest.mark.parametrize("name, per_token, state_layers, sliding", [
+    ("Qwen3-0.6B", 112 * 1024, 0, 0),
+    ("gemma-3-4b-it", 34 * 2 * 4 * 256 * 2, 0, 34 - 34 // 6),    # 5 sliding : 1 full
+    ("Qwen3.5-0.8B", 6 * 2 * 2 * 256 * 2, 18, 0),
+])
+def test_kv_geometry_reads_the_decoder_config(name, per_token, state_layers, sliding):
+    from harness.core.kv_geometry import geometry_from_config
+
+    g = geometry_from_config(read_config(CONFIGS / f"{name}.json"), "bfloat16")
+    assert (g.attention_bytes_per_token, g.state_layers, g.sliding_layers) == (per_token, state_layers, sliding)
