@@ -178,6 +178,7 @@ def adhoc_cell(args: argparse.Namespace, platform, catalog) -> Cell:
 def select_cells(args: argparse.Namespace) -> tuple[list[Cell], object]:
     """The cells to run, validated; raises UsageError with one line on bad input."""
     from harness import matrix
+    from harness.core.model_config import ModelConfigError
     from harness.core.platform import PlatformInfo
     from harness.serve.launch.vllm_features import detect_platform
 
@@ -189,7 +190,10 @@ def select_cells(args: argparse.Namespace) -> tuple[list[Cell], object]:
             raise UsageError("give either --profile or --model, not both")
         # an ad-hoc cell comes from no matrix: the rules read the default matrix's model facts
         rules_catalog = matrix.load_matrix().models
-        cells = [adhoc_cell(args, platform, rules_catalog)]
+        try:
+            cells = [adhoc_cell(args, platform, rules_catalog)]
+        except ModelConfigError as exc:   # its config.json is no model config
+            raise UsageError(str(exc)) from None
     else:
         try:
             spec = matrix.load_matrix(args.matrix)
@@ -261,10 +265,12 @@ def print_table(results, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from harness.serve.launch.effective_config import summary as effective_summary
+
     console = console or Console(width=200)
     table = Table(title="pd-accuracy verdicts", show_lines=False)
     for col in ("cell", "outcome", "baseline", "P/D", "Δ pts [95% CI]", "McNemar p", "MDE",
-                "gen. agree", "ext. tokens", "reason"):
+                "gen. agree", "ext. tokens", "servers ran", "reason"):
         table.add_column(col, overflow="fold")
     for r in results:
         m = r.record.get("metrics") or {}
@@ -278,7 +284,7 @@ def print_table(results, console=None) -> None:
             "-" if m.get("mcnemar_p") is None else f"{m['mcnemar_p']:.3g}",
             pct(m.get("mde")), pct(m.get("agreement")),
             "-" if not t else f"{t.get('prompt_tokens_external', 0):.0f}",
-            redact(r.verdict.reason)[:160])
+            effective_summary(r.record.get("effective_config")), redact(r.verdict.reason)[:160])
     console.print(table)
 
 

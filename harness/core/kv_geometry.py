@@ -35,6 +35,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from harness.core.model_config import decoder_config
+
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
 ATTENTION_KINDS = ("attention", "full_attention", "full", "sliding_attention")
 SLIDING_KINDS = ("sliding_attention",)
@@ -82,6 +84,7 @@ def geometry_from_config(config: Mapping[str, Any], dtype: str,
     exact. `extra_args` are the servers' extra vLLM arguments (an FP8 KV cache changes bytes)."""
     if any(a.startswith("--kv-cache-dtype") for a in extra_args):
         raise GeometryUnknown("the servers set --kv-cache-dtype: bytes per token not modelled")
+    config = decoder_config(config)   # a multimodal model's text_config (gemma-3, Qwen3.5)
     windowed = bool(config.get("sliding_window")) and config.get("use_sliding_window", True)
     if windowed and not any(k in SLIDING_KINDS for k in _layer_kinds(config) or ()):
         raise GeometryUnknown("sliding-window attention without per-layer types: which layers "

@@ -48,10 +48,17 @@ def _hybrid_min_block(cell: Cell, ctx: RuleContext) -> str | None:
     """A hybrid model's attention block is aligned to its Mamba page; smaller blocks get replaced."""
     if not ctx.model.is_hybrid:
         return None
-    need = ctx.catalog.min_block_size(cell.model, cell.device)
-    if need is None:
-        return None
-    small = sorted({b for b in blocks(cell) if b < need})
+    # vLLM's own arithmetic on config.json's shapes, unless the YAML declares the minimum
+    computed = ctx.model.state_page is not None and not ctx.model.min_block_size.get(cell.device)
+    for block in sorted(set(blocks(cell))) if computed else ():
+        runs = ctx.model.block_vllm_runs(block, cell.device, cell.dtype)
+        if runs is not None and runs != block:
+            kept = ctx.model.smallest_kept_block(cell.device, cell.dtype)
+            return (f"{cell.model} on {cell.device} keeps no attention block below {kept} (one "
+                    f"block's KV page must hold a {ctx.model.ssm or 'state'} layer's state page); "
+                    f"vLLM would silently raise {block} to {runs}; use block_size {runs}")
+    need = None if computed else ctx.catalog.min_block_size(cell.model, cell.device)
+    small = sorted({b for b in blocks(cell) if need and b < need})
     if small:
         return (f"{cell.model} on {cell.device} needs block size {need} (attention block aligned to the "
                 f"Mamba page; vLLM would silently raise {small[0]} to {need}); use block_size {need}")

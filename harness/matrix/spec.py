@@ -20,10 +20,11 @@ from typing import Any, Mapping
 from harness.core.bounded_yaml import BoundedYAMLError, load_bounded
 from harness.core.catalog import BlockSizeProvider, ModelCatalog, ModelInfo
 from harness.core.cell import Cell
+from harness.core.model_config import facts_from_config, find_config, read_config
 from harness.matrix.axes import PAIR_AXES, as_list, env_items, pairs
 from harness.matrix.errors import MatrixError, UnknownProfileError
 from harness.matrix.schema import check_structure
-from harness.zoo import required_block_size
+from harness.zoo import registry, required_block_size
 
 MATRIX_DIR = Path(__file__).resolve().parent
 DEFAULT_MATRIX = MATRIX_DIR / "default.yaml"
@@ -164,12 +165,24 @@ def _parse_models(data: Mapping[str, Any] | None, block_sizes: Mapping[str, Any]
     return models
 
 
+def config_facts(model: str) -> ModelInfo | None:
+    """`model`'s facts from its own config.json (a zoo name's checkpoint, a local path, a hub id
+    cached locally); None when there is none here. A bad config.json raises ModelConfigError."""
+    where = registry.checkpoint_dir(model) if model in registry.zoo_names() else model
+    config = find_config(str(where))
+    if config is None or not config.exists():
+        return None
+    return ModelInfo(**facts_from_config(model, read_config(config, model)))
+
+
 def load_matrix(path: str | Path | None = None,
                 block_size_provider: BlockSizeProvider | None = None) -> MatrixSpec:
     """Parse and check a matrix YAML (default: harness/matrix/default.yaml).
 
-    Minimum hybrid block sizes come from `block_size_provider` first (default: the zoo's
-    `required_block_size`), then from the YAML's hybrid_block_sizes.
+    Model facts come from each model's config.json where one is here, overridden by the YAML's
+    `models:`. The block `block_size: required` means comes from `block_size_provider` first
+    (default: the zoo's `required_block_size`), then from the YAML's hybrid_block_sizes, then
+    from the smallest block vLLM keeps (computed from config.json).
     """
     path = Path(path) if path else DEFAULT_MATRIX
     where = path.name
@@ -183,7 +196,7 @@ def load_matrix(path: str | Path | None = None,
                 raise MatrixError(f"{where}: profiles.{profile.name}.include: unknown profile {inc!r}")
     spec = MatrixSpec(
         path=str(path),
-        models=ModelCatalog(models, block_size_provider or required_block_size),
+        models=ModelCatalog(models, block_size_provider or required_block_size, config_facts),
         profiles=profiles,
         defaults=dict(data.get("defaults") or {}),
         expected_failures=Rulebook.parse_list(data.get("expected_failures")),

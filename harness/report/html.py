@@ -22,6 +22,7 @@ here (harness.report.cell_ids.with_canary_outcome).
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from harness.report.annotate import OUTCOME_ORDER, fmt_delta, jinja_env, outcome
 from harness.report.cell_ids import (canary_summary, fault_label, is_canary, variant_of,
                                      variant_sort_key, with_canary_outcome)
 from harness.report.history import load_cells, load_runs
+from harness.serve.launch.effective_config import summary as effective_summary
 
 OUTCOME_COLOURS = {
     "PASS": "#43a047", "XFAIL": "#a5d6a7", "INCONCLUSIVE": "#fdd835", "XPASS": "#fb8c00",
@@ -251,6 +253,12 @@ def render_report(history_db: str | os.PathLike[str], out_dir: str | os.PathLike
             return None
         return os.path.relpath(path, out.resolve()) if os.path.isabs(path) else path
 
+    def ran(row: Mapping[str, Any]) -> str:   # what its servers really ran, from its record
+        try:
+            return effective_summary(json.loads(Path(row["record_path"]).read_text()).get("effective_config"))
+        except (OSError, TypeError, ValueError, KeyError, AttributeError):
+            return "-"
+
     counts = [(o, sum(1 for r in latest if _outcome(r) == o)) for o in OUTCOME_ORDER]
     html = jinja_env().get_template("report.html.j2").render(
         title=title,
@@ -267,6 +275,7 @@ def render_report(history_db: str | os.PathLike[str], out_dir: str | os.PathLike
         colours=OUTCOME_COLOURS,
         outcome_of=_outcome,
         record_link=record_link,
+        ran=ran,
     )
     index = out / "index.html"
     from harness.core.atomic import atomic_write_text

@@ -40,8 +40,16 @@ Schema (version 2) — every key is always present; unknown values are null:
       "artifacts": {"baseline_samples": "path.jsonl", "pd_samples": "path.jsonl",
                     "logs": {"baseline": "...log", "prefill-0": "...", "decode-0": "...",
                              "proxy": "..."},
-                    "proxy_records": "path.jsonl"}
+                    "proxy_records": "path.jsonl"},
+      "effective_config": {                          # what each server really ran, from its
+        "decode-0": {"role": "decode-0", "block_size": 128, "attention_backend": "CPU_ATTN",
+                     "kv_cache_dtype": "bfloat16", "kv_cache_layout": "LBHNC", "runner": "v1",
+                     ..., "sources": {"block_size": "log: ..."}, "not_exposed": {...}},
+        ...} | null                                  # log (harness.serve.launch.effective_config)
     }
+
+`effective_config` is written by every run since it was added; older records lack it (readers
+treat it as null), so it is not in RECORD_KEYS.
 
 Paths in "artifacts" are relative to the record's own directory when they lie below it.
 
@@ -64,6 +72,7 @@ from harness.core.safe_paths import under
 from harness.core.cell import Cell
 from harness.core.options import RunOptions
 from harness.judge.verdict import Policy, Verdict
+from harness.run.effective_config_evidence import with_effective_config
 from harness.run.provenance import hardware, versions
 from harness.serve.supervision.registry import raise_if_interrupted
 
@@ -152,6 +161,7 @@ class Recorder:
         # failure XFAIL only when it failed as declared
         verdict = replace(verdict, canary=cell.fault, expected_failure=cell.expected_failure,
                           expected_failure_match=cell.expected_failure_match)
+        verdict, effective_config = with_effective_config(cell, verdict, artifacts)
         run_id = run_id or self.run_id
         record = {
             "schema_version": SCHEMA_VERSION,
@@ -163,7 +173,7 @@ class Recorder:
             "options": {**self.options.to_dict(), "policy": asdict(self.policy)},
             "metrics": metrics or {},
             "verdict": verdict.to_dict(),
-            "timings": timings or {},
+            "timings": timings or {}, "effective_config": effective_config,
             "artifacts": relative_paths(artifacts or {}, self.results_root / run_id),
         }
         path = write_record(self.results_root, record)

@@ -21,6 +21,7 @@ from harness.run.kv_digest_evidence import digest_evidence
 from harness.serve.connectors.base import PAIR_ROLES, KvConnector
 from harness.serve.connectors.registry import connector_for
 from harness.serve.deploy import Deployment
+from harness.serve.launch.effective_config import FORCED_BLOCK_RE
 from harness.serve.net.netns import process_env
 from harness.serve.plugins.faults.spec import APPLIED_PREFIX, parse_fault_log
 
@@ -63,7 +64,6 @@ def count_fault_lines(log_paths: Iterable[str], request_ids: Iterable[str] | Non
 # vLLM (0.26 GPU, 0.32 CPU) logs each hybrid decode worker's per-layer recurrent state bytes when
 # it registers its caches with its connector (NixlConnector's words): "Hybrid SSM registration: ... mamba_ssm_size=(3264, 32768)"
 _STATE_SIZE_RE = re.compile(r"mamba_ssm_size=\((\d+),\s*(\d+)\)")
-_FORCED_BLOCK_RE = re.compile(r"requires block_size=(\d+), overriding user-specified block_size")
 
 
 def _first_match(logs: Iterable[str], pattern: re.Pattern) -> re.Match | None:
@@ -81,7 +81,7 @@ def _first_match(logs: Iterable[str], pattern: re.Pattern) -> re.Match | None:
 def forced_block_size_from_logs(logs: Iterable[str]) -> int | None:
     """The block size vLLM forced on a server against the one asked for (vLLM 0.32's CPU MLA
     backend: "requires block_size=16, overriding user-specified block_size=128")."""
-    m = _first_match(logs, _FORCED_BLOCK_RE)
+    m = _first_match(logs, FORCED_BLOCK_RE)
     return int(m.group(1)) if m else None
 
 

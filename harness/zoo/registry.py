@@ -5,22 +5,16 @@ tokenizer); `pd-accuracy zoo build NAME` retrains one from scratch into that dir
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
+from harness.core.model_config import ModelConfigError, facts_from_config, read_config
 from harness.zoo.models import SPECS
 
 CHECKPOINTS_DIR = Path(__file__).parent / "checkpoints"
 CARDS_DIR = Path(__file__).parent / "cards"
 RANDOM_LLAMA = "tiny-llama-random"   # untrained plumbing model, built into the cache on demand
 RANDOM_MLA = "tiny-mla-random"       # the same for an MLA (latent KV) model: harness.zoo.random_mla
-
-HYBRID_ARCHITECTURES = frozenset({
-    "GraniteMoeHybridForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM",
-    "NemotronHForCausalLM", "JambaForCausalLM", "BambaForCausalLM", "FalconH1ForCausalLM",
-    "Zamba2ForCausalLM", "Plamo2ForCausalLM", "Lfm2ForCausalLM",
-})
 
 # Attention block size (tokens) a hybrid needs, i.e. the smallest multiple of 128 that vLLM keeps
 # when passed as --block-size. vLLM raises the attention block until one block's KV page is at
@@ -70,21 +64,18 @@ def resolve_model(name_or_path: str) -> str:
     return name_or_path
 
 
-def _architectures(name_or_path: str) -> list[str]:
-    config = Path(name_or_path) / "config.json"
-    if config.is_file():
-        return list(json.loads(config.read_text()).get("architectures") or [])
-    return []
-
-
 def is_hybrid(name_or_path: str) -> bool:
-    """True for models mixing attention with SSM/linear-attention layers (zoo name or a local
-    checkpoint whose config.json names a known hybrid architecture)."""
+    """True for models mixing attention with SSM/linear-attention layers (zoo name, or a local
+    checkpoint whose config.json says so: harness.core.model_config)."""
     if name_or_path in SPECS:
         return SPECS[name_or_path].hybrid
     if name_or_path in (RANDOM_LLAMA, RANDOM_MLA):
         return False
-    return any(a in HYBRID_ARCHITECTURES for a in _architectures(os.fspath(name_or_path)))
+    config = Path(os.fspath(name_or_path)) / "config.json"
+    try:
+        return config.is_file() and facts_from_config(str(name_or_path), read_config(config))["kind"] == "hybrid"
+    except ModelConfigError:
+        return False
 
 
 def required_block_size(name: str, device: str = "cpu") -> int | None:

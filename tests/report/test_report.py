@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
 import shutil
@@ -209,6 +210,25 @@ def test_report_escapes_html(tmp_path):
     append_records(db, [record])
     html = render_report(db, tmp_path / "r").read_text()
     assert "<script>" not in html and "&lt;script&gt;" in html
+
+
+def test_report_shows_what_the_servers_ran(tmp_path):
+    records = tmp_path / "runs"
+    shutil.copytree(RECORDS / RUN_2, records / RUN_2)
+    path = records / RUN_2 / f"{FAIL_CELL}.json"
+    record = json.loads(path.read_text())
+    record["effective_config"] = {"decode-0": {
+        "block_size": 128, "attention_backend": "CPU_ATTN", "kv_cache_dtype": "bfloat16",
+        "kv_cache_layout": "LBHNC", "runner": "v1", "speculative_config": "none",
+        "sources": {"block_size": "log: vLLM raised it to the Mamba page"}}}
+    path.write_text(json.dumps(record))
+    db = tmp_path / "h.sqlite"
+    append_results_dir(db, records)
+    table = render_report(db, tmp_path / "r").read_text().split('id="cells"')[1]
+    assert "<th>Servers ran</th>" in table
+    row = table.split(FAIL_CELL)[-1].split("</tr>")[0]
+    assert "decode: block 128, CPU_ATTN, bfloat16, LBHNC, v1" in row
+    assert table.count("<td>-</td>") >= 5       # records without a read-back say so
 
 
 def test_trend_plots_are_capped_changed_cells_first(tmp_path):

@@ -1,23 +1,18 @@
 """Resolve a cell's `model` to something vLLM can load, and read the facts the run needs from its
-config.json (hybrid or dense), without importing vLLM."""
+config.json (harness.core.model_config: hybrid or dense, shape), without importing vLLM."""
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.core.catalog import ModelInfo
+from harness.core.model_config import ModelConfigError, facts_from_config, hub_cache_config, read_config
 from harness.core.reference import ReferenceAccuracy
-
-HYBRID_ARCHITECTURES = {
-    "GraniteMoeHybridForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM",
-    "Qwen3_5ForConditionalGeneration", "NemotronHForCausalLM", "FalconH1ForCausalLM",
-    "BambaForCausalLM", "JambaForCausalLM", "Zamba2ForCausalLM", "MambaForCausalLM",
-    "Mamba2ForCausalLM", "Plamo2ForCausalLM", "Lfm2ForCausalLM",
-}
 
 
 class ModelNotFound(ValueError):
-    pass
+    """A model that is neither a zoo name, a loadable local path nor a hub id; str() is one line."""
 
 
 @dataclass(frozen=True)
@@ -27,6 +22,7 @@ class ResolvedModel:
     local: bool          # a directory on this machine (else a hub id)
     hybrid: bool
     architecture: str | None
+    facts: ModelInfo | None = None   # from its config.json (None: a hub id not cached here)
 
 
 def _zoo_path(name: str) -> str | None:
@@ -47,18 +43,25 @@ def resolve(name: str) -> ResolvedModel:
         if p.exists():
             path = str(p.resolve())
         elif name.count("/") == 1 and not name.startswith((".", "/", "~")):
-            return ResolvedModel(name, name, local=False, hybrid=False, architecture=None)
+            cached = hub_cache_config(name)
+            facts = _facts(name, cached) if cached else None
+            return ResolvedModel(name, name, local=False, hybrid=bool(facts and facts.is_hybrid),
+                                 architecture=facts.architecture if facts else None, facts=facts)
         else:
             raise ModelNotFound(f"model {name!r} is neither a zoo model, an existing path, nor a hub id")
     config_file = Path(path) / "config.json"
-    if not config_file.exists():
+    if not config_file.is_file():
         raise ModelNotFound(f"model {name!r}: {config_file} does not exist")
-    config = json.loads(config_file.read_text())
-    archs = config.get("architectures") or []
-    arch = archs[0] if archs else None
-    layer_kinds = " ".join(str(x) for x in (config.get("layer_types") or config.get("layers_block_type") or []))
-    hybrid = bool(set(archs) & HYBRID_ARCHITECTURES) or "mamba" in layer_kinds or "linear" in layer_kinds
-    return ResolvedModel(name, path, local=True, hybrid=hybrid, architecture=arch)
+    facts = _facts(name, config_file)
+    return ResolvedModel(name, path, local=True, hybrid=facts.is_hybrid,
+                         architecture=facts.architecture, facts=facts)
+
+
+def _facts(name: str, config_file: Path) -> ModelInfo:
+    try:
+        return ModelInfo(**facts_from_config(name, read_config(config_file, name)))
+    except ModelConfigError as exc:
+        raise ModelNotFound(str(exc)) from None
 
 
 def reference_accuracy(model: ResolvedModel, task: str):

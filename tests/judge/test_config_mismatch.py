@@ -1,0 +1,97 @@
+"""A cell whose servers ran something other than its id says is not judged as that cell."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from harness.core.cell import Cell
+from harness.core.outcomes import ERROR, EXIT_ERROR, PASS, XFAIL
+from harness.judge.effective_config import judged_as_ran, mismatches
+from harness.judge.verdict import Check, Verdict
+from harness.run.effective_config_evidence import with_effective_config
+from harness.serve.launch.effective_config import parse_server_log
+
+LOGS = Path(__file__).resolve().parents[1] / "data" / "server_logs"
+DECODE = (LOGS / "cpu-llama-p32-decode.log").read_text()
+BASELINE = (LOGS / "cpu-llama-p32-baseline.log").read_text()
+RAISED = ("(EngineCore pid=1) INFO 12-03 16:00:00 [interface.py:1097] Setting attention block size "
+          "to 64 tokens to ensure that attention page size is >= mamba page size.\n")
+CELL = Cell(model="tiny-llama-gsm", prefill_block_size=32, decode_block_size=32, compile="eager")
+PASSED = Verdict(PASS, "P/D is not worse than the baseline", checks=(Check("transfer", True, "ok"),))
+
+
+def configs(decode_extra: str = "") -> dict:
+    return {"baseline": parse_server_log("baseline", BASELINE),
+            "prefill-0": parse_server_log("prefill-0", DECODE),
+            "decode-0": parse_server_log("decode-0", DECODE + decode_extra)}
+
+
+def test_servers_that_ran_the_cell_keep_the_verdict():
+    verdict = judged_as_ran(PASSED, CELL, configs())
+    assert verdict.status == PASS and verdict.reason == PASSED.reason
+    assert verdict.checks[-1] == Check("effective-config", True, "servers ran the cell's configuration")
+
+
+def test_a_decode_that_ran_another_block_is_error_with_the_reason():
+    verdict = judged_as_ran(PASSED, CELL, configs(RAISED))
+    assert verdict.status == ERROR and verdict.outcome == ERROR and verdict.exit_code == EXIT_ERROR
+    assert "decode ran block 64, the cell says 32" in verdict.reason
+    assert verdict.reason.endswith("decode ran block 64, the cell says 32")
+    assert verdict.checks[-1].name == "effective-config" and not verdict.checks[-1].passed
+    assert "own verdict would have been PASS" in verdict.checks[-1].detail
+    assert verdict.decision_path[-1] == "effective-config"
+
+
+def test_every_stated_difference_is_named_and_asked_values_are_not_compared():
+    cell = Cell(model="m", prefill_block_size=32, decode_block_size=32, compile="default",
+                backend="CPU_ATTN", runner="v1")
+    lines = mismatches(cell, configs())
+    assert lines == ["baseline ran eager, the cell says default", "prefill ran eager, the cell says default",
+                     "decode ran eager, the cell says default"]
+    # the baseline's backend is only asked (no line of its own): not compared
+    assert mismatches(Cell(model="m", backend="FLASH_ATTN", prefill_block_size=32,
+                           decode_block_size=32, compile="eager"), configs())[0] == \
+        "prefill ran CPU_ATTN, the cell says FLASH_ATTN"
+    # an MLA model on CPU: vLLM CPU serves CPU_ATTN with its MLA backend (the mla-backend
+    # rule), but the block it forces is not the cell's
+    mla = parse_server_log("decode-0", DECODE.replace("['CPU_ATTN']", "['CPU_MLA']")
+                           + "(APIServer pid=1) WARNING 12-03 16:00:00 [cpu.py:276] CPU MLA backend "
+                           "requires block_size=16, overriding user-specified block_size=32.\n")
+    assert mla.attention_backend == "CPU_MLA"
+    assert mismatches(CELL, {"decode-0": mla}) == ["decode ran block 16, the cell says 32"]
+
+
+def test_an_expected_failure_matches_the_misconfiguration_not_the_verdict_it_hid():
+    hidden = Verdict(ERROR, "the baseline itself is broken here", expected_failure="upstream bug",
+                     expected_failure_match="the baseline itself is broken")
+    assert judged_as_ran(hidden, CELL, configs(RAISED)).outcome == ERROR
+    declared = Verdict(PASS, "ok", expected_failure="vLLM forces it",
+                       expected_failure_match="decode ran block 64, the cell says 32")
+    assert judged_as_ran(declared, CELL, configs(RAISED)).outcome == XFAIL
+
+
+def test_the_record_gets_each_servers_effective_config(tmp_path):
+    logs = {}
+    for role, text in (("baseline", BASELINE), ("prefill-0", DECODE), ("decode-0", DECODE + RAISED)):
+        path = tmp_path / f"{role}.log"
+        path.write_text(text)
+        logs[role] = str(path)
+    logs["proxy"] = str(tmp_path / "proxy.log")
+    verdict, effective = with_effective_config(CELL, PASSED, {"logs": logs})
+    assert set(effective) == {"baseline", "prefill-0", "decode-0"}
+    assert effective["decode-0"]["block_size"] == 64 and json.dumps(effective)
+    assert verdict.status == ERROR
+    assert with_effective_config(CELL, PASSED, {"logs": {"decode-0": str(tmp_path / "gone")}}) == (PASSED, None)
+
+
+def test_a_real_hybrid_decode_ran_its_cell():
+    """The zoo Granite hybrid's decode, p128 eager on vLLM CPU 0.32 (run 20261203T161959Z-715284):
+    NIXL lists MAMBA2_ATTN before CPU_ATTN and vLLM keeps block 128 (padding the Mamba page)."""
+    text = (LOGS / "cpu-granite-hybrid-p128-decode.log").read_text()
+    decode = parse_server_log("decode-0", text)
+    assert (decode.block_size, decode.attention_backend, decode.kv_cache_layout) == (128, "CPU_ATTN", "LBHNC")
+    cell = Cell(model="tiny-granite-hybrid-gsm", compile="eager",
+                extra_env=(("VLLM_SSM_CONV_STATE_LAYOUT", "DS"),))
+    assert mismatches(cell, {"decode-0": decode}) == []
+    assert mismatches(Cell(model="m", prefill_block_size=64, decode_block_size=64, compile="eager"),
+                      {"decode-0": decode}) == ["decode ran block 128, the cell says 64"]
