@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from harness.core.cell import (ASYNC_SCHEDULING, COMPILE_MODES, CUDAGRAPH_MODES, KV_LAYOUTS, NETWORKS,
-                               SPEC_DECODE_METHODS, Cell)
+from harness.core.cell import (ASYNC_SCHEDULING, COMPILE_MODES, CUDAGRAPH_MODES, KV_CACHE_DTYPES,
+                               KV_LAYOUTS, NETWORKS, RUNNERS, SPEC_DECODE_METHODS, Cell)
 from harness.report.junit import write_junit
 from harness.core.options import GPU_LAYOUTS, SERVER_STARTS, RunOptions, UsageError
 from harness.serve.host.start_slots import StartSlots
@@ -38,7 +38,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     adhoc = p.add_argument_group("one ad-hoc cell (instead of --profile)")
     adhoc.add_argument("--model", help="zoo name, local path or hub id")
     adhoc.add_argument("--backend", default=None)
-    adhoc.add_argument("--runner", default=_CELL.runner)
+    adhoc.add_argument("--runner", default=_CELL.runner, help="the decode's and the baseline's")
+    adhoc.add_argument("--prefill-runner", choices=RUNNERS, default=None,
+                       help="the prefill's runner when not --runner (mixed runners, GPU)")
     adhoc.add_argument("--block-size", default="128", help="N or PREFILL:DECODE")
     adhoc.add_argument("--device", default=None, help="cpu | cuda (default: what this machine has)")
     adhoc.add_argument("--kv-buffer-device", default=None)
@@ -68,6 +70,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                        help="--compilation-config cudagraph_mode, every server (GPU)")
     adhoc.add_argument("--kv-layout", choices=KV_LAYOUTS, default=_CELL.kv_layout,
                        help="VLLM_KV_CACHE_LAYOUT of the decode server only (GPU)")
+    adhoc.add_argument("--kv-cache-dtype", default="auto", metavar="DTYPE|PREFILL:DECODE",
+                       help=f"--kv-cache-dtype of the servers ({', '.join(KV_CACHE_DTYPES)}); "
+                            "the baseline runs the decode's")
     adhoc.add_argument("--server-arg", action="append", default=[], help="extra vLLM argument")
     ev = p.add_argument_group("evaluation")
     ev.add_argument("--limit", type=int, default=None, help=f"questions per cell (default {_OPT.limit})")
@@ -129,12 +134,21 @@ def _pair(value: str, what: str) -> tuple[int, int]:
     raise UsageError(f"{what} must be N or PREFILL:DECODE, got {value!r}")
 
 
+def _dtype_pair(value: str) -> tuple[str, str]:
+    parts = str(value).split(":")
+    if len(parts) not in (1, 2) or any(p not in KV_CACHE_DTYPES for p in parts):
+        raise UsageError(f"--kv-cache-dtype must be DTYPE or PREFILL:DECODE with DTYPE one of "
+                         f"{', '.join(KV_CACHE_DTYPES)}, got {value!r}")
+    return parts[0], parts[-1]
+
+
 def adhoc_cell(args: argparse.Namespace, platform, catalog) -> Cell:
     """The cell `--model ...` describes, normalized with the model facts of `catalog`."""
     device = args.device or platform.device
     backend = args.backend or ("CPU_ATTN" if device == "cpu" else "FLASH_ATTN")
     pb, db = _pair(args.block_size, "--block-size")
     ptp, dtp = _pair(args.tp, "--tp")
+    pkv, dkv = _dtype_pair(args.kv_cache_dtype)
     cell = Cell(model=args.model, runner=args.runner, backend=backend, prefill_block_size=pb,
                 decode_block_size=db, device=device,
                 kv_buffer_device=args.kv_buffer_device or ("cpu" if device == "cpu" else "cuda"),
@@ -144,6 +158,8 @@ def adhoc_cell(args: argparse.Namespace, platform, catalog) -> Cell:
                 async_scheduling=args.async_scheduling, spec_decode=args.spec_decode,
                 prefix_reuse=args.prefix_reuse, chunked_prefill=args.chunked_prefill,
                 cudagraph_mode=args.cudagraph_mode, kv_layout=args.kv_layout,
+                prefill_kv_cache_dtype=pkv, decode_kv_cache_dtype=dkv,
+                prefill_runner=args.prefill_runner,
                 extra_env=tuple((k, v) for k, v in (("PD_ACCURACY_FAULT_BLOCK", args.fault_block),
                                                     ("PD_ACCURACY_FAULT_SHARE", args.fault_share))
                                 if v))

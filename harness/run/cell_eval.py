@@ -113,8 +113,9 @@ def evaluate_cell(runner: Any, cell: Cell, pair: Deployment, rnd: Any, task: str
     decode_urls = pair.urls("decode")
     decode_logs = [str(pair.processes[s.name].log_path) for s in pair.specs if s.role == "decode"]
     prefill = next(s for s in pair.specs if s.role == "prefill")
+    # the decode reads the prefill's blocks: their dtype is the prefill's KV cache dtype
     geometry = ByteGeometry.of_pair(prefill.model_path, prefill.dtype, prefill.block_size,
-                                    prefill.extra_args)
+                                    prefill.extra_args, prefill.kv_cache_dtype)
     digests = DigestFiles.of_pair(pair)
     artifacts = {"baseline_samples": str(rnd.samples_path),
                  "logs": {**baseline_logs, **pair.logs()}, "proxy_records": str(records_path)}
