@@ -122,9 +122,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     out.add_argument("-v", "--verbose", action="store_true")
 
 
-def _pair(value: str, what: str) -> tuple[int, int]:
+def _pair(value: str, what: str, cast: type = int) -> tuple:
     try:
-        parts = [int(x) for x in str(value).split(":")]
+        parts = [cast(x) for x in str(value).split(":")]
     except ValueError:
         raise UsageError(f"{what} must be N or PREFILL:DECODE, got {value!r}") from None
     if len(parts) == 1:
@@ -134,21 +134,13 @@ def _pair(value: str, what: str) -> tuple[int, int]:
     raise UsageError(f"{what} must be N or PREFILL:DECODE, got {value!r}")
 
 
-def _dtype_pair(value: str) -> tuple[str, str]:
-    parts = str(value).split(":")
-    if len(parts) not in (1, 2) or any(p not in KV_CACHE_DTYPES for p in parts):
-        raise UsageError(f"--kv-cache-dtype must be DTYPE or PREFILL:DECODE with DTYPE one of "
-                         f"{', '.join(KV_CACHE_DTYPES)}, got {value!r}")
-    return parts[0], parts[-1]
-
-
 def adhoc_cell(args: argparse.Namespace, platform, catalog) -> Cell:
     """The cell `--model ...` describes, normalized with the model facts of `catalog`."""
     device = args.device or platform.device
     backend = args.backend or ("CPU_ATTN" if device == "cpu" else "FLASH_ATTN")
     pb, db = _pair(args.block_size, "--block-size")
     ptp, dtp = _pair(args.tp, "--tp")
-    pkv, dkv = _dtype_pair(args.kv_cache_dtype)
+    pkv, dkv = _pair(args.kv_cache_dtype, "--kv-cache-dtype", str)   # the rules check the names
     cell = Cell(model=args.model, runner=args.runner, backend=backend, prefill_block_size=pb,
                 decode_block_size=db, device=device,
                 kv_buffer_device=args.kv_buffer_device or ("cpu" if device == "cpu" else "cuda"),
