@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from harness.core.cell import (ASYNC_SCHEDULING, COMPILE_MODES, CUDAGRAPH_MODES, KV_LAYOUTS, NETWORKS,
-                               SPEC_DECODE_METHODS, Cell)
+from harness.core.cell import (ASYNC_SCHEDULING, COMPILE_MODES, CUDAGRAPH_MODES, KV_CACHE_DTYPES,
+                               KV_LAYOUTS, NETWORKS, RUNNERS, SPEC_DECODE_METHODS, Cell)
 from harness.core.kv_connectors import KV_CONNECTORS
 from harness.cli import run_checks
 from harness.core.redact import install_log_redaction, redact
@@ -52,7 +52,9 @@ def _add_adhoc_cell(p: argparse.ArgumentParser) -> None:
     adhoc = p.add_argument_group("one ad-hoc cell (instead of --profile)")
     adhoc.add_argument("--model", help="zoo name, local path or hub id")
     adhoc.add_argument("--backend", default=None)
-    adhoc.add_argument("--runner", default=_CELL.runner)
+    adhoc.add_argument("--runner", default=_CELL.runner, help="the decode's and the baseline's")
+    adhoc.add_argument("--prefill-runner", choices=RUNNERS, default=None,
+                       help="the prefill's runner when not --runner (mixed runners, GPU)")
     adhoc.add_argument("--block-size", default="128", help="N or PREFILL:DECODE")
     adhoc.add_argument("--device", default=None, help="cpu | cuda (default: what this machine has)")
     adhoc.add_argument("--kv-buffer-device", default=None)
@@ -85,6 +87,9 @@ def _add_adhoc_cell(p: argparse.ArgumentParser) -> None:
     adhoc.add_argument("--kv-connector", choices=tuple(KV_CONNECTORS), default=_CELL.kv_connector,
                        help="what moves the KV: nixl (the decode pulls, vLLM's NixlConnector), "
                             "nixl-push (the prefill writes, NixlPushConnector)")
+    adhoc.add_argument("--kv-cache-dtype", default="auto", metavar="DTYPE|PREFILL:DECODE",
+                       help=f"--kv-cache-dtype of the servers ({', '.join(KV_CACHE_DTYPES)}); "
+                            "the baseline runs the decode's")
     adhoc.add_argument("--server-arg", action="append", default=[], help="extra vLLM argument")
 
 
@@ -140,9 +145,9 @@ def _add_output(p: argparse.ArgumentParser) -> None:
     out.add_argument("-v", "--verbose", action="store_true")
 
 
-def _pair(value: str, what: str) -> tuple[int, int]:
+def _pair(value: str, what: str, cast: type = int) -> tuple:
     try:
-        parts = [int(x) for x in str(value).split(":")]
+        parts = [cast(x) for x in str(value).split(":")]
     except ValueError:
         raise UsageError(f"{what} must be N or PREFILL:DECODE, got {value!r}") from None
     if len(parts) == 1:
@@ -158,6 +163,7 @@ def adhoc_cell(args: argparse.Namespace, platform, catalog) -> Cell:
     backend = args.backend or ("CPU_ATTN" if device == "cpu" else "FLASH_ATTN")
     pb, db = _pair(args.block_size, "--block-size")
     ptp, dtp = _pair(args.tp, "--tp")
+    pkv, dkv = _pair(args.kv_cache_dtype, "--kv-cache-dtype", str)   # the rules check the names
     cell = Cell(model=args.model, runner=args.runner, backend=backend, prefill_block_size=pb,
                 decode_block_size=db, device=device,
                 kv_buffer_device=args.kv_buffer_device or ("cpu" if device == "cpu" else "cuda"),
@@ -168,6 +174,8 @@ def adhoc_cell(args: argparse.Namespace, platform, catalog) -> Cell:
                 prefix_reuse=args.prefix_reuse, chunked_prefill=args.chunked_prefill,
                 cudagraph_mode=args.cudagraph_mode, kv_layout=args.kv_layout,
                 kv_connector=args.kv_connector,
+                prefill_kv_cache_dtype=pkv, decode_kv_cache_dtype=dkv,
+                prefill_runner=args.prefill_runner,
                 extra_env=tuple((k, v) for k, v in (("PD_ACCURACY_FAULT_BLOCK", args.fault_block),
                                                     ("PD_ACCURACY_FAULT_SHARE", args.fault_share))
                                 if v))

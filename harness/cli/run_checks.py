@@ -83,10 +83,12 @@ def platform_problem(spec: str | None) -> str | None:
     if spec is None:
         return None
     parts = spec.strip().lower().split(":")
-    if parts == ["cpu"]:
-        return None
+    if parts == ["cpu"] or (len(parts) == 2 and parts[0] == "cpu"
+                            and re.fullmatch(r"[a-z0-9_]{1,32}(\+[a-z0-9_]{1,32}){0,31}", parts[1])):
+        return None   # a CPU, or a pretend one with these ISA flags ("cpu:avx2+avx512f")
     if parts[0] != "cuda" or len(parts) not in (2, 3) or not parts[1].isdigit():
-        return f"--platform {spec[:40]!r}: expected 'cpu', 'cuda:N' or 'cuda:N:GiB'"
+        return (f"--platform {spec[:40]!r}: expected 'cpu', 'cpu:ISA+ISA', 'cuda:N' or "
+                "'cuda:N:GiB'")
     if not 1 <= int(parts[1]) <= MAX_GPUS:
         return f"--platform {spec[:40]!r}: N must be 1 to {MAX_GPUS} GPUs"
     if len(parts) == 3:

@@ -41,6 +41,9 @@ ASYNC_SCHEDULING = ("default", "on", "off")     # --async-scheduling / --no-asyn
 SPEC_DECODE_METHODS = ("ngram",)                # --speculative-config on decode and baseline
 CUDAGRAPH_MODES = ("default", "FULL", "PIECEWISE", "NONE")   # --compilation-config cudagraph_mode
 KV_LAYOUTS = ("default", "HND", "NHD")          # VLLM_KV_CACHE_LAYOUT of the decode server
+# --kv-cache-dtype of the prefill and of the decode (the baseline runs the decode's); "fp8" is
+# fp8_e4m3 on every backend of vLLM 0.32. Scales are vLLM's defaults (1.0; none are transferred).
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 FAULT_ENV_PREFIX = "PD_ACCURACY_FAULT"   # extra_env keys that tune a fault (block, value)
 
 
@@ -49,7 +52,7 @@ class Cell:
     """One P/D configuration plus its baseline. Defaults are the CPU smoke cell's."""
 
     model: str                      # zoo name (e.g. "tiny-llama-gsm"), local path, or hub id
-    runner: str = "v1"              # "v1" | "v2" (VLLM_USE_V2_MODEL_RUNNER)
+    runner: str = "v1"              # "v1" | "v2" (VLLM_USE_V2_MODEL_RUNNER); see prefill_runner
     backend: str = "CPU_ATTN"
     prefill_block_size: int = 128
     decode_block_size: int = 128
@@ -71,6 +74,9 @@ class Cell:
     kv_layout: str = "default"          # see KV_LAYOUTS; the decode server only
     # harness.core.kv_connectors key: what moves the KV; in the id (not the baseline) when not default
     kv_connector: str = DEFAULT_KV_CONNECTOR
+    prefill_kv_cache_dtype: str = "auto"    # see KV_CACHE_DTYPES; the prefill server
+    decode_kv_cache_dtype: str = "auto"     # see KV_CACHE_DTYPES; the decode and the baseline
+    prefill_runner: str | None = None   # the prefill's runner when not `runner` (mixed runners)
     extra_args: tuple[str, ...] = ()                 # appended to every server's argv
     extra_env: tuple[tuple[str, str], ...] = ()      # added to every server's env
     fault: str | None = None        # canary fault mode (see FAULTS); None for a real cell
@@ -131,6 +137,13 @@ class Cell:
             parts.append(f"cg_{self.cudagraph_mode}")
         if self.kv_layout != "default":
             parts.append(f"dlayout_{self.kv_layout}")
+        kv_p, kv_d = self.prefill_kv_cache_dtype, self.decode_kv_cache_dtype
+        if kv_p != kv_d:
+            parts.append(f"kv_p_{kv_p}_d_{kv_d}")
+        elif kv_d != "auto":
+            parts.append(f"kv_{kv_d}")
+        if self.prefill_runner is not None:
+            parts.append(f"prunner_{self.prefill_runner}")
         return parts
 
     def _baseline_engine_settings(self) -> dict[str, Any]:
@@ -168,7 +181,10 @@ class Cell:
             "dtype": self.dtype,
             "max_model_len": self.max_model_len,
             **({"compile": self.compile} if self.compile != "default" else {}),
-            # kv_layout and kv_connector are the pair's alone: the baseline (no connector)
+            # kv_layout and kv_connector are the pair's alone: the baseline (no connector) keeps
+            # vLLM's own; it generates like the decode: its KV cache dtype (and its runner)
+            **({"kv_cache_dtype": self.decode_kv_cache_dtype}
+               if self.decode_kv_cache_dtype != "auto" else {}),
             **self._baseline_engine_settings(),
             "extra_args": list(self.extra_args),
             # the fault switches only act on a decode server: a canary shares the real baseline

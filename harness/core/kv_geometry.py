@@ -26,9 +26,17 @@ block ids x block size x its layers' bytes per token: on the CPU cell of tiny-ll
 count to the byte, where counting the null ids too gives 157,286,400
 (results/reference/cpu-swa-20261202).
 
-Pure: no vLLM import. Models whose geometry this does not model (an FP8 KV cache, a window
-without per-layer types, a hybrid with a window) raise GeometryUnknown with the reason, and the
-check is skipped with that reason in the record rather than guessed.
+An fp8 KV cache (``--kv-cache-dtype fp8|fp8_e4m3|fp8_e5m2``, the cell's kv_cache_dtype) stores one
+byte per element in the same layout, and nothing else: vLLM's KV scales are per layer (k_scale,
+v_scale: 1.0 unless a checkpoint or calculate_kv_scales sets them), held in the attention layer,
+not in the cache blocks, so NIXL moves blocks only and no scale crosses to the decode. The
+attention bytes per token use 1 byte per element then. MLA's fp8 formats pack scales into the
+latent (FlashMLA's fp8_ds_mla), so an fp8 latent cache is not modelled.
+
+Pure: no vLLM import. Models whose geometry this does not model (an fp8 latent cache, a window
+without per-layer types, a hybrid with a window, a --kv-cache-dtype in extra_args) raise
+GeometryUnknown with the reason, and the check is skipped with that reason in the record rather
+than guessed.
 """
 from __future__ import annotations
 
@@ -38,6 +46,8 @@ from typing import Any, Mapping
 from harness.core.model_config import decoder_config
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
+# --kv-cache-dtype values other than "auto" (the model dtype): bytes per cached element
+KV_CACHE_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 ATTENTION_KINDS = ("attention", "full_attention", "full", "sliding_attention")
 SLIDING_KINDS = ("sliding_attention",)
 STATE_KINDS = ("mamba", "linear_attention", "mamba2", "ssm", "linear")
@@ -79,19 +89,26 @@ def _layer_kinds(config: Mapping[str, Any]) -> list[str] | None:
 
 
 def geometry_from_config(config: Mapping[str, Any], dtype: str,
-                         extra_args: tuple[str, ...] = ()) -> KvGeometry:
-    """The geometry of `config` (an HF config.json) served with `dtype`; GeometryUnknown if not
-    exact. `extra_args` are the servers' extra vLLM arguments (an FP8 KV cache changes bytes)."""
+                         extra_args: tuple[str, ...] = (), kv_cache_dtype: str = "auto") -> KvGeometry:
+    """The geometry of `config` (an HF config.json) served with `dtype` and `kv_cache_dtype`;
+    GeometryUnknown if not exact. `extra_args` are the servers' extra vLLM arguments (a
+    --kv-cache-dtype there is not read: the cell's kv_cache_dtype axis says it)."""
     if any(a.startswith("--kv-cache-dtype") for a in extra_args):
-        raise GeometryUnknown("the servers set --kv-cache-dtype: bytes per token not modelled")
+        raise GeometryUnknown("the servers set --kv-cache-dtype in extra_args: bytes per token "
+                              "not modelled (use the kv_cache_dtype axis)")
+    if kv_cache_dtype != "auto" and kv_cache_dtype not in KV_CACHE_DTYPE_BYTES:
+        raise GeometryUnknown(f"kv_cache_dtype {kv_cache_dtype!r}: bytes per element not known")
     config = decoder_config(config)   # a multimodal model's text_config (gemma-3, Qwen3.5)
     windowed = bool(config.get("sliding_window")) and config.get("use_sliding_window", True)
     if windowed and not any(k in SLIDING_KINDS for k in _layer_kinds(config) or ()):
         raise GeometryUnknown("sliding-window attention without per-layer types: which layers "
                               "are clipped to the window is not modelled")
-    dtype_bytes = DTYPE_BYTES.get(str(dtype).lower())
+    dtype_bytes = KV_CACHE_DTYPE_BYTES.get(kv_cache_dtype) or DTYPE_BYTES.get(str(dtype).lower())
     if dtype_bytes is None:
         raise GeometryUnknown(f"dtype {dtype!r}: bytes per element not known")
+    if config.get("kv_lora_rank") and kv_cache_dtype != "auto":
+        raise GeometryUnknown(f"an {kv_cache_dtype} MLA latent cache: its layout (scales packed "
+                              "in the latent) is not modelled")
     if config.get("kv_lora_rank"):
         try:
             latent = int(config["kv_lora_rank"]) + int(config["qk_rope_head_dim"])
@@ -123,4 +140,4 @@ def geometry_from_config(config: Mapping[str, Any], dtype: str,
                       sliding_layers=sliding)
 
 
-__all__ = ["DTYPE_BYTES", "GeometryUnknown", "KvGeometry", "geometry_from_config"]
+__all__ = ["DTYPE_BYTES", "KV_CACHE_DTYPE_BYTES", "GeometryUnknown", "KvGeometry", "geometry_from_config"]

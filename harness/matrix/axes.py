@@ -5,8 +5,9 @@ of the cartesian product, hence of the cells. Values reach these functions alrea
 against the schema, so they only convert:
 
 - scalar axes (model, runner, backend, ...) set the Cell field of the same name;
-- pair axes (block_size, tp, instances) set a prefill and a decode field:
-  ``128`` | ``[16, 64, [64, 128]]`` | ``{prefill: [..], decode: [..]}`` (also as a list item);
+- pair axes (block_size, tp, instances, kv_cache_dtype) set a prefill and a decode field:
+  ``128`` | ``[16, 64, [64, 128]]`` | ``{prefill: [..], decode: [..]}`` (also as a list item),
+  and likewise ``fp8`` | ``[auto, fp8, [auto, fp8]]`` for the KV cache dtype;
 - list axes (extra_args, extra_env) hold one variant or a list of variants.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ PAIR_AXES = {  # YAML key -> (prefill field, decode field)
     "block_size": ("prefill_block_size", "decode_block_size"),
     "tp": ("prefill_tp", "decode_tp"),
     "instances": ("num_prefill", "num_decode"),
+    "kv_cache_dtype": ("prefill_kv_cache_dtype", "decode_kv_cache_dtype"),
 }
 LIST_AXES = ("extra_args", "extra_env")
 SCALAR_AXES = tuple(a for a in AXES if a not in PAIR_AXES and a not in LIST_AXES)
@@ -38,7 +40,7 @@ def pairs(value: Any) -> list[Any]:
             out.extend((p, d) for p in as_list(item["prefill"]) for d in as_list(item["decode"]))
         elif item == REQUIRED_BLOCK:
             out.append(REQUIRED_BLOCK)
-        elif isinstance(item, int):
+        elif isinstance(item, (int, str)):     # a size, or a dtype: both sides
             out.append((item, item))
         else:
             out.append((item[0], item[1]))

@@ -128,7 +128,8 @@ def expand(spec: MatrixSpec, profile: str, platform: PlatformInfo | None = None)
         if blocking:
             excluded.append(Excluded(cand.cell, blocking[0].rule, blocking[0].message))
             continue
-        xfail += [Rulebook(None, p.message) for p in problems if p.kind == "xfail"]  # type: ignore[arg-type]
+        xfail += [Rulebook(None, p.message, p.fails_with)  # type: ignore[arg-type]
+                  for p in problems if p.kind == "xfail"]
         note_lines = tuple(f"{p.rule}: {p.message}" for p in problems if p.kind == "note")
         if note_lines:
             notes[cid] = note_lines

@@ -22,6 +22,7 @@ class Problem:
     kind: ProblemKind
     rule: str
     message: str            # one line; says what is wrong and how to fix it
+    fails_with: str | None = None   # xfail: the regex the verdict's reason must match to XFAIL
 
 
 @dataclass(frozen=True)
@@ -40,16 +41,19 @@ class Rule:
     kind: ProblemKind
     summary: str
     check: RuleCheck
+    fails_with: str | None = None   # xfail rules: how the cell is expected to fail (None: any FAIL)
 
 
 class RuleList(list):
     """Rules in registration order (the order they are checked and listed in)."""
 
-    def rule(self, name: str, kind: ProblemKind) -> Callable[[RuleCheck], Rule]:
+    def rule(self, name: str, kind: ProblemKind,
+             fails_with: str | None = None) -> Callable[[RuleCheck], Rule]:
         """Register a rule; its docstring's first line is its summary (`pd-accuracy list --rules`)."""
 
         def wrap(fn: RuleCheck) -> Rule:
-            registered = Rule(name, kind, (fn.__doc__ or name).strip().splitlines()[0], fn)
+            registered = Rule(name, kind, (fn.__doc__ or name).strip().splitlines()[0], fn,
+                              fails_with)
             self.append(registered)
             return registered
 

@@ -65,7 +65,8 @@ def check_cell(cell: Cell, platform: PlatformInfo | None, catalog: ModelCatalog)
     for registered in RULES:
         message = registered.check(cell, ctx)
         if message:
-            problems.append(Problem(registered.kind, registered.name, " ".join(message.split())))
+            problems.append(Problem(registered.kind, registered.name, " ".join(message.split()),
+                                    registered.fails_with))
     return problems
 
 

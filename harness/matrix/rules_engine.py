@@ -1,5 +1,6 @@
 """Validity rules for a cell's engine settings: async scheduling, speculative decoding, prefix
-reuse, chunked prefill, the CUDA-graph mode and the decode's KV layout (harness.core.cell).
+reuse, chunked prefill, the CUDA-graph mode, the decode's KV layout and the KV cache dtypes
+(harness.core.cell).
 
 They look at the cell and, where an upstream limit depends on it, at the model's facts (hybrid or
 not). Every exclusion names the vLLM code that makes the setting impossible or a no-op, read in
@@ -10,7 +11,8 @@ Registered in the order they are checked (harness.matrix.rules runs these after 
 """
 from __future__ import annotations
 
-from harness.core.cell import ASYNC_SCHEDULING, CUDAGRAPH_MODES, KV_LAYOUTS, SPEC_DECODE_METHODS, Cell
+from harness.core.cell import (ASYNC_SCHEDULING, CUDAGRAPH_MODES, KV_CACHE_DTYPES, KV_LAYOUTS,
+                               SPEC_DECODE_METHODS, Cell)
 from harness.matrix.rule_types import RuleContext, RuleList
 from harness.matrix.rules_models import NO_PREFIX_CACHING
 MIN_CHUNK_TOKENS = 16     # the smallest chunked-prefill budget a cell may ask for (see the rule)
@@ -44,6 +46,10 @@ _vocabulary("known-cudagraph-mode", "cudagraph_mode", CUDAGRAPH_MODES,
             "The CUDA-graph mode is vLLM's default or one of FULL, PIECEWISE, NONE.")
 _vocabulary("known-kv-layout", "kv_layout", KV_LAYOUTS,
             "The decode's KV layout is vLLM's default, HND or NHD.")
+_vocabulary("known-prefill-kv-cache-dtype", "prefill_kv_cache_dtype", KV_CACHE_DTYPES,
+            "The prefill's KV cache dtype is auto (the model's) or an fp8 format.")
+_vocabulary("known-decode-kv-cache-dtype", "decode_kv_cache_dtype", KV_CACHE_DTYPES,
+            "The decode's KV cache dtype is auto (the model's) or an fp8 format.")
 
 
 @rule("chunked-prefill-budget", "invalid")
@@ -148,6 +154,60 @@ def _layout_hnd(cell: Cell, ctx: RuleContext) -> str | None:
         return ("NixlConnector already asks for HND (LBHNC) on both sides (get_required_kvcache_layout); "
                 "this cell pins it on the decode so a change of that default cannot pass unseen")
     return None
+
+
+# ---- KV cache dtype -------------------------------------------------------------------------
+
+# The fp8 --kv-cache-dtype values each backend lists in supported_kv_cache_dtypes (vLLM 0.32's
+# vllm/v1/attention/backends/*.py; the CUDA ones read there, not run). FLASH_ATTN's fp8 is FA3's
+# e4m3, which needs Hopper (flash_attn_supports_kv_cache_dtype): the H200 the nightly runs on.
+FP8_KV_CACHE_DTYPES = {
+    "CPU_ATTN": ("fp8", "fp8_e4m3", "fp8_e5m2"),
+    "FLASHINFER": ("fp8", "fp8_e4m3", "fp8_e5m2"),
+    "TRITON_ATTN": ("fp8", "fp8_e4m3", "fp8_e5m2"),
+    "FLASH_ATTN": ("fp8", "fp8_e4m3"),
+    "FLASHMLA": ("fp8", "fp8_e4m3"),
+    "TRITON_MLA": ("fp8", "fp8_e4m3"),
+}
+# what an fp8 P/D pair of different dtypes must end in: the decode's NIXL handshake refuses the
+# prefill (cache_dtype is in compute_nixl_compatibility_hash) and vLLM's default
+# kv_load_failure_policy "fail" errors the request
+KV_DTYPE_REFUSAL = (r"P/D evaluation failed: RequestsFailed: requests failed on \d+ of \d+ questions: "
+                    r".*(HTTP 500|finish_reason \"error\")")
+
+
+@rule("kv-cache-dtype-backend", "invalid")
+def _kv_dtype_backend(cell: Cell, ctx: RuleContext) -> str | None:
+    """The backend stores the cell's fp8 KV cache format (FLASH_ATTN and MLA: e4m3 only)."""
+    allowed = FP8_KV_CACHE_DTYPES.get(cell.backend, ())
+    bad = [d for d in dict.fromkeys((cell.prefill_kv_cache_dtype, cell.decode_kv_cache_dtype))
+           if d != "auto" and d in KV_CACHE_DTYPES and d not in allowed]
+    if not bad:
+        return None
+    return (f"{cell.backend} has no {bad[0]} KV cache (its supported_kv_cache_dtypes list "
+            f"{', '.join(('auto',) + allowed)}); use one of those or another backend")
+
+
+@rule("kv-cache-fp8-cpu-head-size", "invalid")
+def _kv_dtype_cpu_head(cell: Cell, ctx: RuleContext) -> str | None:
+    """CPU_ATTN stores fp8 KV only for head sizes that are multiples of 32."""
+    head = ctx.model.head_dim
+    fp8 = {cell.prefill_kv_cache_dtype, cell.decode_kv_cache_dtype} != {"auto"}
+    if cell.backend != "CPU_ATTN" or not fp8 or not head or head % 32 == 0:
+        return None
+    return (f"{cell.model} has head_dim {head}; CPU_ATTN raises 'FP8 KV cache requires head_size "
+            "divisible by 32 on CPU' (cpu_attn._get_attn_isa): use kv_cache_dtype auto")
+
+
+@rule("kv-cache-dtype-mismatch", "xfail", fails_with=KV_DTYPE_REFUSAL)
+def _kv_dtype_mismatch(cell: Cell, ctx: RuleContext) -> str | None:
+    """P and D with different KV cache dtypes must be refused loudly (NIXL's compatibility hash)."""
+    if cell.prefill_kv_cache_dtype == cell.decode_kv_cache_dtype:
+        return None
+    return (f"prefill {cell.prefill_kv_cache_dtype} and decode {cell.decode_kv_cache_dtype} KV "
+            "caches: vLLM hashes cache_dtype into the NIXL compatibility hash, so the decode's "
+            "handshake refuses the prefill and every request errors (kv_load_failure_policy "
+            "fail); the refusal is the expected outcome, serving answers (right or wrong) is not")
 
 
 # ---- prefix reuse ---------------------------------------------------------------------------

@@ -51,6 +51,23 @@ def _netns_host(cell: Cell, ctx: RuleContext) -> str | None:
     return None
 
 
+# x86 extensions vLLM CPU's fp8 KV cache needs, either one (cpu_attn._get_attn_isa: "FP8 KV cache
+# on CPU requires x86 with AVX-512 or AMX", torch.cpu._is_avx512_supported / _is_amx_tile_supported)
+FP8_KV_CPU_ISA = ("avx512f", "amx_tile")
+
+
+@rule("kv-cache-fp8-cpu-isa", "unavailable")
+def _fp8_kv_cpu_isa(cell: Cell, ctx: RuleContext) -> str | None:
+    """An fp8 KV cache on CPU needs AVX-512 or AMX (silent when the ISA is not known)."""
+    isa = ctx.platform.cpu_isa if ctx.platform is not None else None
+    if cell.device != "cpu" or isa is None or any(f in isa for f in FP8_KV_CPU_ISA):
+        return None
+    if {cell.prefill_kv_cache_dtype, cell.decode_kv_cache_dtype} == {"auto"}:
+        return None
+    return ("vLLM CPU stores an fp8 KV cache only on x86 with AVX-512 or AMX ('FP8 KV cache on "
+            f"CPU requires x86 with AVX-512 or AMX'); this host has {'+'.join(isa) or 'neither'}")
+
+
 @rule("vllm-device", "unavailable")
 def _vllm_device(cell: Cell, ctx: RuleContext) -> str | None:
     """The installed vLLM is built for the cell's device."""

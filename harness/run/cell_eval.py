@@ -116,8 +116,10 @@ class TransferWitness:
         self.decode_logs = [str(pair.processes[s.name].log_path) for s in pair.specs
                             if s.role == "decode"]
         prefill = next(s for s in pair.specs if s.role == "prefill")
+        # the decode reads the prefill's blocks: their dtype is the prefill's KV cache dtype
         self.geometry = ByteGeometry.of_pair(prefill.model_path, prefill.dtype,
-                                             prefill.block_size, prefill.extra_args)
+                                             prefill.block_size, prefill.extra_args,
+                                             prefill.kv_cache_dtype)
         self.digests = DigestFiles.of_pair(pair)
         self.before: TransferCounters | None = None
         self.link_before: tuple[int, int] | None = None

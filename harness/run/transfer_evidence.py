@@ -101,10 +101,11 @@ class ByteGeometry:
 
     @classmethod
     def of_pair(cls, model_path: str, dtype: str, prefill_block_size: int,
-                extra_args: tuple[str, ...] = ()) -> "ByteGeometry":
+                extra_args: tuple[str, ...] = (), kv_cache_dtype: str = "auto") -> "ByteGeometry":
         try:
             config = json.loads((Path(model_path) / "config.json").read_text())
-            return cls(geometry_from_config(config, dtype, extra_args), prefill_block_size)
+            return cls(geometry_from_config(config, dtype, extra_args, kv_cache_dtype),
+                       prefill_block_size)
         except (OSError, json.JSONDecodeError) as exc:
             return cls(None, prefill_block_size, f"model config not readable: {exc}")
         except GeometryUnknown as exc:

@@ -85,7 +85,8 @@ def plan_server(cell: Cell, role: str, index: int, ctx: DeployContext, *, model_
     placement = ctx.placement
     return ServerSpec(
         role=role, index=index, model_path=model_path, served_model_name=cell.model_short,
-        port=port, backend=cell.backend, block_size=block, runner=cell.runner, device=cell.device,
+        port=port, backend=cell.backend, block_size=block, device=cell.device,
+        runner=(cell.prefill_runner or cell.runner) if role == "prefill" else cell.runner,
         dtype=cell.dtype, tp=tp, max_model_len=cell.max_model_len, compile=cell.compile,
         kv_buffer_device=cell.kv_buffer_device, kv_connector=cell.kv_connector,
         side_channel_port=side_channel_port, internal_port=internal_port,
@@ -105,7 +106,8 @@ def pair_key(cell: Cell) -> tuple:
     cell's pair (proxy faults act in the proxy, server faults arrive with each request)."""
     return (cell.baseline_key, cell.runner, cell.prefill_block_size, cell.decode_block_size,
             cell.prefill_tp, cell.decode_tp, cell.num_prefill, cell.num_decode,
-            cell.kv_buffer_device, cell.kv_layout, cell.network, cell.kv_connector)
+            cell.kv_buffer_device, cell.kv_layout, cell.network, cell.kv_connector,
+            cell.prefill_kv_cache_dtype, cell.prefill_runner)
 
 
 def uses_template(server_start: str, spec: ServerSpec) -> bool:

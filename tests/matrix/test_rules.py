@@ -21,9 +21,12 @@ CATALOG = ModelCatalog({
     "gdn": ModelInfo("gdn", kind="hybrid", ssm="gdn", family="qwen3next"),
     "swa": ModelInfo("swa", kind="dense", num_kv_heads=2, head_dim=64, sliding_window=64),
     "mla": ModelInfo("mla", kind="dense", attention="mla"),
+    "h80": ModelInfo("h80", kind="dense", num_kv_heads=2, head_dim=80),
 })
 CPU = PlatformInfo()
 GPU2 = PlatformInfo.from_spec("cuda:2")
+AVX2 = PlatformInfo.from_spec("cpu:avx2")
+AMX = PlatformInfo.from_spec("cpu:avx2+avx512f+avx512_bf16+amx_bf16+amx_tile")
 DS = (("VLLM_SSM_CONV_STATE_LAYOUT", "DS"),)
 NO_PC = ("--no-enable-prefix-caching",)
 
@@ -48,6 +51,10 @@ def blocks(p: int, d: int | None = None) -> dict:
     return {"prefill_block_size": p, "decode_block_size": p if d is None else d}
 
 
+def kv(prefill: str, decode: str | None = None) -> dict:
+    return {"prefill_kv_cache_dtype": prefill, "decode_kv_cache_dtype": prefill if decode is None else decode}
+
+
 def hybrid(model: str = "granite", **kw) -> Cell:
     return cpu_cell(model=model, extra_env=DS, extra_args=NO_PC, **kw)
 
@@ -68,6 +75,10 @@ CASES = [
     ("backend-device", gpu_cell(backend="TRITON_ATTN"), gpu_cell(backend="CPU_ATTN"), GPU2),
     ("kv-buffer-on-cpu", cpu_cell(kv_buffer_device="cpu"), cpu_cell(kv_buffer_device="cuda"), CPU),
     ("v2-runner-not-on-cpu", gpu_cell(runner="v2"), cpu_cell(runner="v2"), GPU2),
+    ("known-prefill-runner", gpu_cell(prefill_runner="v2"), gpu_cell(prefill_runner="v3"), GPU2),
+    ("known-prefill-runner", gpu_cell(runner="v2", prefill_runner="v1"),
+     gpu_cell(runner="v2", prefill_runner="v2"), GPU2),
+    ("mixed-runners-not-on-cpu", gpu_cell(prefill_runner="v2"), cpu_cell(prefill_runner="v2"), GPU2),
     ("cpu-attn-block-multiple-32", cpu_cell(**blocks(96)), cpu_cell(**blocks(48)), CPU),
     ("flash-attn-block-multiple-16", gpu_cell(**blocks(48)), gpu_cell(**blocks(40)), GPU2),
     ("triton-attn-block-multiple-16", gpu_cell(backend="TRITON_ATTN", **blocks(16)),
@@ -107,6 +118,17 @@ CASES = [
     ("kv-layout-nhd-not-hybrid", gpu_cell(model="gdn", extra_env=DS, kv_layout="HND"),
      gpu_cell(model="gdn", extra_env=DS, kv_layout="NHD"), GPU2),
     ("kv-layout-hnd-is-nixl-default", gpu_cell(kv_layout="NHD"), gpu_cell(kv_layout="HND"), GPU2),
+    ("known-prefill-kv-cache-dtype", cpu_cell(prefill_kv_cache_dtype="fp8_e5m2"),
+     cpu_cell(prefill_kv_cache_dtype="int4"), AMX),
+    ("known-decode-kv-cache-dtype", cpu_cell(decode_kv_cache_dtype="fp8"),
+     cpu_cell(decode_kv_cache_dtype="bf16"), AMX),
+    ("kv-cache-dtype-backend", gpu_cell(**kv("fp8_e4m3")), gpu_cell(**kv("fp8_e5m2")), GPU2),
+    ("kv-cache-dtype-backend", gpu_cell(backend="FLASHINFER", **kv("fp8_e5m2")),
+     gpu_cell(model="mla", backend="TRITON_MLA", **kv("fp8_e5m2")), GPU2),
+    ("kv-cache-fp8-cpu-head-size", cpu_cell(**kv("fp8")), cpu_cell(model="h80", **kv("fp8")), AMX),
+    ("kv-cache-fp8-cpu-head-size", cpu_cell(model="h80"), cpu_cell(model="h80", **kv("auto", "fp8")), AMX),
+    ("kv-cache-dtype-mismatch", cpu_cell(**kv("fp8")), cpu_cell(**kv("auto", "fp8")), AMX),
+    ("kv-cache-dtype-mismatch", gpu_cell(**kv("fp8")), gpu_cell(**kv("fp8", "auto")), GPU2),
     ("prefix-reuse-needs-prefix-caching", cpu_cell(prefix_reuse=True),
      cpu_cell(prefix_reuse=True, extra_args=NO_PC), CPU),
     ("prefix-reuse-evidence", cpu_cell(), cpu_cell(prefix_reuse=True), CPU),
@@ -130,6 +152,10 @@ CASES = [
     # servers may share GPUs: TP2 pairs fit on 2 GPUs, a TP4 server does not
     ("gpu-count", gpu_cell(prefill_tp=2, decode_tp=2), gpu_cell(prefill_tp=4, decode_tp=4), GPU2),
     ("netns-host", cpu_cell(network="netns"), cpu_cell(network="netns"), None),
+    # fp8 KV on CPU: an AMX or AVX-512 host runs it; an AVX2 host does not; bf16 KV runs anywhere
+    ("kv-cache-fp8-cpu-isa", cpu_cell(**kv("fp8")), cpu_cell(**kv("fp8")), "isa"),
+    ("kv-cache-fp8-cpu-isa", cpu_cell(), cpu_cell(**kv("fp8_e5m2")), AVX2),
+    ("kv-cache-fp8-cpu-isa", gpu_cell(**kv("fp8")), cpu_cell(**kv("auto", "fp8")), AVX2),
     ("vllm-device", cpu_cell(), gpu_cell(), None),
     ("vllm-v2-runner", gpu_cell(runner="v1"), gpu_cell(runner="v2"), None),
     ("vllm-backend", gpu_cell(backend="FLASH_ATTN"), gpu_cell(backend="TRITON_ATTN"), None),
@@ -147,6 +173,8 @@ def _platform_for(rule: str, violating: bool, platform: PlatformInfo | None) -> 
         return PlatformInfo(device="cuda", gpu_count=2, vllm=features(v2_runner_env=not violating))
     if rule == "vllm-backend":
         return PlatformInfo(device="cuda", gpu_count=2, vllm=features(attention_backends=("FLASH_ATTN",)))
+    if rule == "kv-cache-fp8-cpu-isa" and platform == "isa":
+        return PlatformInfo.from_spec("cpu:avx2" if violating else "cpu:avx2+avx512f")
     if rule == "netns-host":
         return PlatformInfo(netns_unavailable="network: netns needs root" if violating else None)
     if rule == "vllm-kv-connector" and platform == "push":   # vLLM without the push connector
@@ -253,21 +281,24 @@ def test_rules_are_checked_and_listed_by_subject_in_a_fixed_order():
         # the cell alone (rules_cell)
         "known-runner", "known-backend", "known-device", "known-kv-buffer-device", "known-kv-connector", "known-fault",
         "known-compile", "known-network", "known-dtype", "positive-sizes", "backend-device", "kv-buffer-on-cpu", "v2-runner-not-on-cpu",
+        "known-prefill-runner", "mixed-runners-not-on-cpu",
         "cpu-attn-block-multiple-32", "flash-attn-block-multiple-16", "triton-attn-block-multiple-16",
         "flashinfer-kernel-block", "flashinfer-logical-block", "heterogeneous-block-divisible",
         "heterogeneous-block-host-buffer",
         # the engine settings (rules_engine)
         "known-async-scheduling", "known-spec-decode", "known-cudagraph-mode", "known-kv-layout",
+        "known-prefill-kv-cache-dtype", "known-decode-kv-cache-dtype",
         "chunked-prefill-budget", "async-scheduling-not-on-cpu", "async-scheduling-spec-decode",
         "cudagraph-mode-cuda-only", "cudagraph-mode-needs-compile", "cudagraph-full-downgraded",
         "kv-layout-cuda-only", "kv-layout-nhd-not-hybrid", "kv-layout-hnd-is-nixl-default",
+        "kv-cache-dtype-backend", "kv-cache-fp8-cpu-head-size", "kv-cache-dtype-mismatch",
         "prefix-reuse-needs-prefix-caching", "prefix-reuse-evidence",
         # the model's facts (rules_models)
         "hybrid-conv-state-layout", "hybrid-homogeneous-block", "hybrid-min-block-size",
         "hybrid-tp-multiple", "granite-hybrid-cpu-prefix-caching", "tp-divides-kv-heads",
         "backend-head-size", "flashinfer-sliding-window", "mla-backend", "max-model-len",
         # this machine (rules_machine)
-        "gpu-count", "netns-host", "vllm-device", "vllm-v2-runner", "vllm-backend", "vllm-kv-connector",
+        "gpu-count", "netns-host", "kv-cache-fp8-cpu-isa", "vllm-device", "vllm-v2-runner", "vllm-backend", "vllm-kv-connector",
     ]
 
 

@@ -111,6 +111,7 @@ class ServerSpec:
     max_num_batched_tokens: int | None = None  # chunked prefill at this token budget per step
     cudagraph_mode: str = "default"            # --compilation-config {"cudagraph_mode": ...}
     kv_layout: str = "default"                 # VLLM_KV_CACHE_LAYOUT (HND | NHD)
+    kv_cache_dtype: str = "auto"               # --kv-cache-dtype (fp8, fp8_e4m3, fp8_e5m2)
     python: str = field(default_factory=lambda: sys.executable)
     # where it runs (harness.serve.net.netns): the address it binds and is reached at, the
     # connector's side-channel address, and what runs it (``ip netns exec NS``); by default this host's loopback
@@ -135,6 +136,8 @@ def engine_settings(cell: Cell, role: str) -> dict[str, Any]:
     where tokens are generated: the decode and the baseline, which generates like the decode;
     the prefill produces one token and hands its KV over. The KV layout is the decode's alone:
     its prefill keeps the layout its connector picks for P/D, so an NHD decode receives those blocks.
+    The KV cache dtype is the prefill's own on the prefill, the decode's on the decode and the
+    baseline (a P/D pair whose dtypes differ is expected to be refused at the handshake).
     """
     if role not in ROLES:
         raise ValueError(f"unknown server role {role!r}")
@@ -145,6 +148,7 @@ def engine_settings(cell: Cell, role: str) -> dict[str, Any]:
         "max_num_batched_tokens": cell.chunked_prefill,
         "cudagraph_mode": cell.cudagraph_mode,
         "kv_layout": cell.kv_layout if role == "decode" else "default",
+        "kv_cache_dtype": cell.prefill_kv_cache_dtype if role == "prefill" else cell.decode_kv_cache_dtype,
     }
 
 
@@ -180,6 +184,8 @@ def engine_argv(spec: ServerSpec) -> list[str]:
     if spec.cudagraph_mode != "default":
         argv += ["--compilation-config",
                  json.dumps({"cudagraph_mode": spec.cudagraph_mode}, separators=(",", ":"))]
+    if spec.kv_cache_dtype != "auto":
+        argv += ["--kv-cache-dtype", spec.kv_cache_dtype]
     return argv
 
 
