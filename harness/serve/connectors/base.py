@@ -93,9 +93,5 @@ class KvConnector:
         to cross), given what the prefill answered and what the decode was sent."""
         return sent
 
-    def describe(self) -> dict[str, Any]:
-        """What a record keeps of the connector."""
-        return {"value": self.value, "vllm_name": self.vllm_name, "label": self.label}
-
 
 __all__ = ["KV_COUNTERS", "PAIR_ROLES", "KvConnector", "MetricMap", "ServerPorts"]
