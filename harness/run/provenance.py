@@ -39,9 +39,8 @@ def versions() -> dict[str, str | None]:
             "harness": sha or harness.__version__, "python": py_platform.python_version()}
 
 
-# the vector and matrix extensions that decide how fast a CPU server computes in bf16: on a
-# 2-core host with AVX2 only, a bf16 evaluation took 2.4x as long as in float32 (session 13),
-# and CPU timings are not comparable across hosts that differ here
+# the vector and matrix extensions that decide how fast a CPU server computes in bf16, so CPU
+# timings are not comparable across hosts that differ here (docs/startup.md)
 CPU_ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
 
 
