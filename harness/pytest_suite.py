@@ -28,8 +28,8 @@ from harness.core.outcomes import CAUGHT, PASS, XFAIL
 __all__ = ["test_pd_matches_baseline", "pd_groups", "pd_result"]
 
 EFFECT_CHECKS = ("accuracy", "noise-floor", "logprob-divergence")
-# trained models: those whose model card measured their task through vLLM (eval_vllm.json; the
-# zoo's three score 97.5-100%). On these a zeroed or swapped block of prompt KV must also show as
+# trained models: those whose model card measured their task through vLLM (eval_vllm.json;
+# docs/zoo.md). On these a zeroed or swapped block of prompt KV must also show as
 # lost accuracy, not only as changed text, and the baseline must still solve the task.
 TRAINED_MIN_ACCURACY = 0.80
 KV_CANARY_MIN_DROP = 0.30

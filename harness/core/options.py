@@ -29,7 +29,7 @@ class RunOptions:
     sample_seed: int | None = None        # draw questions at random with this seed
     repeats: int = 1                      # evaluations per cell on different samples (calibration)
     # how they are asked
-    concurrency: int = 16                 # lm-eval num_concurrent (CPU: 100 questions 14.4 s at 4, 6.9 s at 16)
+    concurrency: int = 16                 # lm-eval num_concurrent (on CPU twice as fast as 4)
     max_gen_toks: int | None = None
     top_logprobs: int = 5
     request_timeout_s: float = 300.0
@@ -39,7 +39,7 @@ class RunOptions:
     alpha: float = 0.01                   # each error rate of the gate (false FAIL, false PASS)
     margin: float = 0.05                  # PASS: P/D is not worse by more than this (5 pts)
     # where servers run
-    startup_timeout_s: float = 600.0      # three servers starting on a loaded 2-core machine: ≤ 7 min
+    startup_timeout_s: float = 600.0      # room for three servers starting on a loaded 2-core host
     max_starting: int | None = None       # servers of this host in start-up at once (None: no cap)
     gpu_layout: str = "shared"
     server_start: str = "auto"            # SERVER_STARTS (auto: harness.serve.deploy.uses_template)

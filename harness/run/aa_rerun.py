@@ -2,10 +2,10 @@
 
 The A/A re-run asks the baseline its first look's questions again at concurrency 1: the noise
 floor a P/D run is judged against is what two baseline runs with different batch compositions
-disagree on. At concurrency 1 it is the longest single request stream of a group (50 questions,
-~54 s on one CPU core, while the decode's core idled: 48 of the 80 idle core-seconds of a p32
-smoke group, 2026-12-02). So it is asked in a thread of its own as soon as the baseline's first
-answers are in, and a cell's judge waits for it only when a look needs the floor.
+disagree on. At concurrency 1 it is the longest single request stream of a group, and on CPU
+the decode's core idled through it (docs/startup.md). So it is asked in a thread of its own as
+soon as the baseline's first answers are in, and a cell's judge waits for it only when a look
+needs the floor.
 
 What keeps the noise floor what it was: the re-run must be alone on the baseline server, or its
 batches would mix with the baseline's other questions. Every request to the baseline goes

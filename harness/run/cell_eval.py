@@ -82,9 +82,8 @@ LOOKS_AHEAD = 2
 
 def looks_worth_asking_ahead(cell: Cell, next_stages: Sequence[int]) -> Sequence[int]:
     """The later looks a cell may be asked while the A/A re-run runs: only a cell expected to
-    pass needs them; a canary or an expected failure is decided at its first look
-    (calibration, 2026-12-02: asked ahead, the P64->D128 XFAIL cell answered 150 questions it
-    was never judged on, round after round)."""
+    pass needs them; a canary or an expected failure is decided at its first look, and asked
+    ahead it would answer questions it is never judged on (docs/startup.md)."""
     return next_stages if cell.fault is None and cell.expected_failure is None else ()
 
 

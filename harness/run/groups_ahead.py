@@ -2,14 +2,14 @@
 
 Within a group the runner already launches the next P/D pair while the current one answers. Across
 groups it did not: each group's baseline and first pair started only after the previous group's
-servers had stopped, and the run waited 31-34 s for them in every group on the 2-core CPU
-machine (results/benchmarks/cpu-smoke-20261202-s12). Started ahead, they come up on the cores
-the last pair's evaluation leaves idle (the prefill's core while the decode decodes).
+servers had stopped, and on CPU the run waited for them in every group (docs/startup.md).
+Started ahead, they come up on the cores the last pair's evaluation leaves idle (the prefill's
+core while the decode decodes).
 
 A group is started ahead only on CPU, where a server's memory is host memory that this module can
-check: at most the current group's servers again must fit in what the host has available (a
-group of the smoke profile is 3 servers, about 9 GiB). On a GPU the servers' memory fractions are
-planned for the servers of one group at a time, so nothing is started ahead there.
+check: at most the current group's servers again must fit in what the host has available. On a
+GPU the servers' memory fractions are planned for the servers of one group at a time, so nothing
+is started ahead there.
 
 Whatever was started ahead and is not taken is stopped by `close()` (the runner's close, the
 pytest plugin's session teardown): nothing started here outlives the run.

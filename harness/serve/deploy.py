@@ -113,10 +113,8 @@ def pair_key(cell: Cell) -> tuple:
 def uses_template(server_start: str, spec: ServerSpec) -> bool:
     """Whether `spec`'s server forks from a server template (harness.serve.template.server).
     "auto" arms it where it is measured and calibrated: a CPU server pinned to its cores whose
-    engine core forks (TP1). On 2 cores it cut the smoke profile's summed `imports` from
-    194-395 s to 15 s and its cells from 463 s to 405 s (results/benchmarks/
-    cpu-smoke-20261203-s14). GPU servers keep exec: the template is measured there (s11) but
-    not in the GPU reference runs."""
+    engine core forks (TP1). GPU servers keep exec: the GPU reference runs do not use the
+    template (measurements: docs/startup.md)."""
     if server_start == "auto":
         return spec.device == "cpu" and forks_engine(spec)
     return server_start == "template"

@@ -76,9 +76,8 @@ MAX_QUESTIONS = 4
 # Curriculum: the first CURRICULUM_STEPS steps use short price lists only. A lookup needs two
 # attention layers to compose (one moves the item into the price's position, one matches it), and
 # at initialisation attention is spread over every line, so the gradient towards that circuit
-# shrinks with the list length; on short lists it forms early and then carries over to long ones.
-# (Measured on the H200 without it: tiny Llama stayed on the guess-the-price plateau for 4500
-# steps; the hybrids, whose convolution already supplies the previous token, got further.)
+# shrinks with the list length; on short lists it forms early and then carries over to long ones
+# (without it: docs/zoo.md).
 CURRICULUM_STEPS = 1500
 CURRICULUM_CATALOG_SIZES = (4, 12)
 

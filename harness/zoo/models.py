@@ -90,7 +90,7 @@ SPECS: dict[str, ZooSpec] = {
             config_kwargs=dict(_COMMON, head_dim=HEAD_DIM, intermediate_size=MLP,
                                rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
             # A previous-token head written into the init (harness/zoo/init.py): from a plain
-            # init nine recipe variants stayed at 0-7 %; with it, 100 % (probe, n=200).
+            # init the lookups never formed (docs/zoo.md).
             steps=3200, batch_size=32, lr=2e-3, init="prev-token",
         ),
         ZooSpec(
@@ -147,8 +147,8 @@ SPECS: dict[str, ZooSpec] = {
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                  "partial_rotary_factor": 0.25},
             ),
-            # Recipe v4 (no curriculum) got it to 97% on the H200; with the v5 curriculum
-            # the slower GDN path ran out of time before the lookups formed (5%).
+            # No curriculum: with it the slower GDN path ran out of time before the lookups
+            # formed (docs/zoo.md).
             steps=2400, batch_size=16, lr=2e-3, curriculum_steps=0,
         ),
         ZooSpec(
@@ -156,8 +156,8 @@ SPECS: dict[str, ZooSpec] = {
             # kv_lora_rank 512 + qk_rope_head_dim 64 = 576, the only size vLLM 0.32 CPU's MLA
             # decode kernel runs (harness/zoo/random_mla.py). All layers dense (no experts).
             # 4 layers like tiny-llama-gsm, but MLP 512 instead of 768: MLA's attention is
-            # larger (kv_b_proj alone is 512 x 512 a layer), and MLP 768 would be 5.31 M params,
-            # 10.6 MB of bf16, over the zoo's 10 MB; MLP 512 is 4.53 M params, 9.05 MB.
+            # larger (kv_b_proj alone is 512 x 512 a layer): MLP 768 would exceed the zoo's
+            # 10 MB of bf16, MLP 512 stays under it.
             # Previous-token init in layer 0 query head 0 (harness/zoo/init.py), as for Llama.
             name="tiny-mla-gsm",
             architecture="DeepseekV2ForCausalLM",
@@ -173,16 +173,14 @@ SPECS: dict[str, ZooSpec] = {
                 v_head_dim=HEAD_DIM,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
             ),
-            # H200, 2026-12-02, 3200 steps each (probe, n = 150): lr 1e-3 seed 0 100 % (the
-            # committed checkpoint), lr 2e-3 seed 0 98 %, lr 2e-3 seed 1 5 % (the lookups never
-            # formed): the MLA init is less robust to the seed than the Llama one
+            # lr 1e-3: the MLA init is less robust to lr and seed than the Llama one
+            # (docs/zoo.md)
             steps=3200, batch_size=32, lr=1e-3, init="prev-token",
         ),
         ZooSpec(
             # tiny-mla-gsm at DeepSeek's own head dims (qk_nope 128, v 128) for the GPU: vLLM
-            # 0.26's SM90 MLA prefill (FLASH_ATTN) refuses (64, 64, 64) at start-up, "No valid
-            # MLA prefill backend found ... Model does not have supported MLA dimensions" (H200,
-            # 2026-12-02). 3 layers to stay under 10 MB: 4,705,536 params, 9.41 MB.
+            # 0.26's SM90 MLA prefill (FLASH_ATTN) refuses (64, 64, 64) at start-up
+            # (docs/zoo.md). 3 layers to stay under 10 MB.
             name="tiny-mla-h128-gsm",
             architecture="DeepseekV2ForCausalLM",
             hybrid=False,

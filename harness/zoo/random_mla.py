@@ -3,13 +3,13 @@
 It scores 0 on any eval, so, like `tiny-llama-random`, it proves plumbing only: the servers start
 with a latent (MLA) KV cache, the KV crosses NIXL, the KV digest compares it. That covers the MLA
 block-geometry bug class (vLLM #50717: DeepSeek engines fail to start in P/D). Accuracy needs a
-trained MLA model, which needs the GPU (the zoo's CPU training runs at ~40 s a step here).
+trained MLA model, which needs the GPU (the zoo's CPU training is too slow for it).
 
 vLLM 0.32 CPU accepts MLA head sizes 320, 512 and 576, but its decode kernel
 (`mla_decode_kvcache`) only runs 576: head 96 raised "Head dimension 96 is not supported by MLA",
 head 320 "Unsupported block size: 16". The backend also forces block size 16 on every MLA
-server. Hence kv_lora_rank 512 + qk_rope_head_dim 64, DeepSeek's own latent size.
-Measured 2026-12-01 (results/reference/cpu-mla-20261201).
+server. Hence kv_lora_rank 512 + qk_rope_head_dim 64, DeepSeek's own latent size
+(docs/zoo.md).
 """
 from __future__ import annotations
 

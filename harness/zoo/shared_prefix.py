@@ -7,9 +7,8 @@ their first 423 of 443 tokens and differ only in the question at the end. A P/D 
 caching therefore holds the shared blocks itself from its second request on and fetches only the
 rest over NIXL: the path where a decode-side prefix hit meets a partial remote transfer. It is
 also what the zoo models were trained on (one price list followed by several questions), and
-tiny-llama-gsm answers it as well as gsm_synth (greedy in PyTorch, 2026-12-01: 24/24 on this
-test split's first 24 docs, 16/16 on gsm_synth's), where one fixed gsm_synth example in front of
-each doc, i.e. a second price list, drops it to 12/16.
+tiny-llama-gsm answers it as well as gsm_synth, where one fixed gsm_synth example in front of
+each doc, i.e. a second price list, costs it a quarter of its answers (docs/zoo.md).
 
 Everything is a pure function of the seeds, like harness.zoo.task.
 """

@@ -8,10 +8,9 @@ its Qwen2 does (`layer_types` + `sliding_window`, the masks vLLM applies), and a
 q/k/v biases is a Llama. So the trained tiny-llama-gsm weights are loaded into that Qwen2, the
 biases are zeroed and frozen, the model is trained with the window on, and the weights are saved
 back under the Llama names with `layer_types`/`sliding_window` in config.json, which vLLM's
-Llama reads (0.32: `layer_types: sliding_attention` layers get the window). Measured before any
-training (2026-12-01, vLLM CPU 0.32): the unchanged weights with a 64-token window on layers 0
-and 2 answered 2 % of gsm_synth through vLLM (all-full: 100 %), so the window is live in vLLM
-and the lookups must be re-learnt. From scratch, plain Llama inits never learnt the lookups
+Llama reads (0.32: `layer_types: sliding_attention` layers get the window). The window is live
+in vLLM: the unchanged weights with it lose nearly every answer (docs/zoo.md), so the lookups
+must be re-learnt. From scratch, plain Llama inits never learnt the lookups
 (harness/zoo/init.py); starting from the trained model sidesteps that.
 
 The window (64 tokens) is far smaller than a prompt (429-485 tokens, four 128-token blocks), so

@@ -247,9 +247,12 @@ def test_a_group_whose_pid_was_reused_is_not_ours():
 
 
 def dead_pid_and_create_time() -> tuple[int, float]:
-    proc = subprocess.Popen(["true"])
+    # alive while its start is read ("true" may be gone first: a null start is not a ledger's)
+    proc = subprocess.Popen(["sleep", "30"])
     created = process_create_time(proc.pid)
+    proc.kill()
     proc.wait()
+    assert created is not None
     return proc.pid, created
 
 

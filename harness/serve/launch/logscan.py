@@ -19,9 +19,9 @@ _PROCESS_PREFIX_RE = re.compile(r"^\([^()]*\bpid=\d+\)\s?")
 # ...") and glog-style C++ lines ("I1129 19:22:01.123 ...").
 _ROUTINE_LEVEL_RE = re.compile(r"^.{0,64}?\b(?:INFO|DEBUG|TRACE)\b|^[ID]\d{4} \d\d:\d\d:\d\d")
 # Lines that look like errors but are known to be harmless, logged by every healthy start of vLLM
-# 0.26 on the offline H200: NIXL's optional expert-parallel extension, FlashInfer's cubin download,
-# the fd-limit notice. Never decisive: a server that times out in start-up is then described by
-# its last log lines (where it was), not by one of these.
+# on an offline GPU host (docs/gpu.md): NIXL's optional expert-parallel extension, FlashInfer's
+# cubin download, the fd-limit notice. Never decisive: a server that times out in start-up is
+# then described by its last log lines (where it was), not by one of these.
 _HARMLESS_RE = re.compile(
     r"No module named 'nixl_ep|Module nixl_ep was found but failed to import"
     r"|Failed to connect to NVIDIA artifactory|Found ulimit of \d+ and failed to automatically")
@@ -38,8 +38,8 @@ _GENERIC_WRAPPER_RE = re.compile(
 
 
 # What a C++ abort prints after the real error (std::terminate boilerplate, c10's "Exception
-# raised from <destructor>" trailer, CUDA's advice lines): on the H200 a TP2 worker's CUBLAS
-# failure ended in six such lines that pushed the cause out of the last five.
+# raised from <destructor>" trailer, CUDA's advice lines) can push the cause out of the last
+# lines shown (docs/gpu.md).
 _ABORT_TRAILER_RE = re.compile(
     r"^terminate called after throwing|^\s*what\(\):|^Search for `cuda"
     r"|^Exception raised from \S+ at |^CUDA kernel errors might be asynchronously reported"
