@@ -29,6 +29,9 @@ class ResolvedModel:
     architecture: str | None
 
 
+MAX_CONFIG_BYTES = 4 << 20   # an HF config.json is a few KiB
+
+
 def _zoo_path(name: str) -> str | None:
     from harness.zoo import random_llama, registry
 
@@ -53,7 +56,14 @@ def resolve(name: str) -> ResolvedModel:
     config_file = Path(path) / "config.json"
     if not config_file.exists():
         raise ModelNotFound(f"model {name!r}: {config_file} does not exist")
-    config = json.loads(config_file.read_text())
+    try:
+        config = json.loads(config_file.read_bytes()[:MAX_CONFIG_BYTES])
+    except (OSError, ValueError) as exc:   # UnicodeDecodeError and JSONDecodeError included
+        raise ModelNotFound(f"model {name!r}: {config_file} is not JSON: "
+                            f"{str(exc)[:120]}") from None
+    if not isinstance(config, dict) or not isinstance(config.get("architectures") or [], list):
+        raise ModelNotFound(f"model {name!r}: {config_file} is not an HF config (a mapping "
+                            f"with a list of architectures)")
     archs = config.get("architectures") or []
     arch = archs[0] if archs else None
     layer_kinds = " ".join(str(x) for x in (config.get("layer_types") or config.get("layers_block_type") or []))
