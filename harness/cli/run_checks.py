@@ -176,6 +176,13 @@ def cell_problems(cells: Iterable) -> list[str]:
         if problem:
             problems.append(problem)
             continue
+        sizes = [(attr, getattr(cell, attr, 1)) for attr in
+                 ("prefill_tp", "decode_tp", "num_prefill", "num_decode")]
+        wrong = [(attr, v) for attr, v in sizes if not isinstance(v, int) or not 1 <= v <= MAX_GPUS]
+        if wrong:   # one line per cell
+            problems.append(f"cell {cell.cell_id[:80]}: {wrong[0][0]} {str(wrong[0][1])[:20]} is "
+                            f"not 1 to {MAX_GPUS}")
+            continue
         for key, value in getattr(cell, "extra_env", ()) or ():
             if not ENV_NAME.fullmatch(str(key)):
                 problems.append(f"cell {cell.cell_id}: extra_env name {str(key)[:40]!r} is not an "

@@ -8,6 +8,8 @@ from typing import Any
 import requests
 from requests.auth import AuthBase
 
+from harness.core.url_tokens import url_token_problem
+
 
 class ExactHeaders(AuthBase):
     """requests' `auth=`: a given auth object keeps netrc out; this one sets the Authorization
@@ -27,8 +29,6 @@ def get(url: str, *, headers: Mapping[str, str] | None = None, timeout: float,
         **kwargs: Any) -> requests.Response:
     """requests.get of `url` with `headers` and nothing else that authenticates; a token in the
     URL is refused before it is sent (tokens go in headers)."""
-    from harness.core.url_tokens import url_token_problem
-
     problem = url_token_problem(url)
     if problem:
         raise ValueError(problem)

@@ -61,22 +61,32 @@ class StatePage:
         return self.conv_elements * model_bytes + self.ssm_elements * ssm_bytes
 
 
+MAX_CONFIG_BYTES = 4 << 20   # an HF config.json is a few KiB; a bound before json reads it
+
+
 def read_config(path: str | os.PathLike[str], model: str | None = None) -> dict[str, Any]:
     """The JSON object in `path` (a config.json); ModelConfigError with one line otherwise."""
     who = f"model {model!r}: " if model else ""
     try:
-        raw = Path(path).read_bytes()
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ModelConfigError(f"{who}cannot read {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ModelConfigError(f"{who}{path} is over {MAX_CONFIG_BYTES >> 20} MiB, not a model config")
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
-        raise ModelConfigError(f"{who}{path} is not text (binary data), not a model config") from None
+        raise ModelConfigError(f"{who}{path} is not JSON (binary data), not a model config") from None
     except json.JSONDecodeError as exc:
         raise ModelConfigError(f"{who}{path} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
     if not isinstance(data, dict):
-        raise ModelConfigError(f"{who}{path} holds a JSON {type(data).__name__}, not a model "
-                               f"config object")
+        raise ModelConfigError(f"{who}{path} holds a JSON {type(data).__name__}, not an HF "
+                               f"config (a model config object)")
+    archs = data.get("architectures")
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise ModelConfigError(f"{who}{path} is not an HF config: its architectures must be a "
+                               f"list of names")
     return data
 
 

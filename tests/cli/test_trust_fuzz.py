@@ -54,6 +54,9 @@ CASES = [
      "extra_env"),
     ("matrix-tp-huge", matrix("extends: default\n" + GRID % "tp: 1000000000000"),
      "no cell selected"),   # the validity rules drop it, with the reason in `matrix list`
+    ("matrix-tp-huge-unknown-model", matrix("extends: default\n" + (GRID % "tp: 1000000000000")
+                                            .replace("tiny-llama-gsm", "org/unknown")),
+     "prefill_tp"),
     ("matrix-tp-1e12-string", matrix("extends: default\n" + GRID % "tp: 1e12"), "tp"),
     ("matrix-giant-value", matrix("extends: default\ndefaults: [" + ", ".join(["FOO" * 50] * 5000)
                                   + "]\n"), "defaults"),
@@ -90,6 +93,9 @@ CASES = [
     ("shard-bad", ["--shard", "5/2"], "shard"),
     ("backend-unknown", ["--model", "tiny-llama-random", "--backend", "FOO"], "backend"),
     ("model-missing", ["--model", "/nonexistent/model"], "neither a zoo model"),
+    ("model-config-binary", ("model", bytes(range(256))), "not JSON"),
+    ("model-config-list", ("model", "[1, 2]"), "not an HF config"),
+    ("model-config-no-arch-list", ("model", '{"architectures": "Llama"}'), "not an HF config"),
     ("profile-unknown", ["--profile", "no-such-profile"], "unknown profile"),
     ("model-and-profile", ["--model", "tiny-llama-random", "--profile", "smoke"], "either"),
     ("unknown-flag", ["--no-such-flag"], "unrecognized"),
@@ -149,10 +155,12 @@ def test_bad_input_is_one_line_exit_2_and_nothing_else(case, given, expected, sa
     argv = ["run", "--results-dir", str(root / "results")]
     if isinstance(given, tuple):
         kind, text = given
-        path = root / "inputs" / f"{kind}.yaml"
+        path = root / "inputs" / (f"{kind}.yaml" if kind != "model" else "model/config.json")
+        path.parent.mkdir(exist_ok=True)
         path.write_bytes(text if isinstance(text, bytes) else text.encode())
-        argv += ["--matrix", str(path), "--profile", "p"] if kind == "matrix" else \
-            ["--deployment", str(path)]
+        argv += {"matrix": ["--matrix", str(path), "--profile", "p"],
+                 "deployment": ["--deployment", str(path)],
+                 "model": ["--model", str(path.parent)]}[kind]
     else:
         argv += given
     before = _files(root)

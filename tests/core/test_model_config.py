@@ -75,8 +75,8 @@ def test_granite_tiny_blocks_on_cpu_and_cuda():
 
 
 @pytest.mark.parametrize("content, expected", [
-    (b"\x00\x01\xff\xfe binary", "not text (binary data)"),
-    (b"[1, 2, 3]", "holds a JSON list, not a model config object"),
+    (b"\x00\x01\xff\xfe binary", "not JSON (binary data)"),
+    (b"[1, 2, 3]", "holds a JSON list, not an HF config"),
     (b"{\"architectures\": [", "is not valid JSON"),
 ])
 def test_bad_config_is_one_line(tmp_path, content, expected):
@@ -132,7 +132,7 @@ def test_copied_hybrid_dry_run_is_refused_like_its_zoo_name(granite_copy, capsys
 
 
 @pytest.mark.parametrize("content, expected", [
-    (b"\x89PNG\r\n\x1a\n\x00\x00", "not text (binary data)"),
+    (b"\x89PNG\r\n\x1a\n\x00\x00", "not JSON (binary data)"),
     (json.dumps(["a", "list"]).encode(), "holds a JSON list"),
 ])
 def test_bad_config_on_the_command_line_is_one_line_exit_2(tmp_path, capsys, content, expected):

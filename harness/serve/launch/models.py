@@ -25,6 +25,8 @@ class ResolvedModel:
     facts: ModelInfo | None = None   # from its config.json (None: a hub id not cached here)
 
 
+
+
 def _zoo_path(name: str) -> str | None:
     from harness.zoo import random_llama, registry
 
