@@ -91,8 +91,9 @@ def register() -> None:
         def hook(module: Any) -> None:
             try:
                 if patch_spin_condition(module, sleep_us):
-                    logger.info("pd-accuracy mq_spin: message-queue readers sleep %d us "
-                                "between checks", sleep_us)
+                    # WARNING, like kv-digest-setup: INFO of a plugin loaded this early is dropped
+                    logger.warning("pd-accuracy mq_spin: message-queue readers sleep %d us "
+                                   "between checks", sleep_us)
             except Exception:
                 logger.exception("pd-accuracy mq_spin: patching %s failed", module.__name__)
 
