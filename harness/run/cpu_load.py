@@ -230,6 +230,8 @@ class CpuLoadSampler:
             load.last_ticks = ticks
         if self.samples % 10 == 1:      # every 10th sample: a full /proc/PID/task walk
             load.switches = context_switches(pid)
+            # a server forked from the template points fd 1 at its own log only after the fork
+            load.label = process_label(pid)
         load.samples += 1
         load.runnable += runnable
         load.peak_runnable = max(load.peak_runnable, runnable)

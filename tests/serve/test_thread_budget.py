@@ -1,6 +1,8 @@
 """The CPU thread budget: the env build_env gives CPU servers, and the message-queue spin bound."""
 from __future__ import annotations
 
+import os
+import time
 import types
 
 import pytest
@@ -18,24 +20,24 @@ def spec(**kw) -> ServerSpec:
 
 def test_cpu_servers_get_the_budget_gpu_servers_do_not():
     for role in ("baseline", "prefill", "decode"):
-        assert build_env(spec(role=role), base_env={})[mq_spin.ENV] == "0"
+        assert build_env(spec(role=role), base_env={})[mq_spin.ENV] == "100"
     gpu = build_env(spec(device="cuda", backend="FLASH_ATTN", gpu_ids=(0,)), base_env={})
     assert mq_spin.ENV not in gpu
 
 
 def test_a_setting_from_the_parent_shell_wins():
-    assert build_env(spec(), base_env={mq_spin.ENV: "1"})[mq_spin.ENV] == "1"
+    assert build_env(spec(), base_env={mq_spin.ENV: "500"})[mq_spin.ENV] == "500"
     env = {"X": "y"}
     thread_budget.apply(env)
     assert env == {"X": "y", **thread_budget.CPU_SERVER_ENV}
 
 
-def test_busy_loop_parsing():
-    assert mq_spin.parse_busy_loop_s({}) is None
-    assert mq_spin.parse_busy_loop_s({mq_spin.ENV: " 0.05 "}) == 0.05
-    for bad in ("-1", "soon"):
+def test_sleep_parsing():
+    assert mq_spin.parse_sleep_us({}) is None
+    assert mq_spin.parse_sleep_us({mq_spin.ENV: " 250 "}) == 250
+    for bad in ("0", "-1", "soon"):
         with pytest.raises(ValueError):
-            mq_spin.parse_busy_loop_s({mq_spin.ENV: bad})
+            mq_spin.parse_sleep_us({mq_spin.ENV: bad})
 
 
 class FakeSpinCondition:
@@ -43,30 +45,39 @@ class FakeSpinCondition:
 
     def __init__(self, is_reader: bool, busy_loop_s: float = 1) -> None:
         self.is_reader = is_reader
+        self.last_read = time.monotonic()
         self.busy_loop_s = busy_loop_s if is_reader else 0
-        self.waited = 0
+        self.blocked = 0
 
     def wait(self, timeout_ms=None):
-        self.waited += 1
-        return "spun" if self.busy_loop_s > 0 else "blocked"
+        if time.monotonic() <= self.last_read + self.busy_loop_s:
+            os.sched_yield()
+            return "yielded"
+        self.blocked += 1
+        return "blocked"
 
 
-def test_readers_stop_spinning_also_those_built_before_the_patch():
-    module = types.SimpleNamespace(__name__="shm", SpinCondition=type(
+def fake_module():
+    return types.SimpleNamespace(__name__="shm", SpinCondition=type(
         "SpinCondition", (FakeSpinCondition,), {}))
+
+
+def test_readers_in_their_busy_window_sleep_also_those_built_before_the_patch():
+    module = fake_module()
     early = module.SpinCondition(is_reader=True)
-    assert mq_spin.patch_spin_condition(module, 0.0)
-    assert mq_spin.patch_spin_condition(module, 0.0)          # idempotent
+    assert mq_spin.patch_spin_condition(module, 2000)
+    assert mq_spin.patch_spin_condition(module, 2000)          # idempotent
     late = module.SpinCondition(is_reader=True)
-    assert early.wait() == late.wait() == "blocked"
-    assert early.busy_loop_s == late.busy_loop_s == 0.0 and early.waited == 1
+    for reader in (early, late):
+        started = time.monotonic()
+        assert reader.wait() is None                           # slept, did not yield
+        assert time.monotonic() - started >= 0.002
 
 
-def test_a_lower_bound_already_there_is_kept_and_an_unknown_module_left_alone():
-    module = types.SimpleNamespace(__name__="shm", SpinCondition=type(
-        "SpinCondition", (FakeSpinCondition,), {}))
-    reader = module.SpinCondition(is_reader=True, busy_loop_s=0.01)
-    mq_spin.patch_spin_condition(module, 0.5)
-    reader.wait()
-    assert reader.busy_loop_s == 0.01
-    assert not mq_spin.patch_spin_condition(types.SimpleNamespace(__name__="other"), 0.0)
+def test_outside_the_busy_window_vllms_own_blocking_wait_runs():
+    module = fake_module()
+    mq_spin.patch_spin_condition(module, 100)
+    idle = module.SpinCondition(is_reader=True, busy_loop_s=0.0)
+    idle.last_read -= 1.0
+    assert idle.wait() == "blocked" and idle.blocked == 1
+    assert not mq_spin.patch_spin_condition(types.SimpleNamespace(__name__="other"), 100)

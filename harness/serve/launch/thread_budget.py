@@ -8,7 +8,7 @@ bench`), the threads that want that core are:
 
 | thread | process | what it does | budget |
 |---|---|---|---|
-| main (`python`) | engine core, worker | vLLM's shm message queue: a reader with nothing to read calls `sched_yield()` for 1 s after its last read, on the core its writer needs | `PD_ACCURACY_MQ_BUSY_LOOP_S=0`: block on the writer's notification at once (harness.serve.plugins.idle.mq_spin) |
+| main (`python`) | engine core, worker | vLLM's shm message queue: a reader with nothing to read calls `sched_yield()` for 1 s after its last read, on the core its writer needs | `PD_ACCURACY_MQ_SPIN_SLEEP_US=100`: sleep between checks instead (harness.serve.plugins.idle.mq_spin) |
 | NIXL/UCX progress (`python`) | worker | polls the UCX worker's event fds | 1 ms poll timeout (harness.serve.connectors.nixl_idle); left at that |
 | `gloo_tcp_loop` x13 | worker | one per torch.distributed gloo group; `epoll_wait` with gloo's fixed 10 ms timeout | not configurable (gloo); TP1 groups of size 1 are vLLM's |
 | OpenMP team | worker | vLLM binds one OpenMP thread per core of VLLM_CPU_OMP_THREADS_BIND | one thread per pinned core already: no team to spin, OMP_WAIT_POLICY changes nothing |
@@ -20,12 +20,13 @@ from __future__ import annotations
 
 from typing import MutableMapping
 
-from harness.serve.plugins.idle.mq_spin import ENV as MQ_BUSY_LOOP_ENV
+from harness.serve.plugins.idle.mq_spin import ENV as MQ_SPIN_SLEEP_ENV
 
 # variable -> value for every CPU server (GPU servers keep vLLM's spinning: a GPU host has
 # cores to spare and the spin is what keeps its steps back to back)
 CPU_SERVER_ENV = {
-    MQ_BUSY_LOOP_ENV: "0",
+    # 100 us: off the run queue between checks; a CPU decode step takes milliseconds
+    MQ_SPIN_SLEEP_ENV: "100",
 }
 
 
