@@ -169,11 +169,11 @@ FP8_KV_CACHE_DTYPES = {
     "FLASHMLA": ("fp8", "fp8_e4m3"),
     "TRITON_MLA": ("fp8", "fp8_e4m3"),
 }
-# what an fp8 P/D pair of different dtypes must end in: the decode's NIXL handshake refuses the
-# prefill (cache_dtype is in compute_nixl_compatibility_hash) and vLLM's default
-# kv_load_failure_policy "fail" errors the request
+# what a P/D pair of different KV cache dtypes must end in: every request errors (vLLM's default
+# kv_load_failure_policy "fail": HTTP 500) and the decode's log names the refused handshake
+# (cache_dtype is in compute_nixl_compatibility_hash; the verdict quotes the decode's error line)
 KV_DTYPE_REFUSAL = (r"P/D evaluation failed: RequestsFailed: requests failed on \d+ of \d+ questions: "
-                    r".*(HTTP 500|finish_reason \"error\")")
+                    r".*NIXL compatibility hash mismatch")
 
 
 @rule("kv-cache-dtype-backend", "invalid")
@@ -206,8 +206,9 @@ def _kv_dtype_mismatch(cell: Cell, ctx: RuleContext) -> str | None:
         return None
     return (f"prefill {cell.prefill_kv_cache_dtype} and decode {cell.decode_kv_cache_dtype} KV "
             "caches: vLLM hashes cache_dtype into the NIXL compatibility hash, so the decode's "
-            "handshake refuses the prefill and every request errors (kv_load_failure_policy "
-            "fail); the refusal is the expected outcome, serving answers (right or wrong) is not")
+            "handshake refuses the prefill ('NIXL compatibility hash mismatch') and every request "
+            "errors (kv_load_failure_policy fail); that refusal is the expected outcome, serving "
+            "any answer (right or wrong) is not")
 
 
 # ---- prefix reuse ---------------------------------------------------------------------------

@@ -29,6 +29,8 @@ SMOKE = Cell(model="tiny-llama-gsm", compile="eager")
 GPU2 = PlatformInfo.from_spec("cuda:2")
 AMX = PlatformInfo.from_spec("cpu:avx2+avx512f+avx512_bf16+amx_bf16+amx_tile")
 AVX2 = PlatformInfo.from_spec("cpu:avx2")
+REFUSAL_RECORD = ("results/reference/cpu-kv-dtype-20261203/"
+                  "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-kv_p_auto_d_fp8.json")
 CATALOG = ModelCatalog({"d": ModelInfo("d", kind="dense", num_kv_heads=2, head_dim=64)})
 
 
@@ -172,9 +174,13 @@ def test_a_p_ne_d_dtype_cell_xfails_only_when_refused_loudly():
         return Verdict(status, reason, expected_failure=xfail[0].message,
                        expected_failure_match=KV_DTYPE_REFUSAL).outcome
 
-    refused = ("P/D evaluation failed: RequestsFailed: requests failed on 50 of 50 questions: "
-               "HTTP 500 Internal Server Error")
+    # the reason of results/reference/cpu-kv-dtype-20261203's P auto -> D fp8 record
+    record = Path(__file__).resolve().parents[2] / REFUSAL_RECORD
+    refused = json.loads(record.read_text())["verdict"]["reason"]
     assert outcome(FAIL, refused) == XFAIL
+    # requests that error for another reason are not the declared refusal
+    assert outcome(FAIL, "P/D evaluation failed: RequestsFailed: requests failed on 50 of 50 "
+                         "questions: HTTP 500 Internal Server Error x50") == FAIL
     assert outcome(PASS, "P/D matches the baseline") == XPASS          # served: not the expectation
     assert outcome(FAIL, "P/D accuracy is lower: 12% vs 98%") == FAIL  # served wrong: a real FAIL
 
