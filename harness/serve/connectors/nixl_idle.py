@@ -30,7 +30,6 @@ from typing import Any, Mapping
 
 import wrapt
 
-from harness.serve.plugins.idle import mq_spin
 
 # Child of vLLM's "vllm" logger so lines carry vLLM's format and reach the server log.
 logger = logging.getLogger("vllm.pd_accuracy.nixl_idle")
@@ -132,8 +131,6 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-    # rides on this plugin's entry point until it has its own (pyproject.toml is not edited here)
-    mq_spin.register()
     try:
         delay_us = parse_delay_us(os.environ)
         if delay_us == 0:

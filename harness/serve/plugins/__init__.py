@@ -8,6 +8,9 @@ so each is cheap, idempotent, never raises and does nothing unless it is relevan
 * :mod:`harness.serve.plugins.faults.decode` — canary faults on the decode server's received KV
   (``PD_ACCURACY_FAULT``, unset = off; :mod:`harness.serve.plugins.faults.spec`).
 * :mod:`harness.serve.plugins.startup` — fork start, the compile-cache key, AMX tile permission.
+* :mod:`harness.serve.plugins.idle.mq_spin` — vLLM's message-queue readers sleep between checks
+  instead of yielding the core their writer needs (``PD_ACCURACY_MQ_SPIN_SLEEP_US``; the CPU
+  thread budget sets it).
 
 The digest and the canaries listen on vLLM's KV connector interface
 (:mod:`harness.serve.plugins.kv_events.interface`), so they serve any connector; what one
