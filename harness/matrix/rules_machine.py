@@ -18,7 +18,7 @@ rule = RULES.rule
 # evaluation took 2.4-2.5x as long as in float32 (results/benchmarks/cpu-ci-20261202-s13). The KV
 # path under test stays the same there: CPU_ATTN lays a bf16 cache out for AMX only on AMX CPUs
 # (vLLM 0.32 cpu_attn._get_attn_isa); without AMX bf16 and float32 both take the "vec" page
-# order, NIXL moves the blocks byte for byte either way (twice the bytes), and the baseline runs
+# order, the connector moves the blocks byte for byte either way (twice the bytes), and the baseline runs
 # the same dtype. On an AMX host float32 would leave the AMX cache layout untested: no change.
 HOST_FALLBACK_DTYPE = "float32"
 
