@@ -324,3 +324,69 @@ def test_template_runs_leave_no_process(tmp_path: Path, when: str, action: str) 
                     pass
         log.close()
         shutil.rmtree(state, ignore_errors=True)
+
+
+# phase 6: two groups (p32, then p128), so the next group's servers start ahead during the first
+# group's last pair, and the first group is torn down while they start
+TWO_GROUPS_ARGV = [sys.executable, "-m", "harness.cli.main", "run", "--profile", "smoke",
+                   "-k", "(p32d32 or p128d128) and llama and not fault", "--max-questions", "50"]
+
+
+def _between_groups(when: str, tmp_path: Path) -> bool:
+    """next-group-ahead: the runner's progress line (stderr, unbuffered); group-teardown: the
+    first group's record is written (its servers are stopped next; stdout is block-buffered)."""
+    if when == "next-group-ahead":
+        return "first P/D pair ahead" in (tmp_path / "run.log").read_text(errors="replace")
+    return any((tmp_path / "results").glob("*/*.json"))
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.parametrize("when,action", [
+    ("next-group-ahead", "SIGKILL"), ("next-group-ahead", "SIGTERM"), ("group-teardown", "SIGKILL"),
+])
+def test_kills_between_groups_leave_no_process(tmp_path: Path, when: str, action: str) -> None:
+    import tempfile
+
+    state = tempfile.mkdtemp(prefix="pdk-")   # short: the template's socket path is bounded
+    env = {**os.environ, "TMPDIR": state}
+    log = open(tmp_path / "run.log", "w")
+    run = subprocess.Popen(TWO_GROUPS_ARGV + ["--results-dir", str(tmp_path / "results")],
+                           stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    seen: dict[int, psutil.Process] = {}
+    info: dict[int, dict] = {}
+    try:
+        started = time.monotonic()
+        while time.monotonic() - started < 900 and run.poll() is None and \
+                not _between_groups(when, tmp_path):
+            _record(run.pid, seen, info)
+            time.sleep(0.1)
+        assert run.poll() is None, (tmp_path / "run.log").read_text()[-2000:]
+        _record(run.pid, seen, info)
+        alive_at_act = [p for p in seen.values() if _alive(p)]
+        bound = _act(action, run, info, env)
+        acted = time.monotonic()
+        while time.monotonic() - acted < bound and \
+                (run.poll() is None or any(_alive(p) for p in alive_at_act)):
+            _record(run.pid, seen, info) if run.poll() is None else None
+            time.sleep(0.2)
+        survivors = [p for p in seen.values() if _alive(p)]
+        print(json.dumps({"phase": when, "action": action, "acted_after_s": round(acted - started, 1),
+                          "processes_at_act": len(alive_at_act), "survivors": len(survivors),
+                          "gone_after_s": round(time.monotonic() - acted, 1),
+                          "run_exit": run.poll()}))
+        assert sum(_is_server(_cmd(info, p.pid)) for p in alive_at_act) >= 3
+        assert run.poll() is not None, f"the run did not end within {bound:g}s of {action}"
+        assert not survivors, f"left behind after {action} at {when}: " \
+                              f"{[_describe(p, info) for p in survivors]}"
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+        for p in seen.values():
+            if _alive(p):
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
+        log.close()
+        shutil.rmtree(state, ignore_errors=True)
