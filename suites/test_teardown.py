@@ -11,7 +11,9 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import psutil
 import pytest
@@ -275,24 +277,56 @@ def _act(action: str, run: subprocess.Popen[bytes], info: dict[int, dict],
     ("serving", "kill-harness-and-watchdog"),                                # phase 7
 ])
 def test_template_runs_leave_no_process(tmp_path: Path, when: str, action: str) -> None:
+    t0: list[float] = []
+    out = _kill_a_run(tmp_path, RUN_ARGV + ["--server-start", "template"], action,
+                      lambda info: _template_phase(when, tmp_path, info, t0), poll_s=0.25,
+                      wait_s=600)
+    print(json.dumps({"phase": when, **out.summary}))
+    out.assert_clean(action, when)
+    assert not out.template_folders_left or action in ("SIGKILL", "kill-harness-and-watchdog"), \
+        "a template folder was left behind"
+
+
+@dataclass
+class KilledRun:
+    """What a run killed by `_kill_a_run` left: its summary, survivors, process facts."""
+
+    summary: dict
+    survivors: list[psutil.Process]
+    info: dict[int, dict]
+    alive_at_act: list[psutil.Process]
+    ended: bool
+    bound: float
+    template_folders_left: bool
+
+    def assert_clean(self, action: str, when: str) -> None:
+        assert self.ended, f"the run did not end within {self.bound:g}s of {action}"
+        assert not self.survivors, f"left behind after {action} at {when}: " \
+                                   f"{[_describe(p, self.info) for p in self.survivors]}"
+
+
+def _kill_a_run(tmp_path: Path, argv: list[str], action: str,
+                reached: Callable[[dict[int, dict]], bool], poll_s: float,
+                wait_s: float) -> KilledRun:
+    """Start `argv` (own session, own state dir), do `action` once `reached(info)`, and wait
+    until the run and every process it had are gone (or the action's bound passed); every
+    process is killed on the way out."""
     import tempfile
 
     state = tempfile.mkdtemp(prefix="pdk-")   # short: the template's socket path is bounded
     env = {**os.environ, "TMPDIR": state}
     log = open(tmp_path / "run.log", "w")
-    run = subprocess.Popen(RUN_ARGV + ["--server-start", "template",
-                                       "--results-dir", str(tmp_path / "results")],
-                           stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    run = subprocess.Popen(argv + ["--results-dir", str(tmp_path / "results")], stdout=log,
+                           stderr=subprocess.STDOUT, start_new_session=True, env=env)
     seen: dict[int, psutil.Process] = {}
     info: dict[int, dict] = {}
     try:
-        t0: list[float] = []
         started = time.monotonic()
-        while time.monotonic() - started < 600 and run.poll() is None:
+        while time.monotonic() - started < wait_s and run.poll() is None:
             _record(run.pid, seen, info)
-            if _template_phase(when, tmp_path, info, t0):
+            if reached(info):
                 break
-            time.sleep(0.25)
+            time.sleep(poll_s)
         assert run.poll() is None, (tmp_path / "run.log").read_text()[-2000:]
         _record(run.pid, seen, info)
         alive_at_act = [p for p in seen.values() if _alive(p)]
@@ -303,16 +337,12 @@ def test_template_runs_leave_no_process(tmp_path: Path, when: str, action: str) 
             _record(run.pid, seen, info) if run.poll() is None else None
             time.sleep(0.2)
         survivors = [p for p in seen.values() if _alive(p)]
-        summary = {"phase": when, "action": action, "acted_after_s": round(acted - started, 1),
+        summary = {"action": action, "acted_after_s": round(acted - started, 1),
                    "processes_at_act": len(alive_at_act), "forked": len(_forked(info)),
                    "survivors": len(survivors), "gone_after_s": round(time.monotonic() - acted, 1),
                    "run_exit": run.poll()}
-        print(json.dumps(summary))
-        assert run.poll() is not None, f"the run did not end within {bound:g}s of {action}"
-        assert not survivors, f"left behind after {action} at {when}: " \
-                              f"{[_describe(p, info) for p in survivors]}"
-        assert not list(Path(state).glob("pd-accuracy-*/templates/*")) or action in (
-            "SIGKILL", "kill-harness-and-watchdog"), "a template folder was left behind"
+        return KilledRun(summary, survivors, info, alive_at_act, run.poll() is not None, bound,
+                         bool(list(Path(state).glob("pd-accuracy-*/templates/*"))))
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
@@ -324,7 +354,6 @@ def test_template_runs_leave_no_process(tmp_path: Path, when: str, action: str) 
                     pass
         log.close()
         shutil.rmtree(state, ignore_errors=True)
-
 
 # phase 6: two groups (p32, then p128), so the next group's servers start ahead during the first
 # group's last pair, and the first group is torn down while they start
@@ -346,47 +375,8 @@ def _between_groups(when: str, tmp_path: Path) -> bool:
     ("next-group-ahead", "SIGKILL"), ("next-group-ahead", "SIGTERM"), ("group-teardown", "SIGKILL"),
 ])
 def test_kills_between_groups_leave_no_process(tmp_path: Path, when: str, action: str) -> None:
-    import tempfile
-
-    state = tempfile.mkdtemp(prefix="pdk-")   # short: the template's socket path is bounded
-    env = {**os.environ, "TMPDIR": state}
-    log = open(tmp_path / "run.log", "w")
-    run = subprocess.Popen(TWO_GROUPS_ARGV + ["--results-dir", str(tmp_path / "results")],
-                           stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    seen: dict[int, psutil.Process] = {}
-    info: dict[int, dict] = {}
-    try:
-        started = time.monotonic()
-        while time.monotonic() - started < 900 and run.poll() is None and \
-                not _between_groups(when, tmp_path):
-            _record(run.pid, seen, info)
-            time.sleep(0.1)
-        assert run.poll() is None, (tmp_path / "run.log").read_text()[-2000:]
-        _record(run.pid, seen, info)
-        alive_at_act = [p for p in seen.values() if _alive(p)]
-        bound = _act(action, run, info, env)
-        acted = time.monotonic()
-        while time.monotonic() - acted < bound and \
-                (run.poll() is None or any(_alive(p) for p in alive_at_act)):
-            _record(run.pid, seen, info) if run.poll() is None else None
-            time.sleep(0.2)
-        survivors = [p for p in seen.values() if _alive(p)]
-        print(json.dumps({"phase": when, "action": action, "acted_after_s": round(acted - started, 1),
-                          "processes_at_act": len(alive_at_act), "survivors": len(survivors),
-                          "gone_after_s": round(time.monotonic() - acted, 1),
-                          "run_exit": run.poll()}))
-        assert sum(_is_server(_cmd(info, p.pid)) for p in alive_at_act) >= 3
-        assert run.poll() is not None, f"the run did not end within {bound:g}s of {action}"
-        assert not survivors, f"left behind after {action} at {when}: " \
-                              f"{[_describe(p, info) for p in survivors]}"
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-        for p in seen.values():
-            if _alive(p):
-                try:
-                    p.kill()
-                except psutil.Error:
-                    pass
-        log.close()
-        shutil.rmtree(state, ignore_errors=True)
+    out = _kill_a_run(tmp_path, TWO_GROUPS_ARGV, action,
+                      lambda _info: _between_groups(when, tmp_path), poll_s=0.1, wait_s=900)
+    print(json.dumps({"phase": when, **out.summary}))
+    assert sum(_is_server(_cmd(out.info, p.pid)) for p in out.alive_at_act) >= 3
+    out.assert_clean(action, when)
