@@ -18,6 +18,8 @@ from typing import Callable
 import psutil
 import pytest
 
+from harness.serve.supervision.pause import PAUSE_ENV
+
 RUN_ARGV = [sys.executable, "-m", "harness.cli.main", "run", "--model", "tiny-llama-random",
             "--limit", "5", "--max-model-len", "4096", "--num-fewshot", "1", "--max-gen-toks", "16"]
 # the start-up phases below are an exec'd server's (imports, engine init, compile warm-up); the
@@ -229,7 +231,22 @@ def _forked(info: dict[int, dict]) -> list[int]:
     return [pid for pid in info if info[pid].get("ppid") in templates]
 
 
+PAUSE_LINE = "pd-accuracy pause at forked-unregistered: "   # harness.serve.supervision.pause
+
+
+def _paused_pids(tmp_path: Path) -> list[int]:
+    """The forked servers the harness holds before registering them (its pause lines)."""
+    text = (tmp_path / "run.log").read_text(errors="replace")
+    return [int(line.rsplit("pid=", 1)[1]) for line in text.splitlines()
+            if line.startswith(PAUSE_LINE) and line.rsplit("pid=", 1)[1].isdigit()]
+
+
 def _template_phase(when: str, tmp_path: Path, info: dict[int, dict], t0: list[float]) -> bool:
+    if when == "forked-unregistered":  # the template forked a server; the harness has not
+        return bool(_paused_pids(tmp_path))   # registered it (held there by the pause point)
+    if when == "unregistered-engine":  # ... and that server has started its engine core
+        paused = set(_paused_pids(tmp_path))
+        return any(i.get("ppid") in paused for i in info.values())
     if when == "template-importing":   # a template up a few seconds, nothing forked yet
         if _templates(info) and not t0:
             t0.append(time.monotonic())
@@ -272,16 +289,25 @@ def _act(action: str, run: subprocess.Popen[bytes], info: dict[int, dict],
 @pytest.mark.parametrize("when,action", [
     ("template-importing", "SIGINT"), ("template-importing", "SIGKILL"),     # phase 1
     ("forked-starting", "SIGKILL"), ("forked-starting", "SIGTERM"),          # phase 2
+    ("forked-unregistered", "SIGKILL"), ("forked-unregistered", "SIGTERM"),  # phase 3
+    ("unregistered-engine", "SIGKILL"), ("unregistered-engine", "SIGTERM"),  # phase 3
     ("forked-starting", "kill-template"),                                    # phase 4
     ("serving", "SIGTERM"), ("serving", "SIGHUP"),                           # phase 5
     ("serving", "kill-harness-and-watchdog"),                                # phase 7
 ])
 def test_template_runs_leave_no_process(tmp_path: Path, when: str, action: str) -> None:
     t0: list[float] = []
+    phase3 = when in ("forked-unregistered", "unregistered-engine")
     out = _kill_a_run(tmp_path, RUN_ARGV + ["--server-start", "template"], action,
                       lambda info: _template_phase(when, tmp_path, info, t0), poll_s=0.25,
-                      wait_s=600)
+                      wait_s=600, env={PAUSE_ENV: "forked-unregistered"} if phase3 else {})
     print(json.dumps({"phase": when, **out.summary}))
+    if phase3:   # the act landed in the window: a live forked server the harness had not
+        paused = set(_paused_pids(tmp_path))   # registered (not in its ledger), with its engine
+        alive = {p.pid for p in out.alive_at_act}
+        assert paused & alive and not paused & out.ledger_at_act, out.summary
+        if when == "unregistered-engine":
+            assert any(out.info[pid].get("ppid") in paused for pid in alive), out.summary
     out.assert_clean(action, when)
     assert not out.template_folders_left or action in ("SIGKILL", "kill-harness-and-watchdog"), \
         "a template folder was left behind"
@@ -298,23 +324,56 @@ class KilledRun:
     ended: bool
     bound: float
     template_folders_left: bool
+    ledger_at_act: set[int]        # the groups the run's process ledger held when it was acted on
+    ledger_live: list[int]         # ledger groups with a live process at the end
+    ports_listening: list[int]     # ports the run had reserved that something still listens on
 
     def assert_clean(self, action: str, when: str) -> None:
         assert self.ended, f"the run did not end within {self.bound:g}s of {action}"
         assert not self.survivors, f"left behind after {action} at {when}: " \
                                    f"{[_describe(p, self.info) for p in self.survivors]}"
+        assert not self.ledger_live, f"ledger groups still running: {self.ledger_live}"
+        assert not self.ports_listening, f"reserved ports still served: {self.ports_listening}"
+
+
+def _host_state(state: str, name: str) -> dict[str, dict]:
+    """The entries of a host store file (processes.json, registry.json) under the run's TMPDIR."""
+    entries: dict[str, dict] = {}
+    for path in Path(state).glob(f"pd-accuracy-*/{name}"):
+        try:
+            for section in json.loads(path.read_text()).values():
+                entries.update(section)
+        except (OSError, ValueError, AttributeError):
+            continue
+    return entries
+
+
+def _listening(ports: set[int]) -> list[int]:
+    return sorted({c.laddr.port for c in psutil.net_connections(kind="tcp")
+                   if c.status == psutil.CONN_LISTEN and c.laddr.port in ports})
+
+
+def _group_alive(pgid: int) -> bool:
+    """A member of group `pgid` runs (a zombie only waits to be reaped: nothing to kill)."""
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except (psutil.Error, ProcessLookupError):
+            continue
+    return False
 
 
 def _kill_a_run(tmp_path: Path, argv: list[str], action: str,
                 reached: Callable[[dict[int, dict]], bool], poll_s: float,
-                wait_s: float) -> KilledRun:
-    """Start `argv` (own session, own state dir), do `action` once `reached(info)`, and wait
-    until the run and every process it had are gone (or the action's bound passed); every
-    process is killed on the way out."""
+                wait_s: float, env: dict[str, str] | None = None) -> KilledRun:
+    """Start `argv` (own session, own state dir, `env` added), do `action` once `reached(info)`,
+    and wait until the run and every process it had are gone (or the action's bound passed);
+    every process is killed on the way out."""
     import tempfile
 
     state = tempfile.mkdtemp(prefix="pdk-")   # short: the template's socket path is bounded
-    env = {**os.environ, "TMPDIR": state}
+    env = {**os.environ, **(env or {}), "TMPDIR": state}
     log = open(tmp_path / "run.log", "w")
     run = subprocess.Popen(argv + ["--results-dir", str(tmp_path / "results")], stdout=log,
                            stderr=subprocess.STDOUT, start_new_session=True, env=env)
@@ -330,6 +389,8 @@ def _kill_a_run(tmp_path: Path, argv: list[str], action: str,
         assert run.poll() is None, (tmp_path / "run.log").read_text()[-2000:]
         _record(run.pid, seen, info)
         alive_at_act = [p for p in seen.values() if _alive(p)]
+        ledger_at_act = {int(k) for k in _host_state(state, "processes.json") if k.isdigit()}
+        ports = {int(k) for k in _host_state(state, "registry.json") if k.isdigit()}
         bound = _act(action, run, info, env)
         acted = time.monotonic()
         while time.monotonic() - acted < bound and \
@@ -337,12 +398,19 @@ def _kill_a_run(tmp_path: Path, argv: list[str], action: str,
             _record(run.pid, seen, info) if run.poll() is None else None
             time.sleep(0.2)
         survivors = [p for p in seen.values() if _alive(p)]
+        ledger_live = sorted(pgid for pgid in ledger_at_act | {
+            int(k) for k in _host_state(state, "processes.json") if k.isdigit()}
+            if _group_alive(pgid))
+        listening = _listening(ports)
         summary = {"action": action, "acted_after_s": round(acted - started, 1),
                    "processes_at_act": len(alive_at_act), "forked": len(_forked(info)),
                    "survivors": len(survivors), "gone_after_s": round(time.monotonic() - acted, 1),
-                   "run_exit": run.poll()}
+                   "run_exit": run.poll(), "ledger_at_act": len(ledger_at_act),
+                   "ledger_live": len(ledger_live), "ports_reserved": len(ports),
+                   "ports_listening": len(listening)}
         return KilledRun(summary, survivors, info, alive_at_act, run.poll() is not None, bound,
-                         bool(list(Path(state).glob("pd-accuracy-*/templates/*"))))
+                         bool(list(Path(state).glob("pd-accuracy-*/templates/*"))),
+                         ledger_at_act, ledger_live, listening)
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)

@@ -54,11 +54,13 @@ from harness.serve.supervision.registry import (
     total_rss_bytes,
 )
 from harness.serve.supervision.memory import peak_rss_of, rss_of
+from harness.serve.supervision.pause import pause_point
 from harness.serve.supervision.spawn import (PDEATHSIG_SUPPORTED, Launcher, call_from_long_lived_thread,
                                   child_preexec)
 
 
 LOG = logging.getLogger(__name__)
+FORKED_UNREGISTERED = "forked-unregistered"   # a pause point (harness.serve.supervision.pause)
 
 __all__ = [
     "ManagedProcess",
@@ -210,6 +212,9 @@ class ManagedProcess:
                         self.argv, env, self.cwd, self.log_path, self.cpu_affinity)
                 except (OSError, ValueError, ManagedProcessError) as exc:
                     raise ProcessStartError(self.name, str(exc), self.log_path) from exc
+                # kill phase 3 (forked, not yet registered): held open only for its test
+                pause_point(FORKED_UNREGISTERED, f"{self.name} pid={self._popen.pid}",
+                            lambda: process_registry.interrupted_by() is not None)
                 return self._started()
             preexec = child_preexec(os.getpid() if self.pdeathsig else None,
                                     announce, self.cpu_affinity)
