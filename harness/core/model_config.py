@@ -40,6 +40,13 @@ _SHAPE_KEYS = ("num_attention_heads", "num_hidden_layers", "max_position_embeddi
 # 32; FLASH_ATTN / TRITON_ATTN / FLASHINFER on CUDA: 16)
 KERNEL_BLOCK_ALIGNMENT = {"cpu": 32, "cuda": 16}
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
+# vLLM 0.32 CPU serves an MLA model with one of two backends (CpuPlatform.get_attn_backend_cls,
+# check_and_update_config): AMX_MLA where the CPU has AMX tiles (bf16 only, blocks a multiple of
+# 32, kept as asked), else CPU_MLA, whose decode kernel compiles for one block: it replaces any
+# asked block with 16 ("CPU MLA backend requires block_size=16, overriding ...")
+CPU_MLA_BLOCK = 16
+AMX_MLA_BLOCK_MULTIPLE = 32
+AMX_MLA_DTYPE = "bfloat16"
 
 
 class ModelConfigError(ValueError):
@@ -238,3 +245,16 @@ def smallest_kept_block(device: str, dtype: str, num_kv_heads: int, head_dim: in
     kernel = KERNEL_BLOCK_ALIGNMENT.get(device, 16)
     per_token = 2 * num_kv_heads * head_dim * _DTYPE_BYTES.get(str(dtype).lower(), 2)
     return kernel * math.ceil(page.bytes(device, dtype) / (kernel * per_token))
+
+
+def cpu_mla_backend(cpu_isa: tuple[str, ...] | list[str]) -> str:
+    """The backend vLLM CPU serves an MLA model with on a CPU with these ISA flags."""
+    return "AMX_MLA" if "amx_tile" in cpu_isa else "CPU_MLA"
+
+
+def cpu_mla_block_runs(block: int, cpu_isa: tuple[str, ...] | list[str]) -> int | None:
+    """The block vLLM CPU runs an MLA model at when asked for `block`: CPU_MLA replaces it with
+    16; AMX_MLA keeps a multiple of 32 and runs no other (None)."""
+    if cpu_mla_backend(cpu_isa) == "CPU_MLA":
+        return CPU_MLA_BLOCK
+    return block if block % AMX_MLA_BLOCK_MULTIPLE == 0 else None

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from harness.core.cell import DEVICES, Cell
 from harness.core.kv_connectors import KV_CONNECTORS
+from harness.core.model_config import (AMX_MLA_BLOCK_MULTIPLE, AMX_MLA_DTYPE, CPU_MLA_BLOCK,
+                                       cpu_mla_backend, cpu_mla_block_runs)
 from harness.core.platform import PlatformInfo
 from harness.matrix.rule_types import RuleContext, RuleList
 
@@ -66,6 +68,30 @@ def _fp8_kv_cpu_isa(cell: Cell, ctx: RuleContext) -> str | None:
         return None
     return ("vLLM CPU stores an fp8 KV cache only on x86 with AVX-512 or AMX ('FP8 KV cache on "
             f"CPU requires x86 with AVX-512 or AMX'); this host has {'+'.join(isa) or 'neither'}")
+
+
+@rule("cpu-mla-block", "unavailable")
+def _cpu_mla_block(cell: Cell, ctx: RuleContext) -> str | None:
+    """On CPU an MLA model runs at the block (and dtype) its MLA backend on this host takes:
+    CPU_MLA (no AMX) block 16 only, AMX_MLA blocks a multiple of 32 in bf16 (silent when the
+    ISA is not known)."""
+    isa = ctx.platform.cpu_isa if ctx.platform is not None else None
+    if cell.device != "cpu" or ctx.model.attention != "mla" or isa is None:
+        return None
+    backend = cpu_mla_backend(isa)
+    wrong = [b for b in sorted({cell.prefill_block_size, cell.decode_block_size})
+             if cpu_mla_block_runs(b, isa) != b]
+    if backend == "CPU_MLA" and wrong:
+        return (f"vLLM CPU serves {cell.model} with CPU_MLA on this host (no amx_tile), which "
+                f"runs block {CPU_MLA_BLOCK} only: it would silently run block {wrong[0]} as "
+                f"{CPU_MLA_BLOCK}; use block_size {CPU_MLA_BLOCK}")
+    if backend == "AMX_MLA" and wrong:
+        return (f"vLLM CPU serves {cell.model} with AMX_MLA on this host (amx_tile), which runs "
+                f"blocks that are a multiple of {AMX_MLA_BLOCK_MULTIPLE} only, not {wrong[0]}")
+    if backend == "AMX_MLA" and cell.dtype != AMX_MLA_DTYPE:
+        return (f"vLLM CPU serves {cell.model} with AMX_MLA on this host (amx_tile), which "
+                f"computes {AMX_MLA_DTYPE} only, not {cell.dtype}")
+    return None
 
 
 @rule("vllm-device", "unavailable")

@@ -156,6 +156,12 @@ CASES = [
     ("kv-cache-fp8-cpu-isa", cpu_cell(**kv("fp8")), cpu_cell(**kv("fp8")), "isa"),
     ("kv-cache-fp8-cpu-isa", cpu_cell(), cpu_cell(**kv("fp8_e5m2")), AVX2),
     ("kv-cache-fp8-cpu-isa", gpu_cell(**kv("fp8")), cpu_cell(**kv("auto", "fp8")), AVX2),
+    # an MLA model on CPU: CPU_MLA (no AMX) runs block 16 only, AMX_MLA multiples of 32 in bf16
+    ("cpu-mla-block", cpu_cell(model="mla", **blocks(16)), cpu_cell(model="mla", **blocks(128)), AVX2),
+    ("cpu-mla-block", cpu_cell(**blocks(128)), cpu_cell(model="mla", **blocks(16, 128)), AVX2),
+    ("cpu-mla-block", cpu_cell(model="mla", **blocks(128)), cpu_cell(model="mla", **blocks(16)), AMX),
+    ("cpu-mla-block", cpu_cell(model="mla", **blocks(64)),
+     cpu_cell(model="mla", dtype="float32", **blocks(128)), AMX),
     ("vllm-device", cpu_cell(), gpu_cell(), None),
     ("vllm-v2-runner", gpu_cell(runner="v1"), gpu_cell(runner="v2"), None),
     ("vllm-backend", gpu_cell(backend="FLASH_ATTN"), gpu_cell(backend="TRITON_ATTN"), None),
@@ -298,7 +304,8 @@ def test_rules_are_checked_and_listed_by_subject_in_a_fixed_order():
         "hybrid-tp-multiple", "granite-hybrid-cpu-prefix-caching", "tp-divides-kv-heads",
         "backend-head-size", "flashinfer-sliding-window", "mla-backend", "max-model-len",
         # this machine (rules_machine)
-        "gpu-count", "netns-host", "kv-cache-fp8-cpu-isa", "vllm-device", "vllm-v2-runner", "vllm-backend", "vllm-kv-connector",
+        "gpu-count", "netns-host", "kv-cache-fp8-cpu-isa", "cpu-mla-block", "vllm-device", "vllm-v2-runner",
+            "vllm-backend", "vllm-kv-connector",
     ]
 
 
