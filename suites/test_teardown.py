@@ -291,6 +291,7 @@ def _act(action: str, run: subprocess.Popen[bytes], info: dict[int, dict],
     ("forked-starting", "SIGKILL"), ("forked-starting", "SIGTERM"),          # phase 2
     ("forked-unregistered", "SIGKILL"), ("forked-unregistered", "SIGTERM"),  # phase 3
     ("unregistered-engine", "SIGKILL"), ("unregistered-engine", "SIGTERM"),  # phase 3
+    ("unregistered-engine", "kill-harness-and-watchdog"),                    # phase 3 + 7
     ("forked-starting", "kill-template"),                                    # phase 4
     ("serving", "SIGTERM"), ("serving", "SIGHUP"),                           # phase 5
     ("serving", "kill-harness-and-watchdog"),                                # phase 7
