@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import stat
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -46,3 +47,79 @@ def _readable(p: psutil.Process) -> bool:
         return True
     except psutil.Error:
         return False
+
+
+# kill phase 3 without vLLM: a template stand-in with the template's own SIGTERM handling forks a
+# "server" (its own session) that starts an "engine" (in its group); the harness stand-in dies
+TEMPLATE = """
+import os, subprocess, sys, time
+from harness.serve.template.server import kill_servers_when_orphaned
+children = {}
+kill_servers_when_orphaned(children, os.getppid())
+pid = os.fork()
+if pid == 0:
+    os.setsid()
+    engine = subprocess.Popen(["sleep", "60"])
+    with open(sys.argv[1] + ".tmp", "w") as f:
+        f.write(f"{os.getpid()} {engine.pid}")
+    os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+    time.sleep(60)
+    os._exit(0)
+children[pid] = ""
+time.sleep(60)
+"""
+HARNESS = """
+import os, subprocess, sys, time
+from harness.serve.supervision.spawn import pdeathsig_preexec
+t = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]],
+                     preexec_fn=pdeathsig_preexec(os.getpid()), start_new_session=True)
+print(t.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("who", ["harness-killed", "template-stopped"])
+def test_an_orphaned_template_kills_its_servers_groups(tmp_path, who):
+    import signal
+    import subprocess
+
+    out = tmp_path / "pids"
+    harness = subprocess.Popen([sys.executable, "-c", HARNESS, TEMPLATE, str(out)],
+                               stdout=subprocess.PIPE, text=True, start_new_session=True,
+                               env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    server = engine = None
+    try:
+        template = int(harness.stdout.readline())
+        for _ in range(200):
+            if out.exists():
+                break
+            time.sleep(0.05)
+        server, engine = map(int, out.read_text().split())
+        if who == "harness-killed":   # the template gets SIGTERM (parent death), re-parented
+            harness.kill()
+        else:                          # a live harness stops its template: the servers are its own
+            os.kill(template, signal.SIGTERM)
+        for _ in range(100):
+            if _gone(template) and (_gone(server) and _gone(engine) or who != "harness-killed"):
+                break
+            time.sleep(0.05)
+        assert _gone(template)
+        if who == "harness-killed":
+            assert _gone(server) and _gone(engine), "the server's group outlived its template"
+        else:
+            assert not _gone(server) and not _gone(engine)
+    finally:
+        harness.kill()
+        harness.wait()
+        if server is not None:
+            try:
+                os.killpg(server, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

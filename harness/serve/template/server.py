@@ -19,8 +19,12 @@ cannot cross a fork). It is the state vLLM's API server is in when it forks its 
 
 Protocol (a UNIX socket, one JSON line each way): ``{"argv", "env", "cwd", "log", "cores",
 "rc_path"}`` -> ``{"pid"}`` or ``{"error"}``. The child leads a new session (its own process
-group: the harness stops it by PGID), gets SIGTERM when the template dies (the template gets it
-when the harness dies), and the template writes its exit status to ``rc_path`` when it reaps it.
+group: the harness stops it by PGID), gets SIGKILL when the template dies, and the template
+writes its exit status to ``rc_path`` when it reaps it. The template gets SIGTERM when the
+harness dies; it then SIGKILLs the group of every server it forked before it exits
+(:func:`kill_servers_when_orphaned`): the harness may have died before it registered the
+newest one (the watchdog and the ledger know it by then only if a scan saw it), and that
+server's engine core, in its group, has no parent-death signal of its own.
 
 Hand-written because no library forks a pre-imported interpreter into a given argv, environment
 and session: ``multiprocessing``'s forkserver hands back Python objects to its own caller, not a
@@ -120,6 +124,25 @@ def _reap(children: dict[int, str]) -> None:
             os.replace(tmp, rc_path)
 
 
+def kill_servers_when_orphaned(children: dict[int, str], harness_pid: int) -> None:
+    """On SIGTERM once the harness is gone (its parent-death signal: the template was
+    re-parented), SIGKILL every forked server's group not yet reaped, then die of the signal.
+    SIGTERM from a live harness (a normal stop) leaves the servers to it."""
+    template_pid = os.getpid()
+
+    def on_term(signum: int, frame: object) -> None:
+        if os.getpid() == template_pid and os.getppid() != harness_pid:
+            for pid in list(children):
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+
+
 def read_json_line(conn: socket.socket) -> dict:
     """One JSON line from ``conn`` (both sides of the protocol); {} when it closed first."""
     data = b""
@@ -138,6 +161,7 @@ def serve(socket_path: str) -> None:
     listener.listen(64)
     template_pid = os.getpid()
     children: dict[int, str] = {}
+    kill_servers_when_orphaned(children, os.getppid())
     print(f"{READY_LINE} pid={template_pid} socket={socket_path}", flush=True)
     while True:
         readable, _, _ = select.select([listener], [], [], 0.2)
