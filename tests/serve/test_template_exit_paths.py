@@ -55,7 +55,7 @@ TEMPLATE = """
 import os, subprocess, sys, time
 from harness.serve.template.server import kill_servers_when_orphaned
 children = {}
-kill_servers_when_orphaned(children, os.getppid())
+kill_servers_when_orphaned(children)
 pid = os.fork()
 if pid == 0:
     os.setsid()
@@ -71,8 +71,10 @@ time.sleep(60)
 HARNESS = """
 import os, subprocess, sys, time
 from harness.serve.supervision.spawn import pdeathsig_preexec
+from harness.serve.template.server import HARNESS_GONE
 t = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]],
-                     preexec_fn=pdeathsig_preexec(os.getpid()), start_new_session=True)
+                     preexec_fn=pdeathsig_preexec(os.getpid(), HARNESS_GONE),
+                     start_new_session=True)
 print(t.pid, flush=True)
 time.sleep(60)
 """
@@ -102,7 +104,7 @@ def test_an_orphaned_template_kills_its_servers_groups(tmp_path, who):
                 break
             time.sleep(0.05)
         server, engine = map(int, out.read_text().split())
-        if who == "harness-killed":   # the template gets SIGTERM (parent death), re-parented
+        if who == "harness-killed":   # the template gets its parent-death signal
             harness.kill()
         else:                          # a live harness stops its template: the servers are its own
             os.kill(template, signal.SIGTERM)

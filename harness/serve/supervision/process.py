@@ -91,7 +91,8 @@ class ManagedProcess:
     ``env`` values are layered over ``os.environ`` (``inherit_env=True``) or used alone; a value
     of ``None`` removes that variable. ``PYTHONUNBUFFERED=1`` is set unless ``env`` says otherwise,
     so the log is current when the server dies. With ``pdeathsig=True`` (Linux) the child gets
-    SIGTERM if the harness dies, even by SIGKILL; the harness's ``watchdog`` then SIGKILLs what
+    SIGTERM (``parent_death_signal``) if the harness dies, even by SIGKILL; the harness's
+    ``watchdog`` then SIGKILLs what
     is left of its tree. Use as a context manager, or call ``start()`` and ``stop()``; every
     started process is also stopped by ``stop_all()`` and at exit.
     """
@@ -106,6 +107,7 @@ class ManagedProcess:
         *,
         inherit_env: bool = True,
         pdeathsig: bool = True,
+        parent_death_signal: int = signal.SIGTERM,
         cpu_affinity: Iterable[int] | None = None,
         template: Launcher | None = None,
     ) -> None:
@@ -118,6 +120,7 @@ class ManagedProcess:
         self.cwd = None if cwd is None else Path(cwd)
         self.inherit_env = inherit_env
         self.pdeathsig = pdeathsig and PDEATHSIG_SUPPORTED
+        self.parent_death_signal = parent_death_signal   # what ``pdeathsig`` sends
         # the cores the child and all it starts may run on, set before exec (None: inherited)
         self.cpu_affinity = frozenset(cpu_affinity) if cpu_affinity else None
         # forked from a server template (vLLM imported already) instead of exec'd afresh
@@ -217,7 +220,7 @@ class ManagedProcess:
                             lambda: process_registry.interrupted_by() is not None)
                 return self._started()
             preexec = child_preexec(os.getpid() if self.pdeathsig else None,
-                                    announce, self.cpu_affinity)
+                                    announce, self.cpu_affinity, self.parent_death_signal)
 
             def spawn() -> subprocess.Popen[bytes]:
                 return subprocess.Popen(

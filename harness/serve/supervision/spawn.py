@@ -63,12 +63,14 @@ def affinity_preexec(cores: frozenset[int]) -> Callable[[], None]:
 
 
 def child_preexec(pdeathsig_parent: int | None, announce: Callable[[], None] | None,
-                  cpu_affinity: frozenset[int] | None = None) -> Callable[[], None] | None:
-    """The ``preexec_fn`` of a server: the parent-death signal (when ``pdeathsig_parent`` is
-    given: the caller's PID), its CPU cores (``cpu_affinity``), and then ``announce`` (the
-    watchdog's registration of the new group); None when none is wanted."""
+                  cpu_affinity: frozenset[int] | None = None,
+                  pdeathsig_signal: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """The ``preexec_fn`` of a server: the parent-death signal ``pdeathsig_signal`` (when
+    ``pdeathsig_parent`` is given: the caller's PID), its CPU cores (``cpu_affinity``), and then
+    ``announce`` (the watchdog's registration of the new group); None when none is wanted."""
     parts = [part for part in (
-        pdeathsig_preexec(pdeathsig_parent) if pdeathsig_parent is not None else None,
+        pdeathsig_preexec(pdeathsig_parent, pdeathsig_signal) if pdeathsig_parent is not None
+        else None,
         affinity_preexec(cpu_affinity) if cpu_affinity else None,
         announce) if part is not None]
     if not parts:

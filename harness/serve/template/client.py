@@ -29,7 +29,7 @@ import psutil
 from harness.serve.host.liveness import is_zombie, process_create_time
 from harness.serve.host.store import default_state_dir, owned_dir
 from harness.serve.supervision.errors import ProcessStartError
-from harness.serve.template.server import READY_LINE, SERVER_MODULE, read_json_line
+from harness.serve.template.server import HARNESS_GONE, READY_LINE, SERVER_MODULE, read_json_line
 
 TEMPLATE_MODULE = "harness.serve.template.server"
 TEMPLATE_START_TIMEOUT_S = 600.0
@@ -126,7 +126,7 @@ class ServerTemplate:
         self.process = ManagedProcess(
             f"server-template{tag}", [python, "-m", TEMPLATE_MODULE, str(self.socket_path)],
             Path(log_dir) / f"server-template{tag}.log", env=base, inherit_env=False,
-            cpu_affinity=self.cores)
+            cpu_affinity=self.cores, parent_death_signal=HARNESS_GONE)
         self._lock = threading.Lock()
         self._started = False
         self._count = 0

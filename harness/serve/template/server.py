@@ -20,11 +20,14 @@ cannot cross a fork). It is the state vLLM's API server is in when it forks its 
 Protocol (a UNIX socket, one JSON line each way): ``{"argv", "env", "cwd", "log", "cores",
 "rc_path"}`` -> ``{"pid"}`` or ``{"error"}``. The child leads a new session (its own process
 group: the harness stops it by PGID), gets SIGKILL when the template dies, and the template
-writes its exit status to ``rc_path`` when it reaps it. The template gets SIGTERM when the
-harness dies; it then SIGKILLs the group of every server it forked before it exits
+writes its exit status to ``rc_path`` when it reaps it. The template gets ``HARNESS_GONE``
+(SIGHUP: it has no terminal, nothing else sends it) when the harness dies, SIGTERM when the
+harness stops it. On the first it SIGKILLs the group of every server it forked before it exits
 (:func:`kill_servers_when_orphaned`): the harness may have died before it registered the
 newest one (the watchdog and the ledger know it by then only if a scan saw it), and that
-server's engine core, in its group, has no parent-death signal of its own.
+server's engine core, in its group, has no parent-death signal of its own. A signal of its
+own, not the parent's PID: a SIGKILLed harness's threads die one by one, and the template is
+signalled when its forking thread dies, re-parented to a thread of the same dying harness.
 
 Hand-written because no library forks a pre-imported interpreter into a given argv, environment
 and session: ``multiprocessing``'s forkserver hands back Python objects to its own caller, not a
@@ -51,6 +54,7 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # =forkserver): the engine client and everything below it, nothing that starts a thread or CUDA
 PRELOAD = ("vllm.v1.engine.async_llm", SERVER_MODULE)
 READY_LINE = "server-template ready"
+HARNESS_GONE = signal.SIGHUP   # the template's parent-death signal (harness.serve.template.client)
 
 
 def preload() -> None:
@@ -124,14 +128,13 @@ def _reap(children: dict[int, str]) -> None:
             os.replace(tmp, rc_path)
 
 
-def kill_servers_when_orphaned(children: dict[int, str], harness_pid: int) -> None:
-    """On SIGTERM once the harness is gone (its parent-death signal: the template was
-    re-parented), SIGKILL every forked server's group not yet reaped, then die of the signal.
-    SIGTERM from a live harness (a normal stop) leaves the servers to it."""
+def kill_servers_when_orphaned(children: dict[int, str]) -> None:
+    """On HARNESS_GONE (the harness died), SIGKILL every forked server's group not yet reaped,
+    then die of the signal. SIGTERM (the harness stops the template) leaves the servers to it."""
     template_pid = os.getpid()
 
-    def on_term(signum: int, frame: object) -> None:
-        if os.getpid() == template_pid and os.getppid() != harness_pid:
+    def on_gone(signum: int, frame: object) -> None:
+        if os.getpid() == template_pid:   # not a fork before it reset the handler
             for pid in list(children):
                 try:
                     os.killpg(pid, signal.SIGKILL)
@@ -140,7 +143,7 @@ def kill_servers_when_orphaned(children: dict[int, str], harness_pid: int) -> No
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
-    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(HARNESS_GONE, on_gone)
 
 
 def read_json_line(conn: socket.socket) -> dict:
@@ -161,7 +164,7 @@ def serve(socket_path: str) -> None:
     listener.listen(64)
     template_pid = os.getpid()
     children: dict[int, str] = {}
-    kill_servers_when_orphaned(children, os.getppid())
+    kill_servers_when_orphaned(children)
     print(f"{READY_LINE} pid={template_pid} socket={socket_path}", flush=True)
     while True:
         readable, _, _ = select.select([listener], [], [], 0.2)
