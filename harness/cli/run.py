@@ -75,7 +75,8 @@ def _add_adhoc_cell(p: argparse.ArgumentParser) -> None:
     adhoc.add_argument("--async-scheduling", choices=ASYNC_SCHEDULING, default=_CELL.async_scheduling,
                        help="on: --async-scheduling, off: --no-async-scheduling, every server (GPU)")
     adhoc.add_argument("--spec-decode", choices=SPEC_DECODE_METHODS, default=_CELL.spec_decode,
-                       help="speculative decoding on the decode and the baseline (--speculative-config)")
+                       help="speculative decoding on the decode and the baseline (--speculative-config); "
+                            "a draft model (draft_p1_d3) on the prefill too, with its own count")
     adhoc.add_argument("--prefix-reuse", action="store_true",
                        help="prompts share a long prefix that the decode holds in its own prefix cache")
     adhoc.add_argument("--chunked-prefill", type=int, default=_CELL.chunked_prefill, metavar="TOKENS",

@@ -38,7 +38,11 @@ NETWORKS = ("local", "netns")
 # default of each is what vLLM does unasked; a cell's id names the ones it sets, and its baseline
 # key those the baseline server runs too (every one but kv_layout, which only the decode sets).
 ASYNC_SCHEDULING = ("default", "on", "off")     # --async-scheduling / --no-async-scheduling
-SPEC_DECODE_METHODS = ("ngram",)                # --speculative-config on decode and baseline
+# --speculative-config on decode and baseline; a draft-model value names each side's count of
+# speculative tokens (draft_p1_d3: P 1, D 3, as vLLM's P/D CI runs it): the prefill runs the
+# draft too, so that both sides hold the draft's KV layers (harness.serve.launch.server_spec)
+DRAFT_MODEL_SPEC_DECODE = ("draft_p1_d3",)
+SPEC_DECODE_METHODS = ("ngram",) + DRAFT_MODEL_SPEC_DECODE
 CUDAGRAPH_MODES = ("default", "FULL", "PIECEWISE", "NONE")   # --compilation-config cudagraph_mode
 KV_LAYOUTS = ("default", "HND", "NHD")          # VLLM_KV_CACHE_LAYOUT of the decode server
 # --kv-cache-dtype of the prefill and of the decode (the baseline runs the decode's); "fp8" is

@@ -33,6 +33,11 @@ not in the cache blocks, so NIXL moves blocks only and no scale crosses to the d
 attention bytes per token use 1 byte per element then. MLA's fp8 formats pack scales into the
 latent (FlashMLA's fp8_ds_mla), so an fp8 latent cache is not modelled.
 
+A draft model for speculative decoding (vLLM's draft_model method) adds its own attention
+layers to the server's KV cache; with the target's page size they share its KV cache group, so
+a P/D pair whose both sides run the draft moves the draft's KV of the same blocks too
+(`with_draft`).
+
 Pure: no vLLM import. Models whose geometry this does not model (an fp8 latent cache, a window
 without per-layer types, a hybrid with a window, a --kv-cache-dtype in extra_args) raise
 GeometryUnknown with the reason, and the check is skipped with that reason in the record rather
@@ -66,6 +71,7 @@ class KvGeometry:
     state_layers: int = 0           # SSM / linear-attention layers (one state per request each)
     latent: bool = False            # MLA: head_dim is the latent size, one vector per token
     sliding_layers: int = 0         # attention layers with a window (their group lists null ids)
+    draft_layers: int = 0           # of attention_layers, a draft model's (speculative decoding)
 
     @property
     def attention_bytes_per_token(self) -> int:
@@ -79,7 +85,7 @@ class KvGeometry:
         return {"attention_layers": self.attention_layers, "kv_heads": self.kv_heads,
                 "head_dim": self.head_dim, "dtype_bytes": self.dtype_bytes,
                 "state_layers": self.state_layers, "latent": self.latent,
-                "sliding_layers": self.sliding_layers,
+                "sliding_layers": self.sliding_layers, "draft_layers": self.draft_layers,
                 "attention_bytes_per_token": self.attention_bytes_per_token}
 
 
@@ -140,4 +146,18 @@ def geometry_from_config(config: Mapping[str, Any], dtype: str,
                       sliding_layers=sliding)
 
 
-__all__ = ["DTYPE_BYTES", "KV_CACHE_DTYPE_BYTES", "GeometryUnknown", "KvGeometry", "geometry_from_config"]
+def with_draft(target: KvGeometry, draft: KvGeometry) -> KvGeometry:
+    """``target`` served with a draft model (vLLM's draft_model method): the draft's attention
+    layers join the target's KV cache group when their page is the same (same KV heads, head
+    dim and cache dtype), so the same blocks of them cross; another page is not modelled."""
+    same_page = ((draft.kv_heads, draft.head_dim, draft.dtype_bytes, draft.latent)
+                 == (target.kv_heads, target.head_dim, target.dtype_bytes, target.latent))
+    if not same_page or draft.state_layers or draft.sliding_layers or target.sliding_layers:
+        raise GeometryUnknown("a draft model whose KV page differs from the target's (its own "
+                              "KV cache group) is not modelled")
+    return KvGeometry(target.attention_layers + draft.attention_layers, target.kv_heads,
+                      target.head_dim, target.dtype_bytes, state_layers=target.state_layers,
+                      latent=target.latent, draft_layers=draft.attention_layers)
+
+
+__all__ = ["DTYPE_BYTES", "KV_CACHE_DTYPE_BYTES", "GeometryUnknown", "KvGeometry", "geometry_from_config", "with_draft"]

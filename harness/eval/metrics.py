@@ -23,6 +23,10 @@ LEGACY_COUNTER_NAMES = {"nixl_bytes": "kv_bytes", "nixl_transfers": "kv_transfer
                         "nixl_expired_requests": "expired_requests"}
 
 
+_SPEC_COUNTERS = {"vllm:spec_decode_num_draft_tokens_total": "spec_draft_tokens",
+                  "vllm:spec_decode_num_accepted_tokens_total": "spec_accepted_tokens"}
+
+
 @dataclass(frozen=True)
 class TransferCounters:
     prompt_tokens_local: float = 0.0        # source="local_compute": decode computed itself
@@ -34,6 +38,11 @@ class TransferCounters:
     failed_notifications: float = 0.0
     expired_requests: float = 0.0
     requests_finished: float = 0.0          # vllm:request_success_total (all reasons, decode)
+    # speculative decoding on the decode: tokens its drafter proposed, and those the target
+    # accepted (a draft model reads the prompt KV it received: a draft KV that did not cross
+    # shows as a lower acceptance than the baseline's)
+    spec_draft_tokens: float = 0.0          # vllm:spec_decode_num_draft_tokens_total
+    spec_accepted_tokens: float = 0.0       # vllm:spec_decode_num_accepted_tokens_total
 
     @property
     def prompt_tokens_total(self) -> float:
@@ -73,6 +82,8 @@ def parse_transfer_counters(text: str, connector: KvConnector | None = None,
                     by_source[src] += value
             elif name == "vllm:request_success_total":
                 acc["requests_finished"] += value
+            elif name in _SPEC_COUNTERS:
+                acc[_SPEC_COUNTERS[name]] += value
     acc["prompt_tokens_local"] = by_source["local_compute"]
     acc["prompt_tokens_cache_hit"] = by_source["local_cache_hit"]
     acc["prompt_tokens_external"] = by_source["external_kv_transfer"]

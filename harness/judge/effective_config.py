@@ -17,6 +17,7 @@ from harness.core.cell import Cell
 from harness.core.outcomes import ERROR
 from harness.judge.verdict import Check, Verdict
 from harness.serve.launch.effective_config import EffectiveConfig
+from harness.serve.launch.server_spec import speculative_expectation
 
 CHECK = "effective-config"
 REASON_PREFIX = "not judged as this cell (its servers ran another configuration)"
@@ -38,6 +39,17 @@ def _same_backend(cell: Cell, ran: str | None) -> bool:
     if cell.device == "cpu" and cell.backend == "CPU_ATTN" and str(ran).endswith("_MLA"):
         return True
     return ran == cell.backend
+
+
+def _speculative_mismatch(who: str, c: EffectiveConfig,
+                          wanted: tuple[str, int] | None) -> list[str]:
+    """The server's speculative method and token count against the cell's for its role."""
+    method, tokens = wanted or ("none", None)
+    if _said(c, "speculative_config") and (c.speculative_config or "none") != method:
+        return [f"{who} ran speculative decoding {c.speculative_config}, the cell says {method}"]
+    if tokens is not None and _said(c, "speculative_tokens") and c.speculative_tokens != tokens:
+        return [f"{who} ran {c.speculative_tokens} speculative tokens, the cell says {tokens}"]
+    return []
 
 
 def mismatches(cell: Cell, configs: Mapping[str, EffectiveConfig]) -> list[str]:
@@ -62,10 +74,7 @@ def mismatches(cell: Cell, configs: Mapping[str, EffectiveConfig]) -> list[str]:
         if _said(c, "enforce_eager") and c.enforce_eager != (cell.compile == "eager"):
             lines.append(f"{who} ran {'eager' if c.enforce_eager else 'compiled'}, the cell says "
                          f"{cell.compile}")
-        spec = cell.spec_decode if kind != "prefill" else None
-        if _said(c, "speculative_config") and (c.speculative_config or "none") != (spec or "none"):
-            lines.append(f"{who} ran speculative decoding {c.speculative_config}, the cell says "
-                         f"{spec or 'none'}")
+        lines += _speculative_mismatch(who, c, speculative_expectation(cell.spec_decode, kind))
         if _said(c, "async_scheduling") and cell.async_scheduling == "on" and not c.async_scheduling:
             lines.append(f"{who} ran without async scheduling, the cell says on")
     return lines

@@ -11,10 +11,11 @@ Registered in the order they are checked (harness.matrix.rules runs these after 
 """
 from __future__ import annotations
 
-from harness.core.cell import (ASYNC_SCHEDULING, CUDAGRAPH_MODES, KV_CACHE_DTYPES, KV_LAYOUTS,
-                               SPEC_DECODE_METHODS, Cell)
+from harness.core.cell import (ASYNC_SCHEDULING, CUDAGRAPH_MODES, DRAFT_MODEL_SPEC_DECODE,
+                               KV_CACHE_DTYPES, KV_LAYOUTS, SPEC_DECODE_METHODS, Cell)
 from harness.matrix.rule_types import RuleContext, RuleList
 from harness.matrix.rules_models import NO_PREFIX_CACHING
+from harness.zoo import registry
 MIN_CHUNK_TOKENS = 16     # the smallest chunked-prefill budget a cell may ask for (see the rule)
 
 RULES = RuleList()
@@ -40,7 +41,8 @@ def _vocabulary(name: str, field: str, allowed: tuple[str, ...], summary: str,
 _vocabulary("known-async-scheduling", "async_scheduling", ASYNC_SCHEDULING,
             "Async scheduling is vLLM's default, on (--async-scheduling) or off (--no-async-scheduling).")
 _vocabulary("known-spec-decode", "spec_decode", SPEC_DECODE_METHODS,
-            "Speculative decoding is off (null) or a method the harness configures (ngram).",
+            "Speculative decoding is off (null) or a method the harness configures (ngram, or "
+            "the zoo's draft model with P and D token counts: draft_p1_d3).",
             nullable=True)
 _vocabulary("known-cudagraph-mode", "cudagraph_mode", CUDAGRAPH_MODES,
             "The CUDA-graph mode is vLLM's default or one of FULL, PIECEWISE, NONE.")
@@ -89,6 +91,27 @@ def _async_spec(cell: Cell, ctx: RuleContext) -> str | None:
                 "vllm/config/vllm.py); by default it turns async off for ngram: use "
                 "async_scheduling default with spec_decode ngram")
     return None
+
+
+@rule("draft-model-zoo-target", "invalid")
+def _draft_target(cell: Cell, ctx: RuleContext) -> str | None:
+    """The zoo's draft model speaks the zoo's tokenizer: its target must be a zoo model."""
+    if cell.spec_decode not in DRAFT_MODEL_SPEC_DECODE or cell.model in registry.zoo_names():
+        return None
+    return (f"spec_decode {cell.spec_decode} drafts with the zoo's tiny-llama-gsm-draft, whose "
+            f"tokenizer and 1,024-token vocabulary are the zoo's; {cell.model} has its own, and "
+            "vLLM's draft_model method proposes token ids of the target's vocabulary: use a zoo "
+            "model, or ngram")
+
+
+@rule("draft-model-on-both-sides", "note")
+def _draft_both_sides(cell: Cell, ctx: RuleContext) -> str | None:
+    """A draft model runs on the prefill too (1 token), the decode and the baseline (3)."""
+    if cell.spec_decode not in DRAFT_MODEL_SPEC_DECODE:
+        return None
+    return ("the prefill runs the draft with 1 speculative token, the decode and the baseline "
+            "with 3 (vLLM's P/D CI): vLLM adds the draft's attention layers to each server's KV "
+            "cache, so the pair moves them with the target's and the byte account counts them")
 
 
 @rule("cudagraph-mode-cuda-only", "invalid")

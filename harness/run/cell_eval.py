@@ -28,6 +28,7 @@ from harness.run.stages import BaselineRound, EndpointAsker, QuestionOrder, Stag
 from harness.run.transfer_evidence import (ByteGeometry, DigestFiles, link_evidence, link_start,
                                            pair_counters, read_proxy_records, transfer_proof)
 from harness.serve.deploy import DeployContext, Deployment, Endpoint, ProxyDeployment
+from harness.serve.launch.server_spec import draft_model_path
 from harness.serve.plugins.faults.spec import request_tag_for
 from harness.serve.supervision.process import most_decisive_line
 from harness.serve.proxy.hops import PROXY_FAULTS
@@ -118,7 +119,7 @@ class TransferWitness:
         # the decode reads the prefill's blocks: their dtype is the prefill's KV cache dtype
         self.geometry = ByteGeometry.of_pair(prefill.model_path, prefill.dtype,
                                              prefill.block_size, prefill.extra_args,
-                                             prefill.kv_cache_dtype)
+                                             prefill.kv_cache_dtype, draft_model_path(prefill))
         self.digests = DigestFiles.of_pair(pair)
         self.before: TransferCounters | None = None
         self.link_before: tuple[int, int] | None = None

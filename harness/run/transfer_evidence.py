@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Iterable
 
-from harness.core.kv_geometry import GeometryUnknown, KvGeometry, geometry_from_config
+from harness.core.kv_geometry import GeometryUnknown, KvGeometry, geometry_from_config, with_draft
 from harness.judge.byte_accounting import account
 
 from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR
@@ -101,11 +101,17 @@ class ByteGeometry:
 
     @classmethod
     def of_pair(cls, model_path: str, dtype: str, prefill_block_size: int,
-                extra_args: tuple[str, ...] = (), kv_cache_dtype: str = "auto") -> "ByteGeometry":
+                extra_args: tuple[str, ...] = (), kv_cache_dtype: str = "auto",
+                draft_model_path: str | None = None) -> "ByteGeometry":
+        """``draft_model_path``: the draft model both sides run (its layers' KV crosses too)."""
         try:
             config = json.loads((Path(model_path) / "config.json").read_text())
-            return cls(geometry_from_config(config, dtype, extra_args, kv_cache_dtype),
-                       prefill_block_size)
+            geometry = geometry_from_config(config, dtype, extra_args, kv_cache_dtype)
+            if draft_model_path:
+                draft = json.loads((Path(draft_model_path) / "config.json").read_text())
+                geometry = with_draft(geometry, geometry_from_config(draft, dtype, extra_args,
+                                                                     kv_cache_dtype))
+            return cls(geometry, prefill_block_size)
         except (OSError, json.JSONDecodeError) as exc:
             return cls(None, prefill_block_size, f"model config not readable: {exc}")
         except GeometryUnknown as exc:

@@ -80,3 +80,19 @@ def test_the_sliding_window_zoo_model_counts_its_sliding_layers():
                                         "full_attention"]}
     with pytest.raises(GeometryUnknown, match="hybrid"):
         geometry_from_config(hybrid, "bfloat16")
+
+
+def test_a_draft_model_of_the_same_page_adds_its_layers():
+    """tiny-llama-gsm-draft: 2 layers of the target's 2 KV heads x 64, so each token's KV grows
+    from 4 to 6 layers (2,048 -> 3,072 bytes in bf16, 1,536 in fp8)."""
+    from harness.core.kv_geometry import with_draft
+
+    draft = geometry_from_config(zoo_config("tiny-llama-gsm-draft"), "bfloat16")
+    g = with_draft(geometry_from_config(zoo_config("tiny-llama-gsm"), "bfloat16"), draft)
+    assert (g.attention_layers, g.draft_layers, g.attention_bytes_per_token) == (6, 2, 3072)
+    fp8 = with_draft(geometry_from_config(zoo_config("tiny-llama-gsm"), "bfloat16", kv_cache_dtype="fp8"),
+                     geometry_from_config(zoo_config("tiny-llama-gsm-draft"), "bfloat16",
+                                          kv_cache_dtype="fp8"))
+    assert fp8.attention_bytes_per_token == 1536
+    with pytest.raises(GeometryUnknown, match="its own KV cache group"):
+        with_draft(geometry_from_config(zoo_config("tiny-mla-gsm"), "bfloat16"), draft)

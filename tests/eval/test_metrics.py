@@ -55,6 +55,19 @@ def test_server_without_nixl_metrics_reads_as_zero():
     assert parse_transfer_counters("") == TransferCounters()
 
 
+def test_a_speculating_decode_counts_drafted_and_accepted_tokens():
+    """vLLM 0.32 CPU's counters after a self-drafting request (draft_model, 3 tokens: 10 drafts,
+    all 30 tokens accepted)."""
+    text = AFTER_PD + (
+        '# TYPE vllm:spec_decode_num_draft_tokens counter\n'
+        'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="tiny-llama-gsm"} 30.0\n'
+        '# TYPE vllm:spec_decode_num_accepted_tokens counter\n'
+        'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="tiny-llama-gsm"} 30.0\n')
+    c = parse_transfer_counters(text)
+    assert (c.spec_draft_tokens, c.spec_accepted_tokens) == (30.0, 30.0)
+    assert parse_transfer_counters(AFTER_PD).spec_draft_tokens == 0.0
+
+
 def test_delta_subtracts_every_field():
     before = parse_transfer_counters(AFTER_PD)
     after = parse_transfer_counters(TWO_ENGINES)

@@ -95,3 +95,25 @@ def test_a_real_hybrid_decode_ran_its_cell():
     assert mismatches(cell, {"decode-0": decode}) == []
     assert mismatches(Cell(model="m", prefill_block_size=64, decode_block_size=64, compile="eager"),
                       {"decode-0": decode}) == ["decode ran block 128, the cell says 64"]
+
+
+def _speculating(log: str, method: str, tokens: int) -> str:
+    return log.replace("speculative_config=None", f"speculative_config=SpeculativeConfig("
+                       f"method='{method}', model='/d', num_spec_tokens={tokens})")
+
+
+def test_a_draft_cell_holds_each_server_to_its_own_count_of_speculative_tokens():
+    cell = CELL.replace(spec_decode="draft_p1_d3")
+    ran = {"baseline": parse_server_log("baseline", _speculating(BASELINE, "draft_model", 3)),
+           "prefill-0": parse_server_log("prefill-0", _speculating(DECODE, "draft_model", 1)),
+           "decode-0": parse_server_log("decode-0", _speculating(DECODE, "draft_model", 3))}
+    assert ran["prefill-0"].speculative_tokens == 1
+    assert mismatches(cell, ran) == []
+    # a decode that drafted 1 token (the prefill's count), and a prefill without the draft
+    ran["decode-0"] = parse_server_log("decode-0", _speculating(DECODE, "draft_model", 1))
+    ran["prefill-0"] = parse_server_log("prefill-0", DECODE)
+    assert mismatches(cell, ran) == ["prefill ran speculative decoding none, the cell says draft_model",
+                                     "decode ran 1 speculative tokens, the cell says 3"]
+    # ngram stays the decode's and the baseline's: a prefill with no drafts ran the cell
+    ngram = {"prefill-0": parse_server_log("prefill-0", DECODE)}
+    assert mismatches(CELL.replace(spec_decode="ngram"), ngram) == []

@@ -26,7 +26,7 @@ ENGINE_TOKENS = re.compile(r"-(async_|spec_|prefix_reuse|chunk\d|cg_|dlayout_)")
 ENGINE_RULES = {r.name for r in RULES} & {
     "async-scheduling-not-on-cpu", "async-scheduling-spec-decode", "cudagraph-mode-cuda-only",
     "cudagraph-mode-needs-compile", "cudagraph-full-downgraded", "kv-layout-cuda-only",
-    "kv-layout-nhd-not-hybrid"}
+    "kv-layout-nhd-not-hybrid", "draft-model-zoo-target"}
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -158,6 +158,17 @@ def test_engine_settings_a_cpu_runs_are_clean():
     assert 'source=local_cache_hit' in notes[0].message
 
 
+def test_a_draft_model_needs_a_zoo_target_and_says_where_it_runs():
+    """Both ways: a zoo target is valid (with the note on P 1 / D 3), a hub model is not."""
+    zoo = check_cell(Cell(model="tiny-llama-gsm", spec_decode="draft_p1_d3"), CPU, CATALOG)
+    assert [(p.kind, p.rule) for p in zoo] == [("note", "draft-model-on-both-sides")]
+    assert "1 speculative token" in zoo[0].message and "with 3" in zoo[0].message
+    hub = _problem(gpu(model="dense", spec_decode="draft_p1_d3"), "draft-model-zoo-target")
+    assert hub.kind == "invalid" and "use a zoo model, or ngram" in hub.message
+    assert not [p for p in check_cell(gpu(spec_decode="ngram"), GPU2, CATALOG)
+                if p.rule.startswith("draft-model")]
+
+
 # ---- the shipped profiles -------------------------------------------------------------------
 
 def engine_cells(cells) -> set[str]:
@@ -176,6 +187,8 @@ def test_cpu_full_runs_the_cpu_engine_settings_and_says_why_not_the_others():
         "v1-CPU_ATTN-p128d128-tiny-qwen3next-hybrid-gsm-tp1x1-eager-prefix_reuse-xa3ac39",
         "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-chunk64",
         "v1-CPU_ATTN-p128d128-tiny-qwen3next-hybrid-gsm-tp1x1-eager-chunk64-xa3ac39",
+        "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_draft_p1_d3",
+        "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_draft_p1_d3-fault-corrupt-block-2",
     }
     assert all(c.expected_failure is None for c in e.cells if ENGINE_TOKENS.search(c.cell_id))
     why = {x.cell.cell_id: x.rule for x in e.excluded if ENGINE_TOKENS.search(x.cell.cell_id)}
@@ -205,8 +218,12 @@ def test_nightly_lists_what_it_cannot_run_with_the_rule():
     e = expand(load_matrix(), "nightly", GPU2)
     rules = {x.rule for x in e.excluded if ENGINE_TOKENS.search(x.cell.cell_id)}
     assert rules == {"async-scheduling-spec-decode", "cudagraph-mode-needs-compile",
-                     "cudagraph-full-downgraded", "kv-layout-nhd-not-hybrid"}
+                     "cudagraph-full-downgraded", "kv-layout-nhd-not-hybrid",
+                     "draft-model-zoo-target"}
     assert rules <= ENGINE_RULES
+    drafts = {x.cell.cell_id for x in e.excluded if x.rule == "draft-model-zoo-target"}
+    assert drafts == {f"{r}-{b}-p128d128-Qwen3-0.6B-tp1x1-spec_draft_p1_d3"
+                      for r in ("v1", "v2") for b in ("FLASH_ATTN", "FLASHINFER")}
     # FULL runs where attention graphs every batch: V1 FLASH_ATTN (FA3 on the H200), dense model
     full = [cid for cid in e.by_id() if cid.endswith("-cg_FULL")]
     assert full == ["v1-FLASH_ATTN-p128d128-tiny-llama-gsm-tp1x1-cg_FULL"]

@@ -50,6 +50,18 @@ def test_a_dense_pair_short_of_bytes_is_not_exact():
     assert not proof.byte_account["exact"] and proof.byte_account["expected"] == 52_428_800
 
 
+def test_a_draft_pair_moves_the_drafts_layers_too():
+    """Both sides run tiny-llama-gsm-draft: 4 target + 2 draft layers of the same page cross,
+    3,072 bytes a token; the target's geometry alone would call that an excess of 50 %."""
+    delta = TransferCounters(kv_bytes=78_643_200.0)
+    geo = ByteGeometry.of_pair(str(ZOO / "tiny-llama-gsm"), "bfloat16", 128,
+                               draft_model_path=str(ZOO / "tiny-llama-gsm-draft"))
+    proof = transfer_proof([record([4])] * 50, delta, False, [], geo)
+    assert proof.byte_account["exact"] and proof.byte_account["expected"] == 78_643_200
+    alone = ByteGeometry.of_pair(str(ZOO / "tiny-llama-gsm"), "bfloat16", 128)
+    assert not transfer_proof([record([4])] * 50, delta, False, [], alone).byte_account["exact"]
+
+
 FORCED = ("(APIServer pid=21243) WARNING 12-01 22:53:01 [cpu.py:275] CPU MLA backend requires "
           "block_size=16, overriding user-specified block_size=128.\n")
 

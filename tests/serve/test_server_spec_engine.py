@@ -134,3 +134,22 @@ def test_the_kv_layout_is_the_decodes_alone(role, layout):
 def test_engine_settings_reject_an_unknown_role():
     with pytest.raises(ValueError, match="unknown server role"):
         engine_settings(ALL_SET, "router")
+
+
+# ---- a draft model: P and D on their own counts of speculative tokens ----------------------
+
+DRAFT = Cell(model="tiny-llama-gsm", spec_decode="draft_p1_d3")
+
+
+@pytest.mark.parametrize("role,tokens", [("baseline", 3), ("prefill", 1), ("decode", 3)])
+def test_a_draft_model_runs_on_every_server_with_its_roles_count(role, tokens):
+    """vLLM's P/D CI runs P with 1 speculative token and D with 3; the baseline generates like
+    the decode; the prefill runs the draft too, so both sides hold its KV layers."""
+    config = json.loads(flag(build_argv(served(DRAFT, role)), "--speculative-config"))
+    assert config["method"] == "draft_model" and config["num_speculative_tokens"] == tokens
+    assert config["model"].endswith("harness/zoo/checkpoints/tiny-llama-gsm-draft")
+
+
+def test_ngram_stays_off_the_prefill_while_a_draft_model_runs_there():
+    assert engine_settings(ALL_SET, "prefill")["spec_decode"] is None
+    assert engine_settings(DRAFT, "prefill")["spec_decode"] == "draft_p1_d3"

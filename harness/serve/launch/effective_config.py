@@ -56,7 +56,8 @@ class EffectiveConfig:
     tensor_parallel_size: int | None = None
     enforce_eager: bool | None = None
     async_scheduling: bool | None = None
-    speculative_config: str | None = None   # "none" or the method ("ngram", ...)
+    speculative_config: str | None = None   # "none" or the method ("ngram", "draft_model", ...)
+    speculative_tokens: int | None = None   # its num_spec_tokens
     chunked_prefill: bool | None = None
     max_num_batched_tokens: int | None = None
     prefix_caching: bool | None = None
@@ -133,6 +134,8 @@ def parse_server_log(role: str, log_text: str, metrics_text: str = "") -> Effect
         put("chunked_prefill", _bool(_engine(config, "enable_chunked_prefill", r"(True|False)")),
             "engine config line")
         put("speculative_config", _speculative(config), "engine config line")
+        put("speculative_tokens", int(v) if (v := _engine(config, "num_spec_tokens", r"(\d+)")) else None,
+            "engine config line")
         cache_dtype = _engine(config, "kv_cache_dtype", r"(\w+)")
         model_dtype = _engine(config, "dtype", r"torch\.(\w+)")
         if cache_dtype == "auto" and model_dtype:

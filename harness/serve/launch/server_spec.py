@@ -33,7 +33,15 @@ DEFAULT_CPU_KV_CACHE_BYTES = 256 * 1024 * 1024
 SPEC_DECODE_CONFIGS = {
     "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
               "prompt_lookup_min": 2},
+    # the zoo's draft for tiny-llama-gsm (same tokenizer); "model" is a zoo name, resolved to its
+    # checkpoint when the argv is built
+    "draft_p1_d3": {"method": "draft_model", "model": "tiny-llama-gsm-draft",
+                    "num_speculative_tokens": 3},
 }
+# Draft-model values run on the prefill too, with their own count: vLLM adds the draft's
+# attention layers to the KV cache, and a prefill without them registers fewer layers with
+# NIXL than the decode reads
+PREFILL_SPEC_TOKENS = {"draft_p1_d3": 1}
 # vLLM requires max_num_batched_tokens >= max_num_seqs (CPU's default max_num_seqs is 128 per
 # rank): a chunked-prefill budget below it lowers max_num_seqs with it, still far above the
 # evaluation's concurrency
@@ -45,7 +53,8 @@ MAX_NUM_SEQS_CAP = 128
 # gpu-h200-20261201-s7). The evaluation sends at most --concurrency requests at once (16 by
 # default), so 64 is never reached; batches up to 128 tokens stay CUDA-graphed.
 CUDA_MAX_NUM_SEQS = 64
-ROLES_GENERATING = ("baseline", "decode")   # where speculative decoding runs
+ROLES_GENERATING = ("baseline", "decode")   # where speculative decoding runs (and, for a
+# draft model, the prefill: PREFILL_SPEC_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -134,7 +143,8 @@ def engine_settings(cell: Cell, role: str) -> dict[str, Any]:
     Scheduling, prefix caching, the chunked-prefill budget and the CUDA-graph mode apply to every
     server (P/D is compared with a baseline that runs the same engine). Speculative decoding runs
     where tokens are generated: the decode and the baseline, which generates like the decode;
-    the prefill produces one token and hands its KV over. The KV layout is the decode's alone:
+    the prefill produces one token and hands its KV over (a draft model runs there too, with
+    the prefill's own count of speculative tokens, so that its KV layers exist on both sides). The KV layout is the decode's alone:
     its prefill keeps the layout its connector picks for P/D, so an NHD decode receives those blocks.
     The KV cache dtype is the prefill's own on the prefill, the decode's on the decode and the
     baseline (a P/D pair whose dtypes differ is expected to be refused at the handshake).
@@ -143,7 +153,8 @@ def engine_settings(cell: Cell, role: str) -> dict[str, Any]:
         raise ValueError(f"unknown server role {role!r}")
     return {
         "async_scheduling": cell.async_scheduling,
-        "spec_decode": cell.spec_decode if role in ROLES_GENERATING else None,
+        "spec_decode": (cell.spec_decode if role in ROLES_GENERATING
+                        or cell.spec_decode in PREFILL_SPEC_TOKENS else None),
         "prefix_caching": cell.prefix_reuse,
         "max_num_batched_tokens": cell.chunked_prefill,
         "cudagraph_mode": cell.cudagraph_mode,
@@ -165,6 +176,36 @@ def max_num_seqs_cap(spec: ServerSpec) -> int:
     return CUDA_MAX_NUM_SEQS if spec.device == "cuda" else MAX_NUM_SEQS_CAP
 
 
+def speculative_config(spec_decode: str, role: str) -> dict[str, Any]:
+    """vLLM's --speculative-config of ``spec_decode`` on a server of ``role``: a draft model's
+    zoo name becomes its checkpoint directory, the prefill takes its own token count."""
+    config = dict(SPEC_DECODE_CONFIGS[spec_decode])
+    if "model" in config:
+        from harness.zoo import registry
+
+        config["model"] = str(registry.checkpoint_dir(config["model"]))
+    if role == "prefill":
+        config["num_speculative_tokens"] = PREFILL_SPEC_TOKENS[spec_decode]
+    return config
+
+
+def speculative_expectation(spec_decode: str | None, role: str) -> tuple[str, int] | None:
+    """(vLLM's method, speculative tokens) a server of ``role`` runs for a cell's
+    ``spec_decode``; None where it runs none (``role``: baseline, prefill or decode)."""
+    if not spec_decode or (role not in ROLES_GENERATING and spec_decode not in PREFILL_SPEC_TOKENS):
+        return None
+    config = SPEC_DECODE_CONFIGS[spec_decode]
+    tokens = PREFILL_SPEC_TOKENS[spec_decode] if role == "prefill" else config["num_speculative_tokens"]
+    return config["method"], tokens
+
+
+def draft_model_path(spec: ServerSpec) -> str | None:
+    """The draft model a server of ``spec`` runs (its checkpoint directory), or None."""
+    if not spec.spec_decode:
+        return None
+    return speculative_config(spec.spec_decode, spec.role).get("model")
+
+
 def engine_argv(spec: ServerSpec) -> list[str]:
     """The vLLM flags of the spec's engine settings (empty when all are vLLM's defaults)."""
     argv: list[str] = []
@@ -174,7 +215,7 @@ def engine_argv(spec: ServerSpec) -> list[str]:
         argv.append("--no-async-scheduling")
     if spec.spec_decode:
         argv += ["--speculative-config",
-                 json.dumps(SPEC_DECODE_CONFIGS[spec.spec_decode], separators=(",", ":"))]
+                 json.dumps(speculative_config(spec.spec_decode, spec.role), separators=(",", ":"))]
     if spec.prefix_caching:
         argv.append("--enable-prefix-caching")
     if spec.max_num_batched_tokens is not None:
