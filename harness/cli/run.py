@@ -418,7 +418,8 @@ def dry_run(cells: Sequence[Cell], options: RunOptions, hybrid_models: Sequence[
         for cell in cells:
             model = resolve(cell.model)
             served = dict(model_path=model.path,
-                          hybrid=model.hybrid or cell.model in hybrid_models)
+                          hybrid=model.hybrid or cell.model in hybrid_models,
+                          load_format=model.load_format)
             pair = plan_pair(cell, ctx, **served, arm_faults=cell.fault in SERVER_FAULTS)
             print(f"# {cell.cell_id}  (baseline {cell.baseline_key})")
             for line in plan_baseline(cell, ctx, **served).commands() + pair.commands():

@@ -99,6 +99,7 @@ class ServerSpec:
     gpu_ids: tuple[int, ...] = ()
     gpu_memory_utilization: float | None = None
     hybrid: bool = False
+    load_format: str | None = None             # "dummy": no weight files, vLLM fills them randomly
     seed: int = 0
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = ()
@@ -204,6 +205,8 @@ def build_argv(spec: ServerSpec, features: Features = Features()) -> list[str]:
         "--tensor-parallel-size", str(spec.tp),
         "--seed", str(spec.seed),
     ]
+    if spec.load_format:
+        argv += ["--load-format", spec.load_format]
     if features.attention_backend_flag:
         argv += ["--attention-backend", spec.backend]
     if spec.kv_cache_bytes and features.kv_cache_memory_bytes_flag:
