@@ -419,7 +419,8 @@ def dry_run(cells: Sequence[Cell], options: RunOptions, hybrid_models: Sequence[
             model = resolve(cell.model)
             served = dict(model_path=model.path,
                           hybrid=model.hybrid or cell.model in hybrid_models,
-                          load_format=model.load_format)
+                          load_format=model.load_format,
+                          model_kv_cache_bytes=model.kv_cache_bytes)
             pair = plan_pair(cell, ctx, **served, arm_faults=cell.fault in SERVER_FAULTS)
             print(f"# {cell.cell_id}  (baseline {cell.baseline_key})")
             for line in plan_baseline(cell, ctx, **served).commands() + pair.commands():

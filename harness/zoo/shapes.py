@@ -27,6 +27,8 @@ SHAPES_PREFIX = "shape-"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 TOKENIZER_VOCAB = 802          # the zoo tokenizer's vocabulary, special tokens included
 MOE_EXPERTS = 8
+# the KV budgets below hold 16 concurrent requests (lm-eval's concurrency) of 768 tokens (the zoo
+# task's longest prompt, 485, plus 192 generated) at each shape's KV bytes per token
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 _IDS = dict(vocab_size=TOKENIZER_VOCAB, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
             pad_token_id=PAD_ID)
@@ -39,6 +41,9 @@ class Shape:
     architecture: str
     config_class: str              # transformers config class that completes the defaults
     config_kwargs: dict[str, Any] = field(hash=False)
+    # KV cache per server: the tiny models' 512 MiB default holds ~9 of 16 concurrent requests
+    # at 112 KiB a token (Qwen3), and a decode that preempts recomputes its prompt itself
+    kv_cache_gib: float = 0.5
     changed: tuple[str, ...] = ()  # what differs from the published config, besides vocab/ids
 
     def config(self) -> dict[str, Any]:
@@ -59,7 +64,8 @@ SHAPES: dict[str, Shape] = {s.name: s for s in (
         hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
         num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-        tie_word_embeddings=True, use_sliding_window=False, sliding_window=None)),
+        tie_word_embeddings=True, use_sliding_window=False, sliding_window=None),
+          kv_cache_gib=1.5),       # 16 x 768 x 112 KiB = 1.31 GiB
     Shape("shape-granite-4.0-h-tiny", "ibm-granite/granite-4.0-h-tiny",
           "GraniteMoeHybridForCausalLM", "GraniteMoeHybridConfig", dict(
               hidden_size=1536, intermediate_size=512, num_hidden_layers=40,
@@ -70,7 +76,8 @@ SHAPES: dict[str, Shape] = {s.name: s for s in (
               mamba_d_state=128, mamba_expand=2, mamba_n_groups=1, mamba_n_heads=48,
               mamba_proj_bias=False, num_local_experts=MOE_EXPERTS, num_experts_per_tok=6,
               shared_intermediate_size=1024, tie_word_embeddings=True),
-          changed=(f"num_local_experts {MOE_EXPERTS} (published 64)",)),
+          # 36 Mamba2 states of 806,400 B per request (~29 MB) in 400-token pages
+          kv_cache_gib=1.5, changed=(f"num_local_experts {MOE_EXPERTS} (published 64)",)),
     Shape("shape-deepseek-v2-lite", "deepseek-ai/DeepSeek-V2-Lite-Chat", "DeepseekV2ForCausalLM",
           "DeepseekV2Config", dict(
               hidden_size=2048, intermediate_size=10944, num_hidden_layers=27,
@@ -84,6 +91,7 @@ SHAPES: dict[str, Shape] = {s.name: s for s in (
                                "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.707,
                                "mscale_all_dim": 0.707,
                                "original_max_position_embeddings": 4096}),
+          kv_cache_gib=0.75,       # 16 x 768 x 30.4 KiB = 0.36 GiB
           changed=(f"n_routed_experts {MOE_EXPERTS} (published 64)",)),
     # google/gemma-3-4b-it's decoder (its text_config, completed by Gemma3TextConfig's defaults:
     # 8 heads, 4 KV heads, head size 256, a 1024-token window on 5 of every 6 layers), served as
@@ -95,6 +103,7 @@ SHAPES: dict[str, Shape] = {s.name: s for s in (
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                          "full_attention": {"rope_type": "linear", "factor": 8.0,
                                             "rope_theta": 1000000.0}}),
+          kv_cache_gib=2.0,        # 16 x 768 x 136 KiB = 1.59 GiB (768 tokens < the window)
           changed=("text decoder only (Gemma3ForCausalLM; published: "
                    "Gemma3ForConditionalGeneration with a vision tower)",)),
 )}
@@ -102,6 +111,12 @@ SHAPES: dict[str, Shape] = {s.name: s for s in (
 
 def shape_names() -> list[str]:
     return list(SHAPES)
+
+
+def kv_cache_bytes(name: str) -> int | None:
+    """The KV budget a server of shape `name` needs; None for any other model."""
+    shape = SHAPES.get(name)
+    return None if shape is None else int(shape.kv_cache_gib * (1 << 30))
 
 
 def has_weights(model_dir: str | Path) -> bool:

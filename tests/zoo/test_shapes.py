@@ -74,3 +74,25 @@ def test_a_shape_resolves_to_random_weights_and_its_servers_load_dummy_weights(t
 def test_shapes_answer_the_zoo_task():
     from harness.eval.task_choice import default_task
     assert default_task(resolve("shape-gemma-3-4b")) == "gsm_synth"
+
+
+def test_a_shape_server_gets_the_kv_budget_its_requests_need_unless_the_run_sets_one(tmp_path):
+    from harness.run.group_plan import GroupPlanner
+    from harness.core.options import RunOptions
+    from harness.core.cell import Cell
+    from harness.serve.deploy import DeployContext, Placement
+    from harness.serve.host.ports import PortAllocator
+
+    def planned(run_bytes):
+        ctx = DeployContext(allocator=PortAllocator(lock_dir=str(tmp_path)),
+                            placement=Placement.detect("shared"), log_dir=tmp_path,
+                            kv_cache_bytes=run_bytes)
+        planner = GroupPlanner(RunOptions(), ctx)
+        cell = Cell(model="shape-qwen3-0.6b", backend="CPU_ATTN", device="cpu",
+                    prefill_block_size=128, decode_block_size=128)
+        group = planner.plan([cell])
+        return [s.kv_cache_bytes for s in planner.pair(group, 0).specs + planner.baseline(group).specs]
+
+    assert planned(None) == [int(1.5 * (1 << 30))] * 3
+    assert planned(1 << 30) == [1 << 30] * 3
+    assert shapes.kv_cache_bytes("tiny-llama-gsm") is None

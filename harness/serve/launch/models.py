@@ -27,6 +27,7 @@ class ResolvedModel:
     # a local directory with a config.json and no weight file (harness.zoo.shapes): vLLM fills
     # the weights itself (--load-format dummy) and the answers say nothing
     random_weights: bool = False
+    kv_cache_bytes: int | None = None   # the KV budget a server needs (harness.zoo.shapes)
 
     @property
     def load_format(self) -> str | None:
@@ -65,7 +66,8 @@ def resolve(name: str) -> ResolvedModel:
     facts = _facts(name, config_file)
     return ResolvedModel(name, path, local=True, hybrid=facts.is_hybrid,
                          architecture=facts.architecture, facts=facts,
-                         random_weights=not shapes.has_weights(path))
+                         random_weights=not shapes.has_weights(path),
+                         kv_cache_bytes=shapes.kv_cache_bytes(name))
 
 
 def _facts(name: str, config_file: Path) -> ModelInfo:
