@@ -317,7 +317,8 @@ def run_command(args: argparse.Namespace, on_runner=None) -> int:
     if not cells:
         print("pd-accuracy: error: no cell selected", file=sys.stderr)
         return EXIT_USAGE
-    problems = run_checks.cell_problems(cells)
+    problems = run_checks.cell_problems(cells) or run_checks.random_weight_problems(
+        (c.model for c in cells), options.kv_digest, _random_weights)
     if problems:
         run_checks.print_problems(problems, sys.stderr)
         return EXIT_USAGE
@@ -397,6 +398,16 @@ def finish(results, args: argparse.Namespace, runner, started: float) -> int:
     print(f"{summary_line(outcomes)} in {time.monotonic() - started:.0f}s; "
           f"records under {runner.run_dir}")
     return EXIT_CODES[worst]
+
+
+def _random_weights(model: str) -> bool:
+    """Whether `model` is served with --load-format dummy (a local directory without weights)."""
+    from harness.serve.launch.models import ModelNotFound, resolve
+
+    try:
+        return resolve(model).random_weights
+    except (ModelNotFound, FileNotFoundError):
+        return False   # the run names the model's problem where it resolves it
 
 
 def dry_run(cells: Sequence[Cell], options: RunOptions, hybrid_models: Sequence[str]) -> int:
