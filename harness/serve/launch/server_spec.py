@@ -321,8 +321,8 @@ def build_env(spec: ServerSpec, features: Features = Features(),
         if spec.cpu_cores is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpu_cores
         if spec.kv_cache_bytes:
-            # also size it the CPU-specific way (GiB, at least 1) in case the flag is ignored
-            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, spec.kv_cache_bytes // 2**30)))
+            # also size it the CPU-specific way (whole GiB, rounded up) in case the flag is ignored
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, -(-spec.kv_cache_bytes // 2**30))))
     else:
         env.update(cuda_env(spec, env))
     if spec.hybrid:
