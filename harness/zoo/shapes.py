@@ -41,7 +41,7 @@ class Shape:
     architecture: str
     config_class: str              # transformers config class that completes the defaults
     config_kwargs: dict[str, Any] = field(hash=False)
-    # KV cache per server: the tiny models' 512 MiB default holds ~9 of 16 concurrent requests
+    # KV cache per server: the tiny models' 512 MiB default holds ~7 of 16 concurrent requests
     # at 112 KiB a token (Qwen3), and a decode that preempts recomputes its prompt itself
     kv_cache_gib: float = 0.5
     changed: tuple[str, ...] = ()  # what differs from the published config, besides vocab/ids
