@@ -318,7 +318,8 @@ def run_command(args: argparse.Namespace, on_runner=None) -> int:
     if not cells:
         print("pd-accuracy: error: no cell selected", file=sys.stderr)
         return EXIT_USAGE
-    problems = run_checks.cell_problems(cells)
+    problems = run_checks.cell_problems(cells) or run_checks.random_weight_problems(
+        (c.model for c in cells), options.kv_digest, _random_weights)
     if problems:
         run_checks.print_problems(problems, sys.stderr)
         return EXIT_USAGE
@@ -400,6 +401,16 @@ def finish(results, args: argparse.Namespace, runner, started: float) -> int:
     return EXIT_CODES[worst]
 
 
+def _random_weights(model: str) -> bool:
+    """Whether `model` is served with --load-format dummy (a local directory without weights)."""
+    from harness.serve.launch.models import ModelNotFound, resolve
+
+    try:
+        return resolve(model).random_weights
+    except (ModelNotFound, FileNotFoundError):
+        return False   # the run names the model's problem where it resolves it
+
+
 def dry_run(cells: Sequence[Cell], options: RunOptions, hybrid_models: Sequence[str]) -> int:
     """Each cell's servers as the run would plan and start them (the same planners: ports, the
     digest files, a canary's armed decode, a netns cell's `ip netns exec`); nothing starts."""
@@ -419,7 +430,9 @@ def dry_run(cells: Sequence[Cell], options: RunOptions, hybrid_models: Sequence[
         for cell in cells:
             model = resolve(cell.model)
             served = dict(model_path=model.path,
-                          hybrid=model.hybrid or cell.model in hybrid_models)
+                          hybrid=model.hybrid or cell.model in hybrid_models,
+                          load_format=model.load_format,
+                          model_kv_cache_bytes=model.kv_cache_bytes)
             pair = plan_pair(cell, ctx, **served, arm_faults=cell.fault in SERVER_FAULTS)
             print(f"# {cell.cell_id}  (baseline {cell.baseline_key})")
             for line in plan_baseline(cell, ctx, **served).commands() + pair.commands():

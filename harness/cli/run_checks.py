@@ -12,7 +12,7 @@ import argparse
 import math
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from harness.core.safe_paths import safe_name_problem
@@ -191,6 +191,17 @@ def cell_problems(cells: Iterable) -> list[str]:
                 problems.append(f"cell {cell.cell_id}: extra_env {key}: value too long or "
                                 f"holds a NUL byte")
     return problems
+
+
+def random_weight_problems(models: Iterable[str], kv_digest: bool,
+                           random_weights: Callable[[str], bool]) -> list[str]:
+    """A model without weights (--load-format dummy) is judged on its KV digest: with
+    --no-kv-digest nothing could pass, so the run is refused before a server starts."""
+    if kv_digest:
+        return []
+    return [f"model {m} has no weights (--load-format dummy): its cells are judged on the "
+            f"transfer proof, the exact bytes and the KV digest, and --no-kv-digest turns the "
+            f"digest off" for m in dict.fromkeys(models) if random_weights(m)]
 
 
 def print_problems(problems: Sequence[str], stream) -> None:

@@ -84,6 +84,11 @@ def _list(_args: argparse.Namespace) -> int:
         print(f"{name:28s} {spec.architecture:30s} hybrid={str(spec.hybrid).lower():5s} "
               f"block(cpu)={registry.required_block_size(name, 'cpu')} "
               f"checkpoint={'yes' if present else 'missing'}")
+    from harness.zoo.shapes import SHAPES   # real shapes: config + tokenizer, random weights
+    for name, shape in SHAPES.items():
+        present = (registry.checkpoint_dir(name) / "config.json").exists()
+        print(f"{name:28s} {shape.architecture:30s} shape of {shape.published}, random weights "
+              f"(--load-format dummy) config={'yes' if present else 'missing'}")
     return EXIT_OK
 
 

@@ -12,11 +12,13 @@ GSM8K_TASKS = ("gsm8k_local", "gsm8k_local_shared")
 
 
 def default_task(model: ResolvedModel, prefix_reuse: bool = False) -> str:
-    """The zoo's trained models answer the synthetic task; anything else gets GSM8K; with
-    `prefix_reuse`, the task's shared-prefix variant."""
+    """The zoo's trained models answer the synthetic task, and so do the real-shape random-weight
+    models (the zoo tokenizer: GSM8K's few-shot prompts would exceed max_model_len in its
+    tokens); anything else gets GSM8K; with `prefix_reuse`, the task's shared-prefix variant."""
     task = registry.task_for(model.name)
     if not task:
-        task = "gsm_synth" if model.name in registry.zoo_names() else "gsm8k_local"
+        zoo = model.name in registry.zoo_names() or model.name in registry.shape_names()
+        task = "gsm_synth" if zoo else "gsm8k_local"
     return SHARED_PREFIX_TASKS.get(task, task) if prefix_reuse else task
 
 

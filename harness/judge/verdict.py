@@ -312,9 +312,41 @@ def failure_reason(first: Check, cmp: Comparison, digest: Check | None) -> str:
     return reason
 
 
+# a random-weight model's cell (harness.zoo.shapes) PASSes on these alone; its answers say nothing
+RANDOM_WEIGHT_EVIDENCE = ("kv-bytes-exact", "kv-digest")
+
+
+def random_weights_verdict(cmp: Comparison, checks: list[Check], path: list[str],
+                           expected_failure: str | None, na: tuple[str, ...]) -> Verdict:
+    """The verdict of a random-weight cell: its transfer proof, exact bytes and KV digest decide;
+    its accuracy is recorded, never judged (random weights answer nothing, and near-tie logits
+    flip between the two paths). Without the bytes or the digest it cannot pass."""
+    said = (f"random weights (--load-format dummy): accuracy says nothing (baseline "
+            f"{_pct(cmp.baseline_accuracy)} vs P/D {_pct(cmp.pd_accuracy)}, "
+            f"{cmp.generations_differing}/{cmp.n} generations differ), the verdict rests on the "
+            f"transfer proof, the exact bytes and the KV digest")
+    path = [*path, "random-weights"]
+    first = first_failing(checks)
+    if first is not None:
+        row = check_row(first.name)
+        return Verdict(row.status, f"{row.reason(first.detail)}; {said}", tuple(checks),
+                       expected_failure, tuple(path), not_available=na)
+    have = {c.name: c for c in checks}
+    missing = [name for name in RANDOM_WEIGHT_EVIDENCE if name not in have]
+    if missing:
+        return Verdict(INCONCLUSIVE, f"{said}, and {' and '.join(missing)} did not run here "
+                       f"(--no-kv-digest, or a geometry the byte account does not know)",
+                       tuple(checks), expected_failure, tuple(path), not_available=na)
+    found = "; ".join(f"[{name}] {have[name].detail}" for name in RANDOM_WEIGHT_EVIDENCE)
+    return Verdict(PASS, f"{said}: {found}; {cmp.transfer.counters.prompt_tokens_external:.0f} "
+                   f"prompt tokens arrived through the connector", tuple(checks),
+                   expected_failure, tuple(path), not_available=na)
+
+
 def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | None = None,
            reference: ReferenceAccuracy | None = None, previous_n: int | None = None,
-           not_available: Mapping[str, str] | None = None) -> Verdict:
+           not_available: Mapping[str, str] | None = None,
+           random_weights: bool = False) -> Verdict:
     """The verdict at this look (cmp holds every question so far; `previous_n`: the questions
     of the look before, when it was not made at its planned stage). CONTINUE: ask more.
     `not_available`: transfer check name -> the line saying why this deployment cannot support
@@ -322,7 +354,9 @@ def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | N
 
     Every check of CHECKS that applies is computed, stage by stage (the record shows each); the
     first failing one in the table's order decides, with its row's status and reason. The
-    baseline's health decides alone: a broken baseline says nothing about P/D."""
+    baseline's health decides alone: a broken baseline says nothing about P/D. `random_weights`:
+    the model has no trained weights, so the transfer checks and the digest decide alone at the
+    first look (random_weights_verdict)."""
     skipped = dict(not_available or {})
     na = tuple(skipped.values())
     checks: list[Check] = []
@@ -345,6 +379,8 @@ def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | N
         digest = Check("kv-digest", *describe_digest(cmp.transfer.kv_digest))
         checks.append(digest)
         path.append("kv-digest")
+    if random_weights:
+        return random_weights_verdict(cmp, checks, path, expected_failure, na)
     look = evaluate_look(policy.plan, cmp.mcnemar.baseline_only, cmp.mcnemar.pd_only, cmp.n,
                          previous_n=previous_n)
     answers, answer_path = accuracy_checks(cmp, policy, look)

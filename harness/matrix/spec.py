@@ -168,7 +168,8 @@ def _parse_models(data: Mapping[str, Any] | None, block_sizes: Mapping[str, Any]
 def config_facts(model: str) -> ModelInfo | None:
     """`model`'s facts from its own config.json (a zoo name's checkpoint, a local path, a hub id
     cached locally); None when there is none here. A bad config.json raises ModelConfigError."""
-    where = registry.checkpoint_dir(model) if model in registry.zoo_names() else model
+    known = model in registry.zoo_names() or model in registry.shape_names()
+    where = registry.checkpoint_dir(model) if known else model
     config = find_config(str(where))
     if config is None or not config.exists():
         return None

@@ -212,15 +212,17 @@ class CellEvaluator:
 
         previous_n = None
         looks: list[dict] = []
+        random = group.load_format == "dummy"
         for i, n in enumerate(plan.stages):
             self.progress(f"evaluating P/D {cell.cell_id} ({n} questions)")
             pd_run, base_run = both_up_to(pd, rnd.staged, n)
             proof = proofs.pop(n) if n in proofs else witness.proof()
-            aa = noise_floor_for_look(self.progress, rnd, ask_ahead,
-                                      looks_worth_asking_ahead(cell, plan.stages[i + 1:]))
+            # a random-weight cell is decided at its first look: no questions asked ahead
+            ahead = () if random else looks_worth_asking_ahead(cell, plan.stages[i + 1:])
+            aa = noise_floor_for_look(self.progress, rnd, ask_ahead, ahead)
             cmp = compare(base_run, pd_run, proof, baseline_aa=aa, alpha=self.policy.alpha)
             verdict = decide(cmp, policy, cell.expected_failure, reference=group.reference,
-                             previous_n=previous_n)
+                             previous_n=previous_n, random_weights=random)
             if verdict.look is not None:
                 looks.append(verdict.look)
             if verdict.status != CONTINUE:

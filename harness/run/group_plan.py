@@ -29,6 +29,8 @@ class GroupPlan:
     model_path: str
     hybrid: bool
     reference: ReferenceAccuracy | None   # the model card's accuracy on `task`
+    load_format: str | None = None        # "dummy": random weights, the answers say nothing
+    kv_cache_bytes: int | None = None     # what a server of this model needs (real shapes)
 
     @property
     def first(self) -> Cell:
@@ -62,11 +64,13 @@ class GroupPlanner:
                          task=task, data_dir=self.options.dataset_dir or default_data_dir(task),
                          model_path=model.path,
                          hybrid=model.hybrid or first.model in self.hybrid_models,
-                         reference=reference_accuracy(model, task))
+                         reference=reference_accuracy(model, task),
+                         load_format=model.load_format, kv_cache_bytes=model.kv_cache_bytes)
 
     def baseline(self, group: GroupPlan) -> Deployment:
         return plan_baseline(group.first, self.deploy, model_path=group.model_path,
-                             hybrid=group.hybrid)
+                             hybrid=group.hybrid, load_format=group.load_format,
+                             model_kv_cache_bytes=group.kv_cache_bytes)
 
     def pair(self, group: GroupPlan, index: int, *, arm_faults: bool | None = None) -> Deployment:
         """The group's pair number `index`; its decode armed (by default) when one of its cells
@@ -74,4 +78,5 @@ class GroupPlanner:
         cells = group.pairs[index]
         arm = any(c.fault in SERVER_FAULTS for c in cells) if arm_faults is None else arm_faults
         return plan_pair(cells[0], self.deploy, model_path=group.model_path, hybrid=group.hybrid,
-                         arm_faults=arm)
+                         arm_faults=arm, load_format=group.load_format,
+                         model_kv_cache_bytes=group.kv_cache_bytes)

@@ -75,9 +75,12 @@ class Endpoint:
 
 def plan_server(cell: Cell, role: str, index: int, ctx: DeployContext, *, model_path: str,
                 hybrid: bool, port: int, side_channel_port: int | None,
-                internal_port: int | None = None, arm_faults: bool = False) -> ServerSpec:
+                internal_port: int | None = None, arm_faults: bool = False,
+                load_format: str | None = None, model_kv_cache_bytes: int | None = None) -> ServerSpec:
     """The server of `role` for `cell`. `arm_faults`: a decode server that breaks the KV of the
-    requests whose id names a fault (canaries sharing this pair), and of no other request."""
+    requests whose id names a fault (canaries sharing this pair), and of no other request.
+    KV cache: the run's --kv-cache-bytes, else what the model needs (`model_kv_cache_bytes`: a
+    real-shape model), else the tiny models' default."""
     block = {"baseline": cell.baseline_block_size, "prefill": cell.prefill_block_size,
              "decode": cell.decode_block_size}[role]
     tp = {"baseline": cell.baseline_tp, "prefill": cell.prefill_tp, "decode": cell.decode_tp}[role]
@@ -90,11 +93,11 @@ def plan_server(cell: Cell, role: str, index: int, ctx: DeployContext, *, model_
         dtype=cell.dtype, tp=tp, max_model_len=cell.max_model_len, compile=cell.compile,
         kv_buffer_device=cell.kv_buffer_device, kv_connector=cell.kv_connector,
         side_channel_port=side_channel_port, internal_port=internal_port,
-        kv_cache_bytes=ctx.kv_cache_bytes or DEFAULT_KV_CACHE_BYTES,
+        kv_cache_bytes=ctx.kv_cache_bytes or model_kv_cache_bytes or DEFAULT_KV_CACHE_BYTES,
         cpu_cores=None if on_gpu else placement.core_for(role, index, tp),
         gpu_ids=placement.gpus_for(role, index, tp, cell.prefill_tp * cell.num_prefill) if on_gpu else (),
         gpu_memory_utilization=GPU_SHARED_UTILIZATION if on_gpu else None,
-        hybrid=hybrid,
+        hybrid=hybrid, load_format=load_format,
         extra_args=cell.extra_args, extra_env=cell.extra_env,
         fault=BY_REQUEST if (role == "decode" and arm_faults) else None,
         python=ctx.python, **engine_settings(cell, role),
@@ -372,12 +375,14 @@ class ProxyDeployment:
 
 
 def plan_baseline(cell: Cell, ctx: DeployContext, *, model_path: str,
-                  hybrid: bool) -> Deployment:
+                  hybrid: bool, load_format: str | None = None,
+                  model_kv_cache_bytes: int | None = None) -> Deployment:
     allocator = ctx.allocator
     port = allocator.reserve(1, owner=f"baseline:{cell.cell_id}")[0]
     internal = allocator.reserve_block(INTERNAL_PORT_BLOCK, owner=f"baseline-vllm:{cell.cell_id}")
     spec = plan_server(cell, "baseline", 0, ctx, model_path=model_path, hybrid=hybrid, port=port,
-                       side_channel_port=None, internal_port=internal[0])
+                       side_channel_port=None, internal_port=internal[0],
+                       load_format=load_format, model_kv_cache_bytes=model_kv_cache_bytes)
     return Deployment(f"baseline-{cell.baseline_key}", [spec], log_dir=ctx.log_dir,
                       features=ctx.features, startup_timeout_s=ctx.startup_timeout_s,
                       allocator=allocator, reserved_ports=[port, *internal],
@@ -385,7 +390,8 @@ def plan_baseline(cell: Cell, ctx: DeployContext, *, model_path: str,
 
 
 def plan_pair(cell: Cell, ctx: DeployContext, *, model_path: str, hybrid: bool,
-              arm_faults: bool = False) -> Deployment:
+              arm_faults: bool = False, load_format: str | None = None,
+              model_kv_cache_bytes: int | None = None) -> Deployment:
     specs, reserved = [], []
     allocator = ctx.allocator
     # the topology ledger lives with the port registry (a dry run's: a throwaway one)
@@ -402,7 +408,9 @@ def plan_pair(cell: Cell, ctx: DeployContext, *, model_path: str, hybrid: bool,
             reserved += [port, *side, *internal]
             specs.append(plan_server(cell, role, index, ctx, model_path=model_path, hybrid=hybrid,
                                      port=port, side_channel_port=(side or [None])[0],
-                                     internal_port=internal[0], arm_faults=arm_faults))
+                                     internal_port=internal[0], arm_faults=arm_faults,
+                                     load_format=load_format,
+                                     model_kv_cache_bytes=model_kv_cache_bytes))
             if topology is not None:
                 specs[-1] = topology.place(specs[-1])
     name = "pair-" + "-".join(str(x) for x in (

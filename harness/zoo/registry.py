@@ -10,6 +10,7 @@ from pathlib import Path
 
 from harness.core.model_config import ModelConfigError, facts_from_config, read_config
 from harness.zoo.models import SPECS
+from harness.zoo.shapes import SHAPES
 
 CHECKPOINTS_DIR = Path(__file__).parent / "checkpoints"
 CARDS_DIR = Path(__file__).parent / "cards"
@@ -36,10 +37,15 @@ def zoo_names() -> list[str]:
     return list(SPECS)
 
 
+def shape_names() -> list[str]:
+    """Names of the real-shape random-weight models (harness.zoo.shapes: config + tokenizer only)."""
+    return list(SHAPES)
+
+
 def checkpoint_dir(name: str) -> Path:
-    """The committed checkpoint directory of a zoo name (may not exist yet)."""
-    if name not in SPECS:
-        raise KeyError(f"unknown zoo model {name!r}; known: {', '.join(SPECS)}")
+    """The committed checkpoint directory of a zoo or shape name (may not exist yet)."""
+    if name not in SPECS and name not in SHAPES:
+        raise KeyError(f"unknown zoo model {name!r}; known: {', '.join([*SPECS, *SHAPES])}")
     return CHECKPOINTS_DIR / name
 
 
@@ -47,7 +53,7 @@ def resolve_model(name_or_path: str) -> str:
     """Zoo name → its committed checkpoint dir; `tiny-llama-random` / `tiny-mla-random` → its
     cache dir (built on
     first use); anything else (a path or hub id) is returned unchanged."""
-    if name_or_path in SPECS:
+    if name_or_path in SPECS or name_or_path in SHAPES:
         path = checkpoint_dir(name_or_path)
         if not (path / "config.json").exists():
             raise FileNotFoundError(

@@ -16,6 +16,7 @@ import pytest
     (["--profile", "no-such-profile"], "unknown profile"),
     (["--model", "tiny-llama-random", "--block-size", "64:x"], "PREFILL:DECODE"),
     (["--model", "tiny-llama-random", "--max-starting", "-1"], "--max-starting must be 0"),
+    (["--model", "shape-qwen3-0.6b", "--no-kv-digest"], "has no weights (--load-format dummy)"),
 ])
 def test_bad_input_is_one_line_before_any_server(args: list[str], expected: str, tmp_path) -> None:
     started = time.monotonic()
@@ -60,3 +61,14 @@ def test_dry_run_shows_servers_as_they_will_start(capsys):
     lines = [l for l in capsys.readouterr().out.splitlines() if "api_server" in l]
     assert [" netns exec " in l for l in lines] == [False, True, True]
     assert not any("KV_DIGEST" in l for l in lines)
+
+
+def test_random_weights_without_the_digest_are_refused_and_trained_models_are_not():
+    from harness.cli.run_checks import random_weight_problems
+    dummy = {"shape-qwen3-0.6b"}.__contains__
+    assert random_weight_problems(["shape-qwen3-0.6b"] * 2, False, dummy) == [
+        "model shape-qwen3-0.6b has no weights (--load-format dummy): its cells are judged on "
+        "the transfer proof, the exact bytes and the KV digest, and --no-kv-digest turns the "
+        "digest off"]
+    assert random_weight_problems(["shape-qwen3-0.6b"], True, dummy) == []
+    assert random_weight_problems(["tiny-llama-gsm"], False, dummy) == []

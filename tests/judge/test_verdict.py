@@ -422,3 +422,45 @@ def test_an_accuracy_drop_with_identical_digests_says_the_kv_is_read_wrongly():
     v = decide(comparison(pd_wrong=40, transfer=proof(kv_digest=digest_summary())))
     assert v.status == FAIL and v.reason.startswith("P/D accuracy is lower")
     assert "kv-digest identical): it is read wrongly" in v.reason
+
+
+# ---- random weights (harness.zoo.shapes): transfer, bytes and digest decide, never accuracy ---
+def random_cell_proof(n: int = 50, **digest) -> TransferProof:
+    from harness.judge.byte_accounting import account
+    from harness.core.kv_geometry import KvGeometry
+    geo = KvGeometry(attention_layers=4, kv_heads=2, head_dim=64, dtype_bytes=2)
+    exact = account([{"remote_block_ids": [[0, 1, 2, 3]]}] * n, geo, 128, n * 1_048_576)
+    return proof(n, byte_account=exact.to_dict(), kv_digest=digest_summary(n, **digest))
+
+
+def test_random_weights_pass_on_transfer_bytes_and_digest_whatever_the_answers():
+    # random weights: P/D "wrong" on 30/50 and generations differ: not judged, said so
+    v = decide(comparison(50, pd_wrong=30, pd_generated_differ=30, aa=True,
+                          transfer=random_cell_proof()), random_weights=True)
+    assert v.status == PASS and v.look is None and "random-weights" in v.decision_path
+    assert "accuracy says nothing" in v.reason and "[kv-digest] identical on 50/50" in v.reason
+    assert "[kv-bytes-exact]" in v.reason
+    assert {c.name for c in v.checks}.isdisjoint({"accuracy", "noise-floor", "logprob-divergence"})
+    # the same answers on a trained model: FAIL on accuracy
+    assert decide(comparison(50, pd_wrong=30, aa=True, transfer=random_cell_proof())).status == FAIL
+
+
+def test_random_weights_fail_on_a_differing_byte_and_the_canary_is_caught():
+    v = decide(comparison(50, transfer=random_cell_proof(differing=1)), random_weights=True)
+    assert v.status == FAIL and v.reason.startswith("the decode's prompt KV is not the prefill's")
+    assert "accuracy says nothing" in v.reason
+    assert dataclasses.replace(v, canary="corrupt-block").outcome == "CAUGHT"
+    dropped = dataclasses.replace(random_cell_proof(), requests_sent_params=0,
+                                  counters=TransferCounters(kv_bytes=0.0))
+    v = decide(comparison(50, transfer=dropped), random_weights=True)
+    assert v.status == FAIL and v.reason.startswith("decode recomputed the prompt")
+    assert dataclasses.replace(v, canary="drop-transfer").outcome == "CAUGHT"
+
+
+def test_random_weights_without_digest_or_byte_account_cannot_pass():
+    no_digest = proof(50, kv_digest_skipped="KV digests off (--no-kv-digest)")
+    v = decide(comparison(50, transfer=no_digest), random_weights=True)
+    assert v.status == INCONCLUSIVE and "kv-bytes-exact and kv-digest did not run" in v.reason
+    no_bytes = proof(50, kv_digest=digest_summary(50))
+    v = decide(comparison(50, transfer=no_bytes), random_weights=True)
+    assert v.status == INCONCLUSIVE and "kv-bytes-exact did not run" in v.reason

@@ -110,6 +110,9 @@ def test_cpu_env_binds_threads_and_has_no_cuda_settings():
     env = build_env(spec("decode", cpu_cores="0-1"), base_env={})
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    # a shape model's 1.5 GiB: 2 on CPU (whole GiB, rounded up: 1 preempted 16 requests)
+    assert build_env(spec("decode", cpu_cores="0", kv_cache_bytes=3 << 29),
+                     base_env={})["VLLM_CPU_KVCACHE_SPACE"] == "2"
     for key in ("CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE"):
         assert key not in env
     assert "VLLM_CPU_OMP_THREADS_BIND" not in build_env(spec("decode"), base_env={})

@@ -9,6 +9,7 @@ from pathlib import Path
 from harness.core.catalog import ModelInfo
 from harness.core.model_config import ModelConfigError, facts_from_config, hub_cache_config, read_config
 from harness.core.reference import ReferenceAccuracy
+from harness.zoo import shapes
 
 
 class ModelNotFound(ValueError):
@@ -23,6 +24,14 @@ class ResolvedModel:
     hybrid: bool
     architecture: str | None
     facts: ModelInfo | None = None   # from its config.json (None: a hub id not cached here)
+    # a local directory with a config.json and no weight file (harness.zoo.shapes): vLLM fills
+    # the weights itself (--load-format dummy) and the answers say nothing
+    random_weights: bool = False
+    kv_cache_bytes: int | None = None   # the KV budget a server needs (harness.zoo.shapes)
+
+    @property
+    def load_format(self) -> str | None:
+        return "dummy" if self.random_weights else None
 
 
 
@@ -32,7 +41,7 @@ def _zoo_path(name: str) -> str | None:
 
     if name == random_llama.NAME:
         return str(random_llama.build())
-    if name in registry.zoo_names():
+    if name in registry.zoo_names() or name in registry.shape_names():
         return str(registry.resolve_model(name))
     return None
 
@@ -56,7 +65,9 @@ def resolve(name: str) -> ResolvedModel:
         raise ModelNotFound(f"model {name!r}: {config_file} does not exist")
     facts = _facts(name, config_file)
     return ResolvedModel(name, path, local=True, hybrid=facts.is_hybrid,
-                         architecture=facts.architecture, facts=facts)
+                         architecture=facts.architecture, facts=facts,
+                         random_weights=not shapes.has_weights(path),
+                         kv_cache_bytes=shapes.kv_cache_bytes(name))
 
 
 def _facts(name: str, config_file: Path) -> ModelInfo:

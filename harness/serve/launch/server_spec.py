@@ -108,6 +108,7 @@ class ServerSpec:
     gpu_ids: tuple[int, ...] = ()
     gpu_memory_utilization: float | None = None
     hybrid: bool = False
+    load_format: str | None = None             # "dummy": no weight files, vLLM fills them randomly
     seed: int = 0
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = ()
@@ -245,6 +246,8 @@ def build_argv(spec: ServerSpec, features: Features = Features()) -> list[str]:
         "--tensor-parallel-size", str(spec.tp),
         "--seed", str(spec.seed),
     ]
+    if spec.load_format:
+        argv += ["--load-format", spec.load_format]
     if features.attention_backend_flag:
         argv += ["--attention-backend", spec.backend]
     if spec.kv_cache_bytes and features.kv_cache_memory_bytes_flag:
@@ -359,8 +362,8 @@ def build_env(spec: ServerSpec, features: Features = Features(),
         if spec.cpu_cores is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpu_cores
         if spec.kv_cache_bytes:
-            # also size it the CPU-specific way (GiB, at least 1) in case the flag is ignored
-            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, spec.kv_cache_bytes // 2**30)))
+            # also size it the CPU-specific way (whole GiB, rounded up) in case the flag is ignored
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, -(-spec.kv_cache_bytes // 2**30))))
     else:
         env.update(cuda_env(spec, env))
     if spec.hybrid:
