@@ -280,6 +280,10 @@ def patch_connector_class(cls: type) -> None:
     install = _specific_install(cls)
     if install:
         install(cls)
+    module = specifics_for(cls)
+    extend = getattr(module, "extend", None) if module is not None else None
+    if extend:    # what the class lacks that the evidence needs (Mooncake: its counters)
+        extend(cls)
 
 
 def gives_arrival(connector: Any) -> bool:
