@@ -58,14 +58,21 @@ KV_CONNECTORS: dict[str, ConnectorRow] = {
         "NixlPullConnector", NIXL_TRANSPORT, ("cpu", "cuda"),
         not_driven="vLLM's NixlConnector is this class under its old name "
                    "(nixl/connector.py): judged as kv_connector nixl"),
+    # MultiConnector with NIXL pull as its only child: the wrapper, where offloading cannot run
+    "multi-nixl": ConnectorRow("MultiConnector", NIXL_TRANSPORT, ("cpu", "cuda"),
+                               module="harness.serve.connectors.multi_nixl"),
     # vLLM's own CI configuration of MultiConnector: NIXL pull for P/D, offloading beside it
     "multi-nixl-offload": ConnectorRow(
         "MultiConnector", NIXL_TRANSPORT, ("cuda",),
         module="harness.serve.connectors.multi_nixl_offload",
         devices_why="its OffloadingConnector child: " + OFFLOAD_ON_GPU_ONLY),
     "mooncake": ConnectorRow(
-        "MooncakeConnector", "mooncake.engine:TransferEngine", ("cpu", "cuda"),
+        "MooncakeConnector", "mooncake.engine:TransferEngine", ("cuda",),
         module="harness.serve.connectors.mooncake",
+        devices_why="vLLM CPU 0.32's Mooncake worker asks for the accelerator at start-up "
+                    "(torch.accelerator.current_device_index(): 'RuntimeError: Cannot access "
+                    "accelerator device when none is available'), with the non-cuda engine "
+                    "imported",
         package="mooncake-transfer-engine-non-cuda (CPU) / mooncake-transfer-engine (CUDA); "
                 "its engine.so links libibverbs.so.1 and libnl-3.so.200 (Debian libibverbs1)"),
     "offloading": ConnectorRow(
@@ -80,9 +87,10 @@ KV_CONNECTORS: dict[str, ConnectorRow] = {
     "lmcache": ConnectorRow(
         "LMCacheConnectorV1", "lmcache.integration.vllm.vllm_v1_adapter:LMCacheConnectorV1Impl",
         ("cuda",), package="lmcache",
-        devices_why="lmcache 0.5.6's kernels (lmcache.cuda_ops) link libc10_cuda.so, which a "
-                    "CPU torch has not: 'ImportError: libc10_cuda.so: cannot open shared "
-                    "object file'",
+        devices_why="lmcache 0.5.6 installs and vLLM CPU starts with it, but LMCache has no "
+                    "CPU path ('RuntimeError: No supported cpu connector found.': it runs in "
+                    "'degraded mode (recompute)', 0 hit tokens on a repeated prompt), and its "
+                    "kernels (lmcache.cuda_ops) link libc10_cuda.so",
         not_driven="an LMCache cache shared by prefill and decode (its own config, storage "
                    "backend and lookup server): no harness module yet"),
     "lmcache-mp": ConnectorRow(

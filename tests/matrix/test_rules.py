@@ -164,9 +164,9 @@ CASES = [
     ("known-kv-connector", cpu_cell(kv_connector="nixl-push"), cpu_cell(kv_connector="no-such"), CPU),
     # a connector vLLM CPU refuses at start-up is excluded on CPU, kept on a GPU
     ("known-kv-connector", gpu_cell(kv_connector="offloading"), cpu_cell(kv_connector="offloading"), GPU2),
-    ("kv-connector-moves-kv", cpu_cell(kv_connector="mooncake"), cpu_cell(kv_connector="decode-bench"), CPU),
+    ("kv-connector-moves-kv", cpu_cell(kv_connector="nixl-push"), cpu_cell(kv_connector="decode-bench"), CPU),
     ("kv-connector-driven", cpu_cell(kv_connector="nixl-push"), cpu_cell(kv_connector="example"), CPU),
-    ("vllm-kv-connector", cpu_cell(kv_connector="mooncake"), cpu_cell(kv_connector="mooncake"), "mooncake"),
+    ("vllm-kv-connector", gpu_cell(kv_connector="mooncake"), gpu_cell(kv_connector="mooncake"), "mooncake"),
 ]
 
 
@@ -187,7 +187,7 @@ def _platform_for(rule: str, violating: bool, platform: PlatformInfo | None) -> 
             "NixlConnector",) if violating else ("NixlConnector", "NixlPushConnector")))
     if rule == "vllm-kv-connector" and platform == "mooncake":   # its package is not installed
         error = {"mooncake.engine:TransferEngine": "ImportError: libibverbs.so.1: cannot open"}
-        return PlatformInfo(vllm=features(platform="cpu", kv_transports=(
+        return PlatformInfo(device="cuda", gpu_count=2, vllm=features(kv_transports=(
             () if violating else ("mooncake.engine:TransferEngine",)),
             kv_transport_errors=error if violating else {}))
     if rule == "vllm-kv-connector":   # NIXL does not import
@@ -319,3 +319,12 @@ def test_the_catalog_is_always_passed():
         check_cell(cpu_cell(), CPU)   # type: ignore[call-arg]
     with pytest.raises(TypeError):
         normalize_cell(cpu_cell())    # type: ignore[call-arg]
+
+
+def test_a_transport_that_does_not_import_is_named_with_its_error_and_package():
+    platform = PlatformInfo(device="cuda", gpu_count=2, vllm=features(
+        kv_transports=(), kv_transport_errors={
+            "mooncake.engine:TransferEngine": "ImportError: libibverbs.so.1: cannot open"}))
+    [hit] = [p for p in check_cell(gpu_cell(kv_connector="mooncake"), platform, CATALOG)
+             if p.rule == "vllm-kv-connector"]
+    assert "libibverbs.so.1" in hit.message and "mooncake-transfer-engine" in hit.message

@@ -204,3 +204,12 @@ def test_multiconnector_nests_nixl_and_offloading_in_vllms_ci_shape():
     assert offload["kv_connector"] == "OffloadingConnector"
     assert offload["kv_connector_extra_config"]["cpu_bytes_to_use"] > 0
     assert multi.metrics.samples == PULL.metrics.samples and multi.byte_accounting == "blocks"
+
+
+def test_multiconnector_alone_wraps_nixl_only_and_runs_where_nixl_runs():
+    multi = connector_for("multi-nixl")
+    config = multi.kv_transfer_config("prefill", kv_role="kv_producer", kv_buffer_device="cpu")
+    assert [c["kv_connector"] for c in config["kv_connector_extra_config"]["connectors"]] == [
+        "NixlConnector"]
+    assert "cpu" in connector_row("multi-nixl").devices
+    assert "cpu" not in connector_row("multi-nixl-offload").devices

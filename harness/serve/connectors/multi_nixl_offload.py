@@ -23,20 +23,24 @@ OFFLOAD_CPU_BYTES = 1 << 30
 
 @dataclass(frozen=True)
 class MultiNixlOffloadConnector(NixlConnector):
-    """NIXL pull + offloading, through MultiConnector."""
+    """NIXL pull + offloading, through MultiConnector (``offload=False``: NIXL alone in it, what
+    a CPU runs: the wrapper's own params merging, metrics and request bookkeeping)."""
+
+    offload: bool = True
 
     def kv_transfer_config(self, role: str, *, kv_role: str, kv_buffer_device: str,
                            kv_layout: str = "default",
                            side_port: int | None = None) -> dict[str, Any]:
         nixl = NixlConnector.kv_transfer_config(self, role, kv_role=kv_role,
                                                 kv_buffer_device=kv_buffer_device,
-                                                kv_layout=kv_layout)
+                                                kv_layout=kv_layout, side_port=side_port)
         nixl["kv_connector"] = "NixlConnector"
         offload = {"kv_connector": "OffloadingConnector", "kv_role": kv_role,
                    "kv_connector_extra_config": {"cpu_bytes_to_use": OFFLOAD_CPU_BYTES}}
+        children = [nixl, offload] if self.offload else [nixl]
         return {"kv_connector": self.vllm_name, "kv_role": kv_role,
                 "kv_buffer_device": kv_buffer_device,
-                "kv_connector_extra_config": {"connectors": [nixl, offload]}}
+                "kv_connector_extra_config": {"connectors": children}}
 
 
 CONNECTOR = MultiNixlOffloadConnector(
