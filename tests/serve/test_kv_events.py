@@ -278,3 +278,12 @@ def test_mooncake_gets_counters_over_its_own_statistics_and_a_class_with_its_own
 
     mooncake.extend(WithOwn)
     assert WithOwn.build_prom_metrics() == "own"
+
+
+def test_a_wrapper_connector_is_left_to_its_children():
+    from harness.serve.plugins.kv_events.by_connector import multi
+
+    wrapper = type("MultiConnector", (), {"request_finished": lambda self, *a: (False, None)})
+    original = wrapper.request_finished
+    interface.patch_connector_class(wrapper)
+    assert wrapper.request_finished is original and interface.specifics_for(wrapper) is multi
