@@ -31,6 +31,8 @@ class VllmFeatures:
     # ("module:attribute", harness.core.kv_connectors) that import; None: not probed
     kv_connectors: tuple[str, ...] | None = None
     kv_transports: tuple[str, ...] | None = None
+    # a transport that does not import -> the error it raised (one line), when probed
+    kv_transport_errors: Mapping[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -42,6 +44,8 @@ class VllmFeatures:
         for key in ("kv_roles", "attention_backends", "kv_connectors", "kv_transports"):
             if kwargs.get(key) is not None:
                 kwargs[key] = tuple(kwargs[key])
+        if kwargs.get("kv_transport_errors") is not None:
+            kwargs["kv_transport_errors"] = dict(kwargs["kv_transport_errors"])
         return cls(**kwargs)
 
     def attention_backend_setting(self, backend: str) -> tuple[list[str], dict[str, str]]:

@@ -41,6 +41,9 @@ class TransferProof:
     # the reason in `kv_digest_skipped` (digests off, or servers the harness did not start)
     kv_digest: dict | None = None
     kv_digest_skipped: str | None = None
+    # requests whose params the proxy named itself, because the connector's prefill answers
+    # none (Mooncake: a transfer id, the prefill's engine and bootstrap address)
+    params_named_by_proxy: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if k != "counters"}

@@ -205,7 +205,9 @@ def transfer_checks(cmp: Comparison) -> list[Check]:
         Check("proxy-saw-every-question", t.requests >= cmp.n,
               f"proxy handled {t.requests} requests for {cmp.n} questions"),
         Check("prefill-returned-params", t.requests > 0 and t.requests_with_params == t.requests,
-              f"{t.requests_with_params}/{t.requests} prefill responses carried kv_transfer_params"),
+              f"{t.requests_with_params}/{t.requests} prefill responses carried kv_transfer_params"
+              + (f" ({t.params_named_by_proxy} named by the proxy once the prefill answered: "
+                 f"the connector's prefill answers none)" if t.params_named_by_proxy else "")),
         Check("decode-got-params", sent == t.requests,
               f"decode received no kv_transfer_params on {t.requests - sent} of {t.requests} "
               f"requests"),

@@ -52,14 +52,35 @@ def _known_kv_buffer(cell: Cell, ctx: RuleContext) -> str | None:
 
 @rule("known-kv-connector", "invalid")
 def _known_kv_connector(cell: Cell, ctx: RuleContext) -> str | None:
-    """The KV connector is one of harness.core.kv_connectors, and moves KV on the cell's device."""
+    """The KV connector is one of harness.core.kv_connectors, and runs on the cell's device."""
     row = KV_CONNECTORS.get(cell.kv_connector)
     if row is None:
         return f"unknown kv_connector {cell.kv_connector!r}; use one of {', '.join(KV_CONNECTORS)}"
     if cell.device in DEVICES and cell.device not in row.devices:
+        why = f": {row.devices_why}" if row.devices_why else ""
         return (f"kv_connector {cell.kv_connector} ({row.vllm_name}) runs on "
-                f"{', '.join(row.devices)}, not {cell.device}")
+                f"{', '.join(row.devices)}, not {cell.device}{why}")
     return None
+
+
+@rule("kv-connector-moves-kv", "invalid")
+def _kv_connector_moves_kv(cell: Cell, ctx: RuleContext) -> str | None:
+    """The KV connector moves a prompt's KV from one server to another (what a P/D cell judges)."""
+    row = KV_CONNECTORS.get(cell.kv_connector)
+    if row is None or row.moves_kv is None:
+        return None
+    return f"kv_connector {cell.kv_connector} ({row.vllm_name}) moves no KV between servers: {row.moves_kv}"
+
+
+@rule("kv-connector-driven", "invalid")
+def _kv_connector_driven(cell: Cell, ctx: RuleContext) -> str | None:
+    """The harness has a module that drives the cell's KV connector (harness.serve.connectors)."""
+    row = KV_CONNECTORS.get(cell.kv_connector)
+    if row is None or row.module is not None:
+        return None
+    needs = f"; it needs {row.package}" if row.package else ""
+    return (f"the harness does not drive kv_connector {cell.kv_connector} ({row.vllm_name}): "
+            f"{row.not_driven or 'no module in harness.serve.connectors'}{needs}")
 
 
 @rule("known-fault", "invalid")

@@ -135,6 +135,8 @@ def _vllm_kv_connector(cell: Cell, ctx: RuleContext) -> str | None:
     if features.kv_connectors is not None and row.vllm_name not in features.kv_connectors:
         return f"the installed vLLM {features.version} registers no {row.vllm_name} (kv_connector {cell.kv_connector})"
     if features.kv_transports is not None and row.transport not in features.kv_transports:
+        error = (features.kv_transport_errors or {}).get(row.transport)
+        needs = f"; it needs {row.package}" if row.package else ""
         return (f"{row.vllm_name}'s transport {row.transport} does not import next to vLLM "
-                f"{features.version} — P/D transfer cannot run")
+                f"{features.version}{f' ({error})' if error else ''}{needs}")
     return None

@@ -33,7 +33,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import relevance
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR, KV_CONNECTORS
+from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR, driven_connectors
 from harness.core import exact_headers
 from harness.core.bounded_yaml import BoundedYAMLError, load_bounded
 from harness.core.redact import register_secret
@@ -151,9 +151,9 @@ def load_deployment(path: str | os.PathLike[str],
         raise DeploymentError(f"{source}: task: unknown task {task!r}; the harness ships "
                               f"{', '.join(known_tasks())}, or {AUTO_TASK} (chosen by model)")
     connector = data.get("kv_connector", DEFAULT_KV_CONNECTOR)
-    if connector not in KV_CONNECTORS:
+    if connector not in driven_connectors():
         raise DeploymentError(f"{source}: kv_connector: unknown KV connector {connector!r}; use "
-                              f"one of {', '.join(KV_CONNECTORS)}")
+                              f"one of {', '.join(driven_connectors())}")
     dep = _build(data, source, task)
     problem = trust_problem(dep, allowed_auth_envs)
     if problem:

@@ -3,7 +3,9 @@ prefill computed? Read from the digest files the P/D servers wrote
 (harness.serve.plugins.kv_digest.hook) and joined through the proxy's records:
 
 * the prefill's line is the one of the request id its response named (``remote_request_id`` in
-  the kv_transfer_params the proxy *received*: the question's own prefill);
+  the kv_transfer_params the proxy *received*: the question's own prefill), or, for a connector
+  whose prefill answers none (Mooncake), the one whose id carries the proxy id of the transfer
+  the proxy named;
 * the decode's line is the one whose vLLM request id carries the proxy's id (``X-Request-Id``).
 
 So a decode that read another request's blocks (foreign params) differs from its question's
@@ -130,8 +132,10 @@ def digest_evidence(records: list[dict], prefill_files: Iterable[str],
     prefill_lines = [l for l in read_digest_lines(prefill_files) if l.get("side") == "prefill"]
     decode_lines = [l for l in read_digest_lines(decode_files) if l.get("side") == "decode"]
     by_prefill_id: dict[str, list[dict]] = {}
+    by_prefill_uuid: dict[str, list[dict]] = {}
     for line in prefill_lines:
         by_prefill_id.setdefault(line["request_id"], []).append(line)
+        by_prefill_uuid.setdefault(_proxy_uuid(line["request_id"]) or "", []).append(line)
     by_uuid: dict[str, list[dict]] = {}
     for line in decode_lines:
         key = _proxy_uuid(line.get("request_id", ""))
@@ -145,6 +149,11 @@ def digest_evidence(records: list[dict], prefill_files: Iterable[str],
         counts["requests"] += 1
         received = record.get("received_kv_transfer_params") or {}
         ours = by_prefill_id.get(received.get("remote_request_id"))
+        handle = record.get("kv_transfer_handle") or {}
+        if ours is None and handle:
+            # a connector whose prefill answers nothing (Mooncake): the prefill the proxy's
+            # handle names, by the proxy id in its transfer id
+            ours = by_prefill_uuid.get(_proxy_uuid(str(handle.get("transfer_id", ""))) or "-")
         theirs = by_uuid.get(_proxy_uuid(record.get("request_id", "")) or "")
         ours, theirs = (side_of(lines) if lines else None for lines in (ours, theirs))
         if ours is None:

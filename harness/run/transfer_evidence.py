@@ -23,6 +23,7 @@ from harness.serve.connectors.registry import connector_for
 from harness.serve.deploy import Deployment
 from harness.serve.launch.effective_config import FORCED_BLOCK_RE
 from harness.serve.net.netns import process_env
+from harness.serve.proxy.hops import answer_of
 from harness.serve.plugins.faults.spec import APPLIED_PREFIX, parse_fault_log
 
 
@@ -202,12 +203,15 @@ def transfer_proof(records: list[dict], delta: TransferCounters, hybrid: bool,
         return bool(params) and bool(params.get("remote_block_ids") is not None
                                      or params.get("remote_engine_id"))
 
-    with_params = sum(usable(r.get("received_kv_transfer_params")) for r in records)
+    # a connector whose prefill answers no params (Mooncake): the handle the proxy named once
+    # the prefill answered, counted as that prefill's params (TransferProof.params_named_by_proxy)
+    with_params = sum(usable(answer_of(r)) for r in records)
+    named = sum(bool(r.get("kv_transfer_handle")) for r in records)
     sent = sum(usable(r.get("sent_kv_transfer_params")) for r in records)
     byte_account, skipped = _byte_account(records, delta, geometry, decode_logs)
     own = sum(usable(r.get("sent_kv_transfer_params"))
               and r.get("sent_kv_transfer_params")
-              == record_connector(r).decode_params(r.get("received_kv_transfer_params"))
+              == record_connector(r).decode_params(answer_of(r))
               for r in records)
     return TransferProof(requests=len(records), requests_with_params=with_params,
                          requests_own_params=own, counters=delta,
@@ -217,6 +221,7 @@ def transfer_proof(records: list[dict], delta: TransferCounters, hybrid: bool,
                                            if r.get("request_id")] or None),
                          requests_sent_params=sent,
                          byte_account=byte_account, byte_account_skipped=skipped, link=link,
+                         params_named_by_proxy=named,
                          **_digest_fields(records, digests))
 
 

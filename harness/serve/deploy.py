@@ -336,6 +336,10 @@ class ProxyDeployment:
         for url in pair.urls("decode"):
             argv += ["--decode", url]
         argv += ["--kv-connector", kv_connector]   # how the kv_transfer_params travel
+        for spec in getattr(pair, "specs", ()):   # a deployment file's upstreams have none
+            if spec.role == "prefill" and spec.side_channel_port is not None:
+                argv += ["--prefill-side", f"{spec.base_url}="
+                         f"{spec.side_channel_host or spec.host}:{spec.side_channel_port}"]
         if fault:
             argv += ["--fault", fault]
         if request_tag:

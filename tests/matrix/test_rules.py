@@ -171,7 +171,12 @@ CASES = [
     ("vllm-backend", gpu_cell(backend="FLASH_ATTN"), gpu_cell(backend="TRITON_ATTN"), None),
     ("vllm-kv-connector", cpu_cell(), cpu_cell(), None),
     ("vllm-kv-connector", cpu_cell(kv_connector="nixl-push"), cpu_cell(kv_connector="nixl-push"), "push"),
-    ("known-kv-connector", cpu_cell(kv_connector="nixl-push"), cpu_cell(kv_connector="lmcache"), CPU),
+    ("known-kv-connector", cpu_cell(kv_connector="nixl-push"), cpu_cell(kv_connector="no-such"), CPU),
+    # a connector vLLM CPU refuses at start-up is excluded on CPU, kept on a GPU
+    ("known-kv-connector", gpu_cell(kv_connector="offloading"), cpu_cell(kv_connector="offloading"), GPU2),
+    ("kv-connector-moves-kv", cpu_cell(kv_connector="nixl-push"), cpu_cell(kv_connector="decode-bench"), CPU),
+    ("kv-connector-driven", cpu_cell(kv_connector="nixl-push"), cpu_cell(kv_connector="example"), CPU),
+    ("vllm-kv-connector", gpu_cell(kv_connector="mooncake"), gpu_cell(kv_connector="mooncake"), "mooncake"),
 ]
 
 
@@ -190,6 +195,11 @@ def _platform_for(rule: str, violating: bool, platform: PlatformInfo | None) -> 
     if rule == "vllm-kv-connector" and platform == "push":   # vLLM without the push connector
         return PlatformInfo(vllm=features(platform="cpu", kv_connectors=(
             "NixlConnector",) if violating else ("NixlConnector", "NixlPushConnector")))
+    if rule == "vllm-kv-connector" and platform == "mooncake":   # its package is not installed
+        error = {"mooncake.engine:TransferEngine": "ImportError: libibverbs.so.1: cannot open"}
+        return PlatformInfo(device="cuda", gpu_count=2, vllm=features(kv_transports=(
+            () if violating else ("mooncake.engine:TransferEngine",)),
+            kv_transport_errors=error if violating else {}))
     if rule == "vllm-kv-connector":   # NIXL does not import
         return PlatformInfo(vllm=features(platform="cpu", kv_transports=(
             () if violating else ("nixl._api:nixl_agent",))))
@@ -289,7 +299,8 @@ def test_no_platform_means_machine_agnostic():
 def test_rules_are_checked_and_listed_by_subject_in_a_fixed_order():
     assert [name for name, _, _ in describe_rules()] == [
         # the cell alone (rules_cell)
-        "known-runner", "known-backend", "known-device", "known-kv-buffer-device", "known-kv-connector", "known-fault",
+        "known-runner", "known-backend", "known-device", "known-kv-buffer-device", "known-kv-connector",
+        "kv-connector-moves-kv", "kv-connector-driven", "known-fault",
         "known-compile", "known-network", "known-dtype", "positive-sizes", "backend-device", "kv-buffer-on-cpu", "v2-runner-not-on-cpu",
         "known-prefill-runner", "mixed-runners-not-on-cpu",
         "cpu-attn-block-multiple-32", "flash-attn-block-multiple-16", "triton-attn-block-multiple-16",
@@ -320,3 +331,12 @@ def test_the_catalog_is_always_passed():
         check_cell(cpu_cell(), CPU)   # type: ignore[call-arg]
     with pytest.raises(TypeError):
         normalize_cell(cpu_cell())    # type: ignore[call-arg]
+
+
+def test_a_transport_that_does_not_import_is_named_with_its_error_and_package():
+    platform = PlatformInfo(device="cuda", gpu_count=2, vllm=features(
+        kv_transports=(), kv_transport_errors={
+            "mooncake.engine:TransferEngine": "ImportError: libibverbs.so.1: cannot open"}))
+    [hit] = [p for p in check_cell(gpu_cell(kv_connector="mooncake"), platform, CATALOG)
+             if p.rule == "vllm-kv-connector"]
+    assert "libibverbs.so.1" in hit.message and "mooncake-transfer-engine" in hit.message

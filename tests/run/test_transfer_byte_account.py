@@ -141,3 +141,21 @@ def test_a_connector_the_digest_plugin_does_not_hook_leaves_the_digest_out_sayin
     proof = transfer_proof([], TransferCounters(), False, [],
                            digests=DigestFiles.of_pair(pair("nixl-push")))
     assert proof.kv_digest is None and proof.kv_digest_skipped == skipped
+
+
+def test_a_connector_whose_prefill_answers_nothing_counts_the_proxys_handle_and_says_so():
+    from harness.eval.metrics import TransferCounters
+    from harness.run.transfer_evidence import transfer_proof
+    from harness.serve.connectors.registry import connector_for
+
+    mooncake = connector_for("mooncake")
+    handle = {"transfer_id": "xfer-pdacc-1", "remote_engine_id": "pdacc-mooncake-5600",
+              "remote_bootstrap_addr": "http://127.0.0.1:5600"}
+    record = {"request_id": "pdacc-1", "kv_connector": "mooncake",
+              "received_kv_transfer_params": None, "kv_transfer_handle": handle,
+              "sent_kv_transfer_params": mooncake.decode_params(handle)}
+    dropped = {**record, "request_id": "pdacc-2", "sent_kv_transfer_params": None}
+    proof = transfer_proof([record, dropped], TransferCounters(), hybrid=False, decode_logs=[])
+    assert (proof.requests_with_params, proof.requests_sent_params) == (2, 1)
+    assert proof.requests_own_params == 1 and proof.params_named_by_proxy == 2
+    assert proof.byte_account is None and "cannot say" in proof.byte_account_skipped

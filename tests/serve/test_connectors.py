@@ -3,12 +3,14 @@ the evidence, and how the harness reads a pair's counters and proxy records thro
 from __future__ import annotations
 
 import importlib
+import json
 from pathlib import Path
 
 import pytest
 
 from harness.core.cell import Cell
-from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR, KV_CONNECTORS, connector_row
+from harness.core.kv_connectors import (DEFAULT_KV_CONNECTOR, KV_CONNECTORS, connector_row,
+                                        driven_connectors)
 from harness.eval.metrics import TransferCounters, parse_transfer_counters
 from harness.serve.connectors.base import KV_COUNTERS, KvConnector, MetricMap
 from harness.serve.connectors.registry import connector_for
@@ -22,7 +24,7 @@ RECEIVED = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine
             "remote_port": 5600, "tp_size": 1, "transfer_mode": "push"}
 
 
-@pytest.mark.parametrize("value", list(KV_CONNECTORS))
+@pytest.mark.parametrize("value", driven_connectors())
 def test_every_row_names_a_module_whose_connector_is_its_own(value):
     connector = connector_for(value)
     assert isinstance(connector, KvConnector)
@@ -33,7 +35,37 @@ def test_every_row_names_a_module_whose_connector_is_its_own(value):
 
 def test_an_unknown_connector_names_the_known_ones():
     with pytest.raises(KeyError, match="nixl, nixl-push"):
-        connector_for("lmcache")
+        connector_for("no-such")
+
+
+def test_a_connector_the_harness_does_not_drive_says_why():
+    with pytest.raises(KeyError, match="not driven by the harness: .*alias|old name"):
+        connector_for("nixl-pull")
+
+
+# vLLM CPU 0.32's KVConnectorFactory registrations (vllm/distributed/kv_transfer/kv_connector/
+# factory.py): the table has a row for each, so `list --show-excluded` names every one
+VLLM_032_CONNECTORS = {
+    "ExampleConnector", "ExampleHiddenStatesConnector", "LMCacheConnectorV1",
+    "LMCacheMPConnector", "NixlConnector", "NixlPullConnector", "NixlPushConnector",
+    "MultiConnector", "HiSparseConnector", "MoRIIOConnector", "OffloadingConnector",
+    "DecodeBenchConnector", "MooncakeConnector", "MooncakeStoreConnector", "FlexKVConnectorV1",
+    "SimpleCPUOffloadConnector", "HF3FSKVConnector"}
+
+
+def test_every_connector_vllm_registers_has_a_row_with_its_reason_when_not_driven():
+    assert {row.vllm_name for row in KV_CONNECTORS.values()} == VLLM_032_CONNECTORS
+    for value, row in KV_CONNECTORS.items():
+        # a connector is driven, or moves no KV, or says why the harness does not drive it
+        assert (row.module is not None) or row.moves_kv or row.not_driven, value
+        assert set(row.devices) <= {"cpu", "cuda", "rocm"}, value
+        if row.module is None:
+            assert value not in driven_connectors()
+
+
+def test_the_installed_vllm_registers_exactly_the_table():
+    factory = pytest.importorskip("vllm.distributed.kv_transfer.kv_connector.factory")
+    assert set(factory.KVConnectorFactory._registry) == VLLM_032_CONNECTORS
 
 
 def test_a_metric_map_takes_only_neutral_counters():
@@ -110,3 +142,74 @@ def test_push_counters_come_from_the_writer():
     assert push_prefill.prompt_tokens_external == 0.0 and push_prefill.requests_finished == 0.0
     assert push_decode.plus(push_prefill) == pull
     assert TransferCounters().plus(pull) == pull
+
+
+MOONCAKE = connector_for("mooncake")
+
+
+def test_mooncake_prefill_gets_a_named_transfer_and_a_bootstrap_port_of_its_own():
+    prefill = spec("prefill", "mooncake")
+    argv = build_argv(prefill, Features())
+    config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert config["kv_connector"] == "MooncakeConnector" and config["kv_role"] == "kv_producer"
+    assert config["kv_connector_extra_config"] == {"mooncake_protocol": "tcp"}
+    assert config["engine_id"] == "pdacc-mooncake-5600"
+    assert build_env(prefill, Features(), base_env={})["VLLM_MOONCAKE_BOOTSTRAP_PORT"] == "5600"
+    decode = json.loads(_config(spec("decode", "mooncake")))
+    assert "engine_id" not in decode and decode["kv_role"] == "kv_consumer"
+
+
+def _config(server: ServerSpec) -> str:
+    argv = build_argv(server, Features())
+    return argv[argv.index("--kv-transfer-config") + 1]
+
+
+def test_mooncake_decode_params_are_what_the_proxy_named_since_the_prefill_answers_none():
+    assert MOONCAKE.prefill_answers_params is False
+    sent = MOONCAKE.prefill_params_for("pdacc-abc")
+    assert sent == {"do_remote_decode": True, "do_remote_prefill": False,
+                    "transfer_id": "xfer-pdacc-abc"}
+    handle = MOONCAKE.prefill_answer(None, sent=sent, side="127.0.0.1:5600")
+    assert handle == {"transfer_id": "xfer-pdacc-abc", "remote_engine_id": "pdacc-mooncake-5600",
+                      "remote_bootstrap_addr": "http://127.0.0.1:5600"}
+    assert MOONCAKE.decode_params(handle) == {"do_remote_prefill": True, "do_remote_decode": False,
+                                              **handle}
+    assert MOONCAKE.prefill_answer(None, sent=sent, side=None) is None   # no side channel known
+    assert MOONCAKE.decode_params(None) is None
+    assert MOONCAKE.block_params(handle, handle) is None and MOONCAKE.byte_accounting is None
+    # NIXL's prefill answers: the answer is what it said
+    assert PULL.prefill_answer(RECEIVED, sent={}, side="h:1") == RECEIVED
+
+
+def test_mooncake_counters_come_from_the_writer_and_the_decodes_failed_reads():
+    page = ("# TYPE vllm:mooncake_bytes_transferred counter\n"
+            'vllm:mooncake_bytes_transferred_total{engine="0"} 4096.0\n'
+            "# TYPE vllm:mooncake_transfers counter\n"
+            'vllm:mooncake_transfers_total{engine="0"} 2.0\n'
+            "# TYPE vllm:mooncake_num_failed_recvs counter\n"
+            'vllm:mooncake_num_failed_recvs_total{engine="0"} 1.0\n')
+    prefill = parse_transfer_counters(page, MOONCAKE, "prefill")
+    decode = parse_transfer_counters(page, MOONCAKE, "decode")
+    assert (prefill.kv_bytes, prefill.kv_transfers, prefill.failed_notifications) == (4096, 2, 0)
+    assert (decode.kv_bytes, decode.failed_notifications) == (0, 1)
+
+
+def test_multiconnector_nests_nixl_and_offloading_in_vllms_ci_shape():
+    multi = connector_for("multi-nixl-offload")
+    config = multi.kv_transfer_config("decode", kv_role="kv_consumer", kv_buffer_device="cuda",
+                                      kv_layout="NHD")
+    assert config["kv_connector"] == "MultiConnector" and config["kv_role"] == "kv_consumer"
+    nixl, offload = config["kv_connector_extra_config"]["connectors"]
+    assert nixl["kv_connector"] == "NixlConnector" and nixl["enable_permute_local_kv"] is True
+    assert offload["kv_connector"] == "OffloadingConnector"
+    assert offload["kv_connector_extra_config"]["cpu_bytes_to_use"] > 0
+    assert multi.metrics.samples == PULL.metrics.samples and multi.byte_accounting == "blocks"
+
+
+def test_multiconnector_alone_wraps_nixl_only_and_runs_where_nixl_runs():
+    multi = connector_for("multi-nixl")
+    config = multi.kv_transfer_config("prefill", kv_role="kv_producer", kv_buffer_device="cpu")
+    assert [c["kv_connector"] for c in config["kv_connector_extra_config"]["connectors"]] == [
+        "NixlConnector"]
+    assert "cpu" in connector_row("multi-nixl").devices
+    assert "cpu" not in connector_row("multi-nixl-offload").devices

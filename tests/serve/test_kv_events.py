@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.serve.plugins.kv_events import interface
-from harness.serve.plugins.kv_events.by_connector import nixl
+from harness.serve.plugins.kv_events.by_connector import mooncake, nixl
 from harness.serve.plugins.kv_events.interface import KVView, Received, Sent
 
 PLUGINS = Path(interface.__file__).resolve().parents[1]
@@ -68,8 +68,9 @@ def test_the_table_serves_each_nixl_class_and_its_subclasses_and_nothing_else():
         assert interface.specifics_for(type(name, (), {})) is nixl
     subclass = type("MyConnector", (type("NixlPushConnector", (), {}),), {})
     assert interface.specifics_for(subclass) is nixl
-    for name in ("LMCacheConnectorV1", "ExampleConnector", "MooncakeConnector"):
+    for name in ("LMCacheConnectorV1", "ExampleConnector"):
         assert interface.specifics_for(type(name, (), {})) is None
+    assert interface.specifics_for(type("MooncakeConnector", (), {})) is mooncake
 
 
 def test_generic_modules_do_not_name_a_connector():
@@ -245,3 +246,44 @@ def test_nixls_read_poll_announces_arrival_before_the_completion(events):
     assert events == [("arrived", "d1")]            # d2: no plan, not the interface's
     worker._pop_done_transfers({"d1": []})          # a producer's sends: not an arrival
     assert events == [("arrived", "d1")]
+
+
+def test_mooncake_gets_counters_over_its_own_statistics_and_a_class_with_its_own_keeps_them():
+    base = pytest.importorskip("vllm.distributed.kv_transfer.kv_connector.v1.base")
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+    class MooncakeConnector(base.KVConnectorBase_V1):
+        pass
+
+    mooncake.extend(MooncakeConnector)
+    registry = CollectorRegistry()
+
+    def counter(**kw):
+        return Counter(registry=registry, **kw)
+
+    metrics = MooncakeConnector.build_prom_metrics(
+        type("Cfg", (), {"kv_transfer_config": None})(),
+        {Counter: counter, Gauge: Gauge, Histogram: Histogram}, ["engine"], {0: ["0"]})
+    metrics.observe({"bytes_transferred": [100, 28], "transfer_duration": [0.1, 0.2],
+                     "num_failed_recvs": [1]}, 0)
+    sample = registry.get_sample_value
+    assert sample("vllm:mooncake_bytes_transferred_total", {"engine": "0"}) == 128
+    assert sample("vllm:mooncake_transfers_total", {"engine": "0"}) == 2
+    assert sample("vllm:mooncake_num_failed_recvs_total", {"engine": "0"}) == 1
+
+    class WithOwn(base.KVConnectorBase_V1):
+        @classmethod
+        def build_prom_metrics(cls, *args):
+            return "own"
+
+    mooncake.extend(WithOwn)
+    assert WithOwn.build_prom_metrics() == "own"
+
+
+def test_a_wrapper_connector_is_left_to_its_children():
+    from harness.serve.plugins.kv_events.by_connector import multi
+
+    wrapper = type("MultiConnector", (), {"request_finished": lambda self, *a: (False, None)})
+    original = wrapper.request_finished
+    interface.patch_connector_class(wrapper)
+    assert wrapper.request_finished is original and interface.specifics_for(wrapper) is multi

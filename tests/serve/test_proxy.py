@@ -618,3 +618,44 @@ def test_push_foreign_params_names_the_previous_requests_prefill() -> None:
         assert [r["fault_applied"] for r in records] == [False, True]
 
     asyncio.run(scenario())
+
+
+class SilentPrefill(FakeUpstream):
+    """A prefill that keeps the KV but answers no kv_transfer_params (Mooncake's)."""
+
+    async def _completion(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests.append({"path": request.path, "headers": request.headers.copy(), "json": body})
+        self.hop_log.append((self.role, self.name))
+        return web.json_response({"id": "cmpl-prefill", "choices": [{"index": 0, "text": "x"}]})
+
+
+def test_mooncake_transfer_is_named_by_the_proxy_from_the_prefills_side_channel() -> None:
+    async def scenario() -> None:
+        hop_log: list[tuple[str, str]] = []
+        prefill, decode = SilentPrefill("prefill", "p0", hop_log), FakeUpstream("decode", "d0", hop_log)
+        for fake in (prefill, decode):
+            fake.server = TestServer(fake.app())
+            await fake.server.start_server()
+        try:
+            app = create_app([prefill.url], [decode.url], kv_connector="mooncake",
+                             prefill_sides={prefill.url + "/": "127.0.0.1:5600"})
+            async with TestClient(TestServer(app)) as client:
+                response = await client.post("/v1/completions", json={"model": "m", "prompt": "p"})
+                assert response.status == 200
+                records = await (await client.get("/pd/records")).json()
+        finally:
+            for fake in (prefill, decode):
+                await fake.server.close()
+        [record] = records
+        sent_prefill = prefill.requests[0]["json"]["kv_transfer_params"]
+        assert sent_prefill == {"do_remote_decode": True, "do_remote_prefill": False,
+                                "transfer_id": f"xfer-{record['request_id']}"}
+        assert record["received_kv_transfer_params"] is None
+        assert decode.requests[0]["json"]["kv_transfer_params"] == {
+            "do_remote_prefill": True, "do_remote_decode": False,
+            "transfer_id": sent_prefill["transfer_id"], "remote_engine_id": "pdacc-mooncake-5600",
+            "remote_bootstrap_addr": "http://127.0.0.1:5600"}
+        assert record["kv_transfer_handle"]["transfer_id"] == sent_prefill["transfer_id"]
+
+    asyncio.run(scenario())

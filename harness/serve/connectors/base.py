@@ -67,11 +67,16 @@ class KvConnector:
     # whether the harness's kv-digest plugin (harness.serve.plugins.kv_digest) hooks this
     # connector's vLLM class; False: the kv-digest check is left out, and the record says why
     kv_digest: bool = False
+    # whether the prefill answers the params the decode needs (NIXL); False: it answers none and
+    # the proxy names the transfer itself (Mooncake: a transfer id on both hops)
+    prefill_answers_params: bool = True
 
     # ---- servers ------------------------------------------------------------------------
     def kv_transfer_config(self, role: str, *, kv_role: str, kv_buffer_device: str,
-                           kv_layout: str = "default") -> dict[str, Any]:
-        """vLLM's ``--kv-transfer-config`` for a server of ``role`` (prefill or decode)."""
+                           kv_layout: str = "default",
+                           side_port: int | None = None) -> dict[str, Any]:
+        """vLLM's ``--kv-transfer-config`` for a server of ``role`` (prefill or decode);
+        ``side_port``: the first of its reserved ports."""
         return {"kv_connector": self.vllm_name, "kv_role": kv_role,
                 "kv_buffer_device": kv_buffer_device}
 
@@ -81,6 +86,17 @@ class KvConnector:
         return {}
 
     # ---- proxy --------------------------------------------------------------------------
+    def prefill_params_for(self, request_id: str) -> dict[str, Any]:
+        """The prefill hop's ``kv_transfer_params`` for one request (most: the same for all)."""
+        return dict(self.prefill_params)
+
+    def prefill_answer(self, received: Mapping[str, Any] | None, *,
+                       sent: Mapping[str, Any], side: str | None) -> Mapping[str, Any] | None:
+        """What the decode hop's params derive from, once the prefill answered: its answer
+        (``received``), or for a connector whose prefill answers none, what the proxy names from
+        the params it ``sent`` the prefill and the prefill's side channel ``side`` (host:port)."""
+        return received
+
     def decode_params(self, received: Mapping[str, Any] | None) -> dict[str, Any] | None:
         """The decode hop's ``kv_transfer_params`` from what the prefill answered (None: the
         decode gets none and recomputes)."""

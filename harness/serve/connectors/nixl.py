@@ -45,7 +45,8 @@ class NixlConnector(KvConnector):
     """NIXL, pull: the decode reads."""
 
     def kv_transfer_config(self, role: str, *, kv_role: str, kv_buffer_device: str,
-                           kv_layout: str = "default") -> dict[str, Any]:
+                           kv_layout: str = "default",
+                           side_port: int | None = None) -> dict[str, Any]:
         config = super().kv_transfer_config(role, kv_role=kv_role,
                                             kv_buffer_device=kv_buffer_device)
         if role == "decode" and kv_layout == "NHD":

@@ -11,10 +11,15 @@ from harness.serve.connectors.base import KvConnector
 
 @lru_cache(maxsize=None)
 def connector_for(value: str = DEFAULT_KV_CONNECTOR) -> KvConnector:
-    """The connector of ``value`` (KeyError: unknown value, naming the known ones)."""
-    connector = importlib.import_module(connector_row(value).module).CONNECTOR
+    """The connector of ``value`` (KeyError: unknown value, naming the known ones, or one the
+    harness does not drive, saying why)."""
+    row = connector_row(value)
+    if row.module is None:
+        raise KeyError(f"kv_connector {value!r} ({row.vllm_name}) is not driven by the harness: "
+                       f"{row.not_driven}")
+    connector = importlib.import_module(row.module).CONNECTOR
     if not isinstance(connector, KvConnector) or connector.value != value:
-        raise TypeError(f"{connector_row(value).module}.CONNECTOR is not the {value!r} KvConnector")
+        raise TypeError(f"{row.module}.CONNECTOR is not the {value!r} KvConnector")
     return connector
 
 

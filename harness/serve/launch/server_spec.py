@@ -169,7 +169,7 @@ def kv_transfer_config(spec: ServerSpec, features: Features) -> dict | None:
         return None
     return connector_for(spec.kv_connector).kv_transfer_config(
         spec.role, kv_role=features.kv_role(spec.role), kv_buffer_device=spec.kv_buffer_device,
-        kv_layout=spec.kv_layout)
+        kv_layout=spec.kv_layout, side_port=spec.side_channel_port)
 
 
 def max_num_seqs_cap(spec: ServerSpec) -> int:

@@ -92,6 +92,7 @@ def features_from_modules(
     kv_transfer_module: Any = None,
     kv_connectors: Iterable[str] | None = None,
     kv_transports: Iterable[str] | None = None,
+    kv_transport_errors: Mapping[str, str] | None = None,
 ) -> VllmFeatures:
     """Derive VllmFeatures from vLLM's objects (real ones in the probe, fakes in tests)."""
     env_names = _known_env_names(envs_module)
@@ -111,17 +112,25 @@ def features_from_modules(
         attention_backends=backends,
         kv_connectors=None if kv_connectors is None else tuple(sorted(kv_connectors)),
         kv_transports=None if kv_transports is None else tuple(sorted(kv_transports)),
+        kv_transport_errors=None if kv_transport_errors is None else dict(kv_transport_errors),
     )
+
+
+def transport_error(transport: str) -> str | None:
+    """Why ``module:attribute`` does not import here (its error, one line), or None: it does."""
+    module, _, attribute = transport.partition(":")
+    try:
+        loaded = importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - a transport that fails to load is not usable
+        return " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+    if attribute and not hasattr(loaded, attribute):
+        return f"{module} has no {attribute}"
+    return None
 
 
 def transport_imports(transport: str) -> bool:
     """Whether ``module:attribute`` imports here (any failure to load it: not usable)."""
-    module, _, attribute = transport.partition(":")
-    try:
-        loaded = importlib.import_module(module)
-    except Exception:  # noqa: BLE001 - a transport that fails to load is not usable
-        return False
-    return not attribute or hasattr(loaded, attribute)
+    return transport_error(transport) is None
 
 
 def _probe() -> dict[str, Any]:
@@ -137,6 +146,7 @@ def _probe() -> dict[str, Any]:
         registered = list(getattr(KVConnectorFactory, "_registry", {}))
     except Exception:  # noqa: BLE001 - an older layout: the connector rule stays silent
         registered = None
+    errors = {t: transport_error(t) for t in sorted({row.transport for row in KV_CONNECTORS.values()})}
     features = features_from_modules(
         version=_installed_vllm_version() or getattr(sys.modules["vllm"], "__version__", "unknown"),
         device_type=str(current_platform.device_type),
@@ -145,8 +155,8 @@ def _probe() -> dict[str, Any]:
         kv_transfer_config_cls=KVTransferConfig,
         kv_transfer_module=sys.modules.get(KVTransferConfig.__module__),
         kv_connectors=registered,
-        kv_transports=[t for t in {row.transport for row in KV_CONNECTORS.values()}
-                       if transport_imports(t)],
+        kv_transports=[t for t, e in errors.items() if e is None],
+        kv_transport_errors={t: e for t, e in errors.items() if e is not None},
     )
     return features.to_dict()
 
@@ -176,7 +186,7 @@ def cache_key() -> str:
         raise VllmNotInstalled(f"no `vllm` package importable from {sys.executable}")
     ident = {
         "python": sys.executable,
-        "probe": 2,   # what the probe reads: a new field re-probes
+        "probe": 3,   # what the probe reads: a new field re-probes
         "vllm": _installed_vllm_version(),
         "vllm_mtime": _mtime_ns("vllm"),
         "transport_mtimes": {top: _mtime_ns(top) if importlib.util.find_spec(top) else 0

@@ -20,12 +20,12 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import aiohttp
 from aiohttp import web
 
-from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR, KV_CONNECTORS
+from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR, driven_connectors
 from harness.serve.connectors.base import KvConnector
 from harness.serve.connectors.registry import connector_for
 from harness.serve.proxy.upstream import (
@@ -43,6 +43,7 @@ from harness.serve.proxy.hops import (
     build_decode_body,
     build_prefill_body,
     forwarded_authorization,
+    answer_of,
     new_record,
     new_request_id,
     tag_for,
@@ -71,6 +72,9 @@ class ProxyState:
     cache_salt: str | None = None
     connector: KvConnector = field(default_factory=connector_for)   # how the params travel
     forward_authorization: bool = False   # pass the client's Authorization on (else strip it)
+    # prefill URL -> its connector side channel "host:port" (a connector whose prefill answers no
+    # params names the transfer from it: Mooncake's bootstrap server)
+    prefill_sides: dict[str, str] = field(default_factory=dict)
     records: list[dict[str, Any]] = field(default_factory=list)
     session: aiohttp.ClientSession | None = None
     # kv_transfer_params of the most recent prefill answer; the foreign-params fault hands them
@@ -83,6 +87,7 @@ class ProxyState:
         if not self.prefill_urls or not self.decode_urls:
             raise ValueError("the proxy needs at least one prefill and one decode URL")
         self.prefill_urls = [url.rstrip("/") for url in self.prefill_urls]
+        self.prefill_sides = {url.rstrip("/"): side for url, side in self.prefill_sides.items()}
         self.decode_urls = [url.rstrip("/") for url in self.decode_urls]
         self._prefill_rotation = itertools.cycle(self.prefill_urls)
         self._decode_rotation = itertools.cycle(self.decode_urls)
@@ -146,7 +151,8 @@ async def _prefill_hop(state: ProxyState, original_body: dict[str, Any], headers
     assert state.session is not None
     prefill_url = record["prefill_url"]
     prefill_start = time.perf_counter()
-    body = build_prefill_body(original_body, state.connector.prefill_params)
+    sent = state.connector.prefill_params_for(record["request_id"])
+    body = build_prefill_body(original_body, sent)
     try:
         async with await post(state.session, prefill_url + record["endpoint"], record, "prefill",
                                json=body, headers=headers) as prefill_response:
@@ -169,7 +175,10 @@ async def _prefill_hop(state: ProxyState, original_body: dict[str, Any], headers
         raise UpstreamUnreachable(502, f"prefill answer is not JSON: {exc}", prefill_url, "prefill") from exc
     received = prefill_json.get("kv_transfer_params") if isinstance(prefill_json, dict) else None
     record["received_kv_transfer_params"] = received
-    if received is None:
+    if not state.connector.prefill_answers_params:
+        record["kv_transfer_handle"] = state.connector.prefill_answer(
+            received, sent=sent, side=state.prefill_sides.get(prefill_url))
+    elif received is None:
         log.warning("%s: prefill %s returned no kv_transfer_params; decode will recompute",
                     record["request_id"], prefill_url)
     return None
@@ -178,7 +187,7 @@ async def _prefill_hop(state: ProxyState, original_body: dict[str, Any], headers
 def _decode_params(state: ProxyState, record: dict[str, Any]) -> dict[str, Any] | None:
     """The decode hop's params: the connector's from this request's prefill answer, or what a
     proxy-side canary makes of them (the previous request's, none)."""
-    received = record["received_kv_transfer_params"]
+    received = answer_of(record)
     # No await between reading and replacing last_received_kv_transfer_params, so concurrent
     # requests each see a distinct predecessor.
     predecessor = state.last_received_kv_transfer_params
@@ -282,6 +291,7 @@ def create_app(
     cache_salt: str | None = None,
     kv_connector: str = DEFAULT_KV_CONNECTOR,
     forward_authorization: bool = False,
+    prefill_sides: Mapping[str, str] | None = None,
 ) -> web.Application:
     """Build the P/D proxy application.
 
@@ -289,7 +299,8 @@ def create_app(
     independently. fault: ``drop-transfer`` or ``foreign-params`` are applied here; any other name
     is only recorded. records_path: JSONL file that every request's record is appended to.
     timeout_s: total time allowed per upstream hop before answering 504. kv_connector: the
-    harness.core.kv_connectors value whose params the hops carry.
+    harness.core.kv_connectors value whose params the hops carry. prefill_sides: each prefill
+    URL's connector side channel ``host:port`` (for a connector whose prefill answers no params).
     """
     state = ProxyState(
         prefill_urls=list(prefill_urls),
@@ -301,6 +312,7 @@ def create_app(
         cache_salt=cache_salt,
         connector=connector_for(kv_connector),
         forward_authorization=forward_authorization,
+        prefill_sides=dict(prefill_sides or {}),
     )
     app = web.Application(client_max_size=MAX_REQUEST_BODY_BYTES)
     app[PROXY_STATE_KEY] = state
@@ -338,12 +350,14 @@ def build_arg_parser() -> argparse.ArgumentParser:
                         help="prefill server base URL; repeat for several")
     parser.add_argument("--decode", action="append", required=True, metavar="URL",
                         help="decode server base URL; repeat for several")
+    parser.add_argument("--prefill-side", action="append", default=[], metavar="URL=HOST:PORT",
+                        help="a prefill's connector side channel (Mooncake: its bootstrap server)")
     parser.add_argument("--fault", default=None,
                         help=f"fault to inject ({', '.join(PROXY_FAULTS)} here; others only recorded)")
     parser.add_argument("--request-tag", default="", help="text in every request id, e.g. "
                         "fault.corrupt-block.2.zero. (the decode's fault plugin reads it)")
     parser.add_argument("--cache-salt", default=None, help="vLLM cache_salt for every request")
-    parser.add_argument("--kv-connector", default=DEFAULT_KV_CONNECTOR, choices=tuple(KV_CONNECTORS),
+    parser.add_argument("--kv-connector", default=DEFAULT_KV_CONNECTOR, choices=driven_connectors(),
                         help="the pair's KV connector: how kv_transfer_params travel")
     parser.add_argument("--records", default=None, metavar="PATH",
                         help="append one JSON line per request to this file")
@@ -361,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(args.prefill, args.decode, fault=args.fault, records_path=args.records,
                      timeout_s=args.timeout, request_tag=args.request_tag,
                      cache_salt=args.cache_salt, kv_connector=args.kv_connector,
-                     forward_authorization=args.forward_authorization)
+                     forward_authorization=args.forward_authorization,
+                     prefill_sides=dict(item.rsplit("=", 1) for item in args.prefill_side))
     log.info("pd proxy on http://%s:%d prefill=%s decode=%s connector=%s fault=%s records=%s",
              args.host, args.port, args.prefill, args.decode, args.kv_connector, args.fault,
              args.records)

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 __all__ = [
     "FAULT_DROP_TRANSFER",
+    "answer_of",
     "FAULT_FOREIGN_PARAMS",
     "PROXY_FAULTS",
     "REQUEST_ID_PREFIX",
@@ -118,6 +119,8 @@ def new_record(request_id: str, endpoint: str, prefill_url: str, decode_url: str
         "decode_status": None,
         "received_kv_transfer_params": None,
         "sent_kv_transfer_params": None,
+        # what the proxy named for a connector whose prefill answers no params (Mooncake)
+        "kv_transfer_handle": None,
         "fault": fault,
         "fault_applied": False,
         "kv_connector": kv_connector,   # how sent params derive from received ones
@@ -126,6 +129,12 @@ def new_record(request_id: str, endpoint: str, prefill_url: str, decode_url: str
         "started_at": dt.datetime.now(dt.timezone.utc).isoformat(),
         "error": None,
     }
+
+
+def answer_of(record: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What a request's decode params derive from: the prefill's answer, or where its
+    connector's prefill answers none, the handle the proxy named (``kv_transfer_handle``)."""
+    return record.get("kv_transfer_handle") or record.get("received_kv_transfer_params")
 
 
 def forwarded_authorization(headers: Mapping[str, str], forward: bool) -> dict[str, str]:

@@ -267,7 +267,10 @@ def _completion(original: Callable) -> Callable:
 
 
 def patch_connector_class(cls: type) -> None:
-    """Wrap ``cls`` (a ``KVConnectorBase_V1`` subclass) at the interface; idempotent."""
+    """Wrap ``cls`` (a ``KVConnectorBase_V1`` subclass) at the interface; idempotent. A wrapper
+    whose module says so (``WRAPPER``) is left alone: its children are patched themselves."""
+    if getattr(specifics_for(cls), "WRAPPER", False):
+        return
     _wrap(cls, "request_finished", _guarded(_on_finished))
     _wrap(cls, "request_finished_all_groups", _guarded(_on_finished))
     _wrap(cls, "get_num_new_matched_tokens", _guarded(_on_matched))
@@ -280,6 +283,10 @@ def patch_connector_class(cls: type) -> None:
     install = _specific_install(cls)
     if install:
         install(cls)
+    module = specifics_for(cls)
+    extend = getattr(module, "extend", None) if module is not None else None
+    if extend:    # what the class lacks that the evidence needs (Mooncake: its counters)
+        extend(cls)
 
 
 def gives_arrival(connector: Any) -> bool:

@@ -1,0 +1,51 @@
+"""vLLM's MultiConnector of NIXL (pull) and the OffloadingConnector: vLLM's own CI configuration
+(``tests/v1/kv_connector/nixl_integration``: P/D through NIXL while each server also offloads
+its KV to host memory).
+
+The P/D part is NIXL's, unchanged: the same side channel, proxy params (MultiConnector merges its
+children's ``kv_transfer_params``; only NIXL's carry remote blocks), ``vllm:nixl_*`` counters
+(MultiConnector exposes each child's Prometheus metrics under the child's own names) and byte
+account. The offloading child is what differs: a transfer must still be exact and the KV
+identical while the same blocks are also being copied to host memory. It runs on GPUs only
+(harness.core.kv_connectors: vLLM CPU refuses the offloading child at start-up).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from harness.serve.connectors.base import MetricMap, ServerPorts
+from harness.serve.connectors.nixl import NIXL_SAMPLES, PREFILL_PARAMS, NixlConnector
+
+# host memory each server's offloading child may use (its chunk: the server's own block size)
+OFFLOAD_CPU_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class MultiNixlOffloadConnector(NixlConnector):
+    """NIXL pull + offloading, through MultiConnector (``offload=False``: NIXL alone in it, what
+    a CPU runs: the wrapper's own params merging, metrics and request bookkeeping)."""
+
+    offload: bool = True
+
+    def kv_transfer_config(self, role: str, *, kv_role: str, kv_buffer_device: str,
+                           kv_layout: str = "default",
+                           side_port: int | None = None) -> dict[str, Any]:
+        nixl = NixlConnector.kv_transfer_config(self, role, kv_role=kv_role,
+                                                kv_buffer_device=kv_buffer_device,
+                                                kv_layout=kv_layout, side_port=side_port)
+        nixl["kv_connector"] = "NixlConnector"
+        offload = {"kv_connector": "OffloadingConnector", "kv_role": kv_role,
+                   "kv_connector_extra_config": {"cpu_bytes_to_use": OFFLOAD_CPU_BYTES}}
+        children = [nixl, offload] if self.offload else [nixl]
+        return {"kv_connector": self.vllm_name, "kv_role": kv_role,
+                "kv_buffer_device": kv_buffer_device,
+                "kv_connector_extra_config": {"connectors": children}}
+
+
+CONNECTOR = MultiNixlOffloadConnector(
+    value="multi-nixl-offload", vllm_name="MultiConnector", label="MultiConnector (NIXL + offloading)",
+    metrics=MetricMap(NIXL_SAMPLES), ports=ServerPorts(per_rank=1),
+    prefill_params=PREFILL_PARAMS, byte_accounting="blocks", kv_digest=True)
+
+__all__ = ["CONNECTOR", "MultiNixlOffloadConnector"]
