@@ -47,7 +47,9 @@ import json, sys
 cells = json.load(open(sys.argv[1]))["cells"]
 groups = {}
 for c in cells:
-    groups.setdefault(c["id"] if sys.argv[2] == "1" else c["baseline_key"], []).append(c["id"])
+    # a connector's pairs run apart from the default connector's: one group runs its pairs in turn
+    key = c["id"] if sys.argv[2] == "1" else (c["baseline_key"], c.get("kv_connector", "nixl") != "nixl")
+    groups.setdefault(key, []).append(c["id"])
 for ids in groups.values():
     print(",".join(ids))
 PY
