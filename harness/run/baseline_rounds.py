@@ -45,7 +45,9 @@ class BaselineRounds:
             base_dir = self.results_root / run_id / "baselines"
             samples_path = base_run.write_jsonl(base_dir / f"{group.baseline_key}.jsonl")
             aa_rerun = None
-            if self.options.noise_floor:
+            # random weights (--load-format dummy): the answers are not judged, so neither is
+            # their A/A noise floor (on CPU it took 728 s at concurrency 1 for 20 questions)
+            if self.options.noise_floor and group.load_format != "dummy":
                 self.progress("evaluating baseline again at concurrency 1 (A/A noise floor), "
                               "in the background")
                 aa_rerun = aa_reruns.submit(self._aa_job(
