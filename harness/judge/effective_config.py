@@ -66,8 +66,9 @@ def mismatches(cell: Cell, configs: Mapping[str, EffectiveConfig]) -> list[str]:
             lines.append(f"{who} ran block {c.block_size}, the cell says {block}")
         if _said(c, "attention_backend") and not _same_backend(cell, c.attention_backend):
             lines.append(f"{who} ran {c.attention_backend}, the cell says {cell.backend}")
-        if _said(c, "runner") and c.runner != cell.runner:
-            lines.append(f"{who} ran the {c.runner} model runner, the cell says {cell.runner}")
+        runner = (cell.prefill_runner or cell.runner) if kind == "prefill" else cell.runner
+        if _said(c, "runner") and c.runner != runner:
+            lines.append(f"{who} ran the {c.runner} model runner, the cell says {runner}")
         tp = {"baseline": cell.baseline_tp, "prefill": cell.prefill_tp, "decode": cell.decode_tp}[kind]
         if _said(c, "tensor_parallel_size") and c.tensor_parallel_size != tp:
             lines.append(f"{who} ran TP {c.tensor_parallel_size}, the cell says {tp}")

@@ -287,3 +287,29 @@ def test_a_wrapper_connector_is_left_to_its_children():
     original = wrapper.request_finished
     interface.patch_connector_class(wrapper)
     assert wrapper.request_finished is original and interface.specifics_for(wrapper) is multi
+
+
+def test_nixls_read_poll_of_vllm_026_returns_its_set_and_fails_the_026_way(events):
+    """vLLM 0.26's poll returns only the done set and its ``_handle_failed_transfer`` takes
+    (req_id, handle): on the H200 (s16) the 0.32-shaped unpack killed every engine core."""
+    failed_calls = []
+
+    class NixlBaseConnectorWorker:
+        def __init__(self):
+            self._recving_transfers = {"d1": []}
+
+        def _pop_done_transfers(self, transfers):
+            return set(transfers)
+
+        def _handle_failed_transfer(self, req_id, handle):
+            failed_calls.append((req_id, handle))
+
+    nixl.patch_worker_class(NixlBaseConnectorWorker, interface.arrived)
+    worker = NixlBaseConnectorWorker()
+    connector = types.SimpleNamespace(connector_worker=worker)
+    interface.state(connector)["plans"]["d1"] = Received("d1", None, ((1,),), 0, 16)
+    nixl.link_worker(connector)
+    assert worker._pop_done_transfers(worker._recving_transfers) == {"d1"}
+    assert events == [("arrived", "d1")]
+    nixl.report_failed(worker, "d1", None)
+    assert failed_calls == [("d1", None)]

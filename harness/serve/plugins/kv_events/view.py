@@ -88,8 +88,7 @@ def layer_specs(groups: Sequence[Any]) -> dict[str, Any]:
 def build_view(connector: Any, caches: Mapping[str, Any]) -> KVView:
     """The view of a worker connector's caches (``KVConnectorBase_V1`` keeps its configs as
     ``_vllm_config`` and ``_kv_cache_config``)."""
-    from vllm.distributed.kv_transfer.kv_connector.utils import (
-        get_current_attn_backends, get_current_attn_backends_and_specs)
+    from vllm.distributed.kv_transfer.kv_connector import utils as kv_utils
     from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
     from vllm.v1.worker.utils import select_common_block_size
 
@@ -98,9 +97,11 @@ def build_view(connector: Any, caches: Mapping[str, Any]) -> KVView:
     sizes = [int(g.kv_cache_spec.block_size) for g in groups
              if is_attention_spec(representative(g.kv_cache_spec))]
     logical = math.lcm(*sizes) if sizes else int(vllm_config.cache_config.block_size)
-    backends = get_current_attn_backends(vllm_config)
-    kernel = select_common_block_size(
-        logical, *get_current_attn_backends_and_specs(vllm_config, kv_cache_config, backends))
+    backends = kv_utils.get_current_attn_backends(vllm_config)
+    with_specs = getattr(kv_utils, "get_current_attn_backends_and_specs", None)
+    kernel = (select_common_block_size(logical, backends) if with_specs is None   # vLLM 0.26
+              else select_common_block_size(
+                  logical, *with_specs(vllm_config, kv_cache_config, backends)))
     num_blocks = getattr(kv_cache_config, "num_blocks", None)
     return KVView(caches=caches, groups=groups, layer_specs=layer_specs(groups),
                   kernel_block_size=int(kernel), blocks_per_logical=logical // int(kernel),

@@ -73,7 +73,9 @@ def report_failed(worker: Any, request_id: str, failed: set[str]) -> None:
     if log_failure is not None:
         log_failure(failure_type="transfer_failed", req_id=request_id, msg=FAIL_REASON)
     handle_failed = getattr(worker, "_handle_failed_transfer", None)
-    if handle_failed is not None:
+    if handle_failed is not None and failed is None:
+        handle_failed(request_id, None)   # vLLM 0.26: the worker queues its failed reads itself
+    elif handle_failed is not None:
         handle_failed(request_id, None, failed)
     else:
         worker.xfer_stats.record_failed_transfer()
@@ -85,16 +87,18 @@ def wrap_poll(original: Callable, announce: Callable) -> Callable:
     done, failed, fail)``); a push producer's sends (another dict) are left alone."""
     @functools.wraps(original)
     def pop_done_transfers(self: Any, transfers: Any, *args: Any, **kwargs: Any) -> Any:
-        done, failed = original(self, transfers, *args, **kwargs)
+        result = original(self, transfers, *args, **kwargs)
+        # vLLM 0.32 returns (done, failed); 0.26 returns done and queues its failures itself
+        done, failed = result if isinstance(result, tuple) else (result, None)
         connector = self.__dict__.get(_BACKREF)
         if done and connector is not None and transfers is getattr(
                 self, "_recving_transfers", None):
             try:
-                announce(connector, done, failed,
+                announce(connector, done, set() if failed is None else failed,
                          lambda request_id: report_failed(self, request_id, failed))
             except Exception:  # noqa: BLE001
                 logger.exception("pd-accuracy kv-events: read-poll hook failed")
-        return done, failed
+        return result
 
     setattr(pop_done_transfers, _MARK, True)
     return pop_done_transfers
