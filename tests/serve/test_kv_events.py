@@ -280,15 +280,6 @@ def test_mooncake_gets_counters_over_its_own_statistics_and_a_class_with_its_own
     assert WithOwn.build_prom_metrics() == "own"
 
 
-def test_a_wrapper_connector_is_left_to_its_children():
-    from harness.serve.plugins.kv_events.by_connector import multi
-
-    wrapper = type("MultiConnector", (), {"request_finished": lambda self, *a: (False, None)})
-    original = wrapper.request_finished
-    interface.patch_connector_class(wrapper)
-    assert wrapper.request_finished is original and interface.specifics_for(wrapper) is multi
-
-
 def test_nixls_read_poll_of_vllm_026_returns_its_set_and_fails_the_026_way(events):
     """vLLM 0.26's poll returns only the done set and its ``_handle_failed_transfer`` takes
     (req_id, handle): on the H200 (s16) the 0.32-shaped unpack killed every engine core."""
@@ -313,3 +304,15 @@ def test_nixls_read_poll_of_vllm_026_returns_its_set_and_fails_the_026_way(event
     assert events == [("arrived", "d1")]
     nixl.report_failed(worker, "d1", None)
     assert failed_calls == [("d1", None)]
+
+
+@pytest.mark.parametrize("name", ["MultiConnector", "OffloadingConnector",
+                                  "SimpleCPUOffloadConnector"])
+def test_a_wrapper_or_an_offloader_is_left_unhooked(name):
+    """MultiConnector's children are hooked themselves; an offloader beside NIXL would report a
+    second send of the same request's KV."""
+    cls = type(name, (), {"request_finished": lambda self, *a: (False, None)})
+    original = cls.request_finished
+    interface.patch_connector_class(cls)
+    assert cls.request_finished is original
+    assert interface.specifics_for(cls).UNHOOKED

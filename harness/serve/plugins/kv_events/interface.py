@@ -267,9 +267,10 @@ def _completion(original: Callable) -> Callable:
 
 
 def patch_connector_class(cls: type) -> None:
-    """Wrap ``cls`` (a ``KVConnectorBase_V1`` subclass) at the interface; idempotent. A wrapper
-    whose module says so (``WRAPPER``) is left alone: its children are patched themselves."""
-    if getattr(specifics_for(cls), "WRAPPER", False):
+    """Wrap ``cls`` (a ``KVConnectorBase_V1`` subclass) at the interface; idempotent. A class
+    whose module says why not (``UNHOOKED``: a wrapper, a connector that moves no KV between
+    servers) is left alone."""
+    if getattr(specifics_for(cls), "UNHOOKED", None):
         return
     _wrap(cls, "request_finished", _guarded(_on_finished))
     _wrap(cls, "request_finished_all_groups", _guarded(_on_finished))

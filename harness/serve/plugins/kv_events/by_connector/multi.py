@@ -7,5 +7,5 @@ own call and its child's), with two views of the same caches. So the wrapper is 
 from __future__ import annotations
 
 CONNECTOR_CLASSES = ("MultiConnector",)
-# the interface patches none of the class's methods: its children are patched
-WRAPPER = True
+# why the interface patches none of the class's methods
+UNHOOKED = "a wrapper: its children are patched when it resolves them through the factory"
