@@ -22,6 +22,13 @@ RULES = RuleList()
 rule = RULES.rule
 
 
+# the draft on the decode only (the prefill without it), and how a pair of it must end: the
+# decode's handshake refuses the prefill's fewer KV layers and every request errors
+DRAFT_DECODE_ONLY = "draft_p0_d3"
+DRAFT_LAYERS_REFUSAL = (r"P/D evaluation failed: RequestsFailed: requests failed on \d+ of \d+ "
+                        r"questions: .*Number of KV layers must match between prefill and decode")
+
+
 # ---- vocabulary -----------------------------------------------------------------------------
 
 def _vocabulary(name: str, field: str, allowed: tuple[str, ...], summary: str,
@@ -107,11 +114,24 @@ def _draft_target(cell: Cell, ctx: RuleContext) -> str | None:
 @rule("draft-model-on-both-sides", "note")
 def _draft_both_sides(cell: Cell, ctx: RuleContext) -> str | None:
     """A draft model runs on the prefill too (1 token), the decode and the baseline (3)."""
-    if cell.spec_decode not in DRAFT_MODEL_SPEC_DECODE:
+    if cell.spec_decode not in DRAFT_MODEL_SPEC_DECODE or cell.spec_decode == DRAFT_DECODE_ONLY:
         return None
     return ("the prefill runs the draft with 1 speculative token, the decode and the baseline "
             "with 3 (vLLM's P/D CI): vLLM adds the draft's attention layers to each server's KV "
             "cache, so the pair moves them with the target's and the byte account counts them")
+
+
+@rule("draft-model-decode-only", "xfail", fails_with=DRAFT_LAYERS_REFUSAL)
+def _draft_decode_only(cell: Cell, ctx: RuleContext) -> str | None:
+    """A draft on the decode only must be refused loudly: the prefill lacks its KV layers."""
+    if cell.spec_decode != DRAFT_DECODE_ONLY:
+        return None
+    return ("the decode runs the draft and the prefill does not, so the decode's KV cache has the "
+            "draft's attention layers too (tiny-llama-gsm: 6 against 4); vLLM hashes only "
+            "EAGLE/MTP drafts into the NIXL compatibility hash, so the handshake gets past it and "
+            "_validate_remote_agent_handshake asserts 'Number of KV layers must match between "
+            "prefill and decode': every request errors (kv_load_failure_policy fail). That "
+            "refusal is the expected outcome; serving any answer is not")
 
 
 @rule("cudagraph-mode-cuda-only", "invalid")

@@ -153,3 +153,12 @@ def test_a_draft_model_runs_on_every_server_with_its_roles_count(role, tokens):
 def test_ngram_stays_off_the_prefill_while_a_draft_model_runs_there():
     assert engine_settings(ALL_SET, "prefill")["spec_decode"] is None
     assert engine_settings(DRAFT, "prefill")["spec_decode"] == "draft_p1_d3"
+
+
+@pytest.mark.parametrize("role,tokens", [("baseline", 3), ("prefill", None), ("decode", 3)])
+def test_a_draft_on_the_decode_only_leaves_the_prefill_without_it(role, tokens):
+    argv = build_argv(served(DRAFT.replace(spec_decode="draft_p0_d3"), role))
+    if tokens is None:
+        assert "--speculative-config" not in argv
+    else:
+        assert json.loads(flag(argv, "--speculative-config"))["num_speculative_tokens"] == tokens

@@ -37,6 +37,8 @@ SPEC_DECODE_CONFIGS = {
     # checkpoint when the argv is built
     "draft_p1_d3": {"method": "draft_model", "model": "tiny-llama-gsm-draft",
                     "num_speculative_tokens": 3},
+    "draft_p0_d3": {"method": "draft_model", "model": "tiny-llama-gsm-draft",
+                    "num_speculative_tokens": 3},
 }
 # Draft-model values run on the prefill too, with their own count: vLLM adds the draft's
 # attention layers to the KV cache, and a prefill without them registers fewer layers with
