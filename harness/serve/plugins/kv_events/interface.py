@@ -48,6 +48,8 @@ EVENTS = ("registered", "sent", "arrived", "received")
 _MARK = "__pd_accuracy_kv_events__"
 _STATE = "_pd_accuracy_kv_events"
 _listeners: dict[str, list[tuple[int, Callable]]] = {event: [] for event in EVENTS}
+# plugins that change what a connector class answers (a weather fault), not only watch it
+_class_patchers: list[Callable[[type], None]] = []
 _installed = False
 _lock = threading.Lock()
 
@@ -87,6 +89,14 @@ def subscribe(event: str, callback: Callable, order: int = 50) -> None:
         if all(existing is not callback for _, existing in _listeners[event]):
             _listeners[event].append((order, callback))
             _listeners[event].sort(key=lambda item: item[0])
+
+
+def patch_classes_with(patcher: Callable[[type], None]) -> None:
+    """Call ``patcher(cls)`` on every connector class the factory hands out, after the
+    interface's own wrapping (idempotence is the patcher's)."""
+    with _lock:
+        if patcher not in _class_patchers:
+            _class_patchers.append(patcher)
 
 
 def _dispatch(event: str, *args: Any) -> None:
@@ -280,6 +290,11 @@ def patch_connector_class(cls: type) -> None:
     install = _specific_install(cls)
     if install:
         install(cls)
+    for patcher in list(_class_patchers):
+        try:
+            patcher(cls)
+        except Exception:  # noqa: BLE001
+            logger.exception("pd-accuracy kv-events: class patcher %r failed", patcher)
 
 
 def gives_arrival(connector: Any) -> bool:

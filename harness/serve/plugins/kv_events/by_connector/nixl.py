@@ -66,6 +66,17 @@ def link_worker(connector: Any) -> None:
         worker.__dict__[_BACKREF] = connector
 
 
+def stop_lease_renewal(connector: Any, request_id: str) -> bool:
+    """The decode scheduler's heartbeats extend the prefill's lease on a waiting request's
+    blocks; stop them for ``request_id`` (the late-read weather fault). True when stopped."""
+    scheduler = getattr(connector, "connector_scheduler", None)
+    stop = getattr(scheduler, "_stop_heartbeat", None)
+    if stop is None:
+        return False
+    stop(request_id)
+    return True
+
+
 def report_failed(worker: Any, request_id: str, failed: set[str]) -> None:
     """What vLLM does for a read handle in an error state, without the handle (vLLM released
     it already)."""
