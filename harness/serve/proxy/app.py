@@ -38,6 +38,7 @@ from harness.serve.proxy.upstream import (
     unreachable,
     upstream_headers,
 )
+from harness.serve.proxy.aborts import ABORT_STATUS, abort_message, abort_phase
 from harness.serve.proxy.hops import (
     PROXY_FAULTS,
     build_decode_body,
@@ -199,6 +200,9 @@ async def _two_hops(
 ) -> web.StreamResponse:
     assert state.session is not None
     request_id = record["request_id"]
+    phase = abort_phase(request_id)
+    if phase is not None:
+        return await _aborted_hops(state, original_body, headers, record, phase)
     ended = await _prefill_hop(state, original_body, headers, record)
     if ended is not None:
         return ended
@@ -237,6 +241,54 @@ async def _two_hops(
         return client_response
     finally:
         record["decode_ms"] = elapsed_ms(decode_start)
+
+
+async def _dropped_stream(state: ProxyState, url: str, body: dict[str, Any],
+                          headers: dict[str, str], record: dict[str, Any], hop: str,
+                          after_first_token: bool) -> None:
+    """Send ``body`` streamed to ``url`` and drop the connection (vLLM aborts the request) once
+    the server took it (its headers came) or, ``after_first_token``, once a token came."""
+    assert state.session is not None
+    async with await post(state.session, url, record, hop, json={**body, "stream": True},
+                          headers=headers) as response:
+        record[f"{hop}_status"] = response.status
+        if after_first_token and response.status == 200:
+            async for line in response.content:
+                if line.startswith(b"data:") and b'"text"' in line:
+                    record["abort_tokens_seen"] = True
+                    break
+        response.close()      # unread: the connection closes, not back to the pool
+
+
+async def _aborted_hops(state: ProxyState, original_body: dict[str, Any],
+                        headers: dict[str, str], record: dict[str, Any],
+                        phase: str) -> web.Response:
+    """The aborts weather (harness.serve.proxy.aborts): the request's hops up to ``phase``,
+    then the connection dropped; the client gets ABORT_STATUS naming the phase."""
+    record["abort_phase"] = phase
+    start = time.perf_counter()
+    try:
+        if phase == "queued":
+            body = build_prefill_body(original_body, state.connector.prefill_params)
+            await _dropped_stream(state, record["prefill_url"] + record["endpoint"], body,
+                                  headers, record, "prefill", after_first_token=False)
+        else:
+            ended = await _prefill_hop(state, original_body, headers, record)
+            if ended is not None:
+                return ended
+            if phase != "prefilled":
+                body = build_decode_body(original_body, _decode_params(state, record))
+                await _dropped_stream(state, record["decode_url"] + record["endpoint"], body,
+                                      headers, record, "decode",
+                                      after_first_token=phase == "decoding")
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        record["abort_upstream_error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        record["decode_ms"] = elapsed_ms(start)
+    record["error"] = abort_message(phase)
+    return web.json_response({"error": {"message": record["error"], "abort_phase": phase}},
+                             status=ABORT_STATUS,
+                             headers={REQUEST_ID_HEADER: record["request_id"]})
 
 
 async def _handle_models(request: web.Request) -> web.Response:
