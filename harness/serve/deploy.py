@@ -146,6 +146,7 @@ class Deployment:
         self._starters: list[_SlotStarter] = []
         self._cancel = threading.Event()
         self._processes_lock = threading.Lock()
+        self.restarted: dict[str, int] = {}   # server name -> times started again (restart)
 
     def commands(self) -> list[str]:
         """Each server's launch line as `_process` starts it (its env, `ip netns exec`)."""
@@ -254,6 +255,42 @@ class Deployment:
         if self.allocator and self.reserved_ports:
             self.allocator.release(self.reserved_ports)
             self.reserved_ports = []
+
+    def kill(self, role: str, index: int = 0) -> ManagedProcess:
+        """SIGKILL one server's process group now (the restart weather's crash), reaped;
+        its ports stay this deployment's. Returns the dead process."""
+        spec = self._spec(role, index)
+        with self._processes_lock:
+            process = self.processes[spec.name]
+        process.kill()
+        return process
+
+    def relaunch(self, role: str, index: int = 0) -> ManagedProcess:
+        """Start a killed server again from its own spec (same ports, a new log next to the
+        first) and wait until it answers /health."""
+        spec = self._spec(role, index)
+        with self._processes_lock:
+            if self._cancel.is_set():
+                raise RuntimeError(f"{self.name}: stopped; {spec.name} is not started again")
+            old = self.processes[spec.name]
+            if old.is_running():
+                raise RuntimeError(f"{self.name}: {spec.name} is still running")
+            process = self._process(spec)
+            process.log_path = old.log_path.with_name(
+                f"{old.log_path.stem}.restart{self._restarts(spec.name)}.log")
+            self.processes[spec.name] = process.start()
+        process.wait_healthy(f"{spec.base_url}/health", deadline_s=self.startup_timeout_s)
+        return process
+
+    def _restarts(self, name: str) -> int:
+        self.restarted[name] = self.restarted.get(name, 0) + 1
+        return self.restarted[name]
+
+    def _spec(self, role: str, index: int) -> ServerSpec:
+        found = [s for s in self.specs if s.role == role]
+        if index >= len(found):
+            raise ValueError(f"{self.name}: no {role} server {index}")
+        return found[index]
 
     def __enter__(self) -> "Deployment":
         return self.start()
