@@ -9,6 +9,7 @@ from __future__ import annotations
 from harness.core.cell import DEVICES, Cell
 from harness.core.kv_connectors import KV_CONNECTORS
 from harness.core.platform import PlatformInfo
+from harness.core.weathers import WEATHERS
 from harness.matrix.rule_types import RuleContext, RuleList
 
 RULES = RuleList()
@@ -111,4 +112,23 @@ def _vllm_kv_connector(cell: Cell, ctx: RuleContext) -> str | None:
     if features.kv_transports is not None and row.transport not in features.kv_transports:
         return (f"{row.vllm_name}'s transport {row.transport} does not import next to vLLM "
                 f"{features.version} — P/D transfer cannot run")
+    return None
+
+
+@rule("vllm-weather", "unavailable")
+def _vllm_weather(cell: Cell, ctx: RuleContext) -> str | None:
+    """The installed vLLM has the settings the cell's weather drives (the row's min_vllm)."""
+    from packaging.version import InvalidVersion, Version
+
+    features = ctx.platform and ctx.platform.vllm
+    row = WEATHERS.get(cell.weather)
+    if features is None or row is None or row.min_vllm is None:
+        return None
+    try:
+        too_old = Version(features.version.split("+")[0]) < Version(row.min_vllm)
+    except InvalidVersion:
+        return None
+    if too_old:
+        return (f"weather {cell.weather} needs vLLM >= {row.min_vllm}; the installed vLLM is "
+                f"{features.version}")
     return None

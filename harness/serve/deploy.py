@@ -17,10 +17,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from harness.core.cell import Cell
 from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR
+from harness.core.weathers import DEFAULT_WEATHER, ServerChanges, params_token
 from harness.serve.connectors.registry import connector_for
 from harness.serve.net.netns import TopologyLedger, TwoHostTopology
 from harness.serve.launch.placement import Placement
@@ -75,9 +76,11 @@ class Endpoint:
 
 def plan_server(cell: Cell, role: str, index: int, ctx: DeployContext, *, model_path: str,
                 hybrid: bool, port: int, side_channel_port: int | None,
-                internal_port: int | None = None, arm_faults: bool = False) -> ServerSpec:
+                internal_port: int | None = None, arm_faults: bool = False,
+                weather: ServerChanges = ServerChanges()) -> ServerSpec:
     """The server of `role` for `cell`. `arm_faults`: a decode server that breaks the KV of the
-    requests whose id names a fault (canaries sharing this pair), and of no other request."""
+    requests whose id names a fault (canaries sharing this pair), and of no other request.
+    `weather`: what the cell's weather changes in this (P/D) server."""
     block = {"baseline": cell.baseline_block_size, "prefill": cell.prefill_block_size,
              "decode": cell.decode_block_size}[role]
     tp = {"baseline": cell.baseline_tp, "prefill": cell.prefill_tp, "decode": cell.decode_tp}[role]
@@ -97,6 +100,7 @@ def plan_server(cell: Cell, role: str, index: int, ctx: DeployContext, *, model_
         hybrid=hybrid,
         extra_args=cell.extra_args, extra_env=cell.extra_env,
         fault=BY_REQUEST if (role == "decode" and arm_faults) else None,
+        weather=weather if role != "baseline" else ServerChanges(),
         python=ctx.python, **engine_settings(cell, role),
     )
 
@@ -107,7 +111,7 @@ def pair_key(cell: Cell) -> tuple:
     return (cell.baseline_key, cell.runner, cell.prefill_block_size, cell.decode_block_size,
             cell.prefill_tp, cell.decode_tp, cell.num_prefill, cell.num_decode,
             cell.kv_buffer_device, cell.kv_layout, cell.network, cell.kv_connector,
-            cell.prefill_kv_cache_dtype, cell.prefill_runner)
+            cell.prefill_kv_cache_dtype, cell.prefill_runner, cell.weather, cell.weather_params)
 
 
 def uses_template(server_start: str, spec: ServerSpec) -> bool:
@@ -422,7 +426,9 @@ def plan_baseline(cell: Cell, ctx: DeployContext, *, model_path: str,
 
 
 def plan_pair(cell: Cell, ctx: DeployContext, *, model_path: str, hybrid: bool,
-              arm_faults: bool = False) -> Deployment:
+              arm_faults: bool = False,
+              weather: Mapping[str, ServerChanges] | None = None) -> Deployment:
+    """`cell`'s P/D pair; `weather`: role -> what the cell's weather changes in its servers."""
     specs, reserved = [], []
     allocator = ctx.allocator
     # the topology ledger lives with the port registry (a dry run's: a throwaway one)
@@ -439,13 +445,15 @@ def plan_pair(cell: Cell, ctx: DeployContext, *, model_path: str, hybrid: bool,
             reserved += [port, *side, *internal]
             specs.append(plan_server(cell, role, index, ctx, model_path=model_path, hybrid=hybrid,
                                      port=port, side_channel_port=(side or [None])[0],
-                                     internal_port=internal[0], arm_faults=arm_faults))
+                                     internal_port=internal[0], arm_faults=arm_faults,
+                                     weather=(weather or {}).get(role, ServerChanges())))
             if topology is not None:
                 specs[-1] = topology.place(specs[-1])
     name = "pair-" + "-".join(str(x) for x in (
         cell.baseline_key, cell.prefill_block_size, cell.decode_block_size, cell.prefill_tp,
         cell.decode_tp, "armed" if arm_faults else "ok", *([topology.tag] if topology else ()),
-        *([cell.kv_connector] if cell.kv_connector != DEFAULT_KV_CONNECTOR else ())))
+        *([cell.kv_connector] if cell.kv_connector != DEFAULT_KV_CONNECTOR else ()),
+        *(["w_" + cell.weather + params_token(cell.weather_params)] if cell.weather != DEFAULT_WEATHER else ())))
     return Deployment(name, specs, log_dir=ctx.log_dir, features=ctx.features,
                       startup_timeout_s=ctx.startup_timeout_s, allocator=allocator,
                       reserved_ports=reserved, start_slots=ctx.start_slots, topology=topology,

@@ -162,6 +162,11 @@ CASES = [
     ("vllm-kv-connector", cpu_cell(), cpu_cell(), None),
     ("vllm-kv-connector", cpu_cell(kv_connector="nixl-push"), cpu_cell(kv_connector="nixl-push"), "push"),
     ("known-kv-connector", cpu_cell(kv_connector="nixl-push"), cpu_cell(kv_connector="lmcache"), CPU),
+    ("known-weather", cpu_cell(weather="load"), cpu_cell(weather="storm"), CPU),
+    ("known-weather", cpu_cell(weather="load", weather_params=(("in_flight", 64),)),
+     cpu_cell(weather="load", weather_params=(("in_flight", 1.5),)), CPU),
+    # "future": a row test_rule_both_sides adds, needing vLLM >= 0.40
+    ("vllm-weather", cpu_cell(weather="future"), cpu_cell(weather="future"), None),
 ]
 
 
@@ -180,6 +185,8 @@ def _platform_for(rule: str, violating: bool, platform: PlatformInfo | None) -> 
     if rule == "vllm-kv-connector" and platform == "push":   # vLLM without the push connector
         return PlatformInfo(vllm=features(platform="cpu", kv_connectors=(
             "NixlConnector",) if violating else ("NixlConnector", "NixlPushConnector")))
+    if rule == "vllm-weather":       # a vLLM older than the weather's min_vllm (set by the test)
+        return PlatformInfo(vllm=features(platform="cpu", version="0.1" if violating else "99.0"))
     if rule == "vllm-kv-connector":   # NIXL does not import
         return PlatformInfo(vllm=features(platform="cpu", kv_transports=(
             () if violating else ("nixl._api:nixl_agent",))))
@@ -188,7 +195,11 @@ def _platform_for(rule: str, violating: bool, platform: PlatformInfo | None) -> 
 
 @pytest.mark.parametrize("rule_name,passing,violating,platform", CASES,
                          ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
-def test_rule_both_sides(rule_name, passing, violating, platform):
+def test_rule_both_sides(rule_name, passing, violating, platform, monkeypatch):
+    from harness.core import weathers
+
+    monkeypatch.setitem(weathers.WEATHERS, "future",
+                        weathers.WeatherRow("harness.run.weather.calm", min_vllm="0.40"))
     ok = check_cell(passing, _platform_for(rule_name, False, platform), CATALOG)
     bad = check_cell(violating, _platform_for(rule_name, True, platform), CATALOG)
     assert rule_name not in [p.rule for p in ok], ok
@@ -279,7 +290,7 @@ def test_no_platform_means_machine_agnostic():
 def test_rules_are_checked_and_listed_by_subject_in_a_fixed_order():
     assert [name for name, _, _ in describe_rules()] == [
         # the cell alone (rules_cell)
-        "known-runner", "known-backend", "known-device", "known-kv-buffer-device", "known-kv-connector", "known-fault",
+        "known-runner", "known-backend", "known-device", "known-kv-buffer-device", "known-kv-connector", "known-weather", "known-fault",
         "known-compile", "known-network", "known-dtype", "positive-sizes", "backend-device", "kv-buffer-on-cpu", "v2-runner-not-on-cpu",
         "known-prefill-runner", "mixed-runners-not-on-cpu",
         "cpu-attn-block-multiple-32", "flash-attn-block-multiple-16", "triton-attn-block-multiple-16",
@@ -299,6 +310,7 @@ def test_rules_are_checked_and_listed_by_subject_in_a_fixed_order():
         "backend-head-size", "flashinfer-sliding-window", "mla-backend", "max-model-len",
         # this machine (rules_machine)
         "gpu-count", "netns-host", "kv-cache-fp8-cpu-isa", "vllm-device", "vllm-v2-runner", "vllm-backend", "vllm-kv-connector",
+        "vllm-weather",
     ]
 
 

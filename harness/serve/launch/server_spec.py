@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 
 from harness.core.cell import Cell
 from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR
+from harness.core.weathers import ServerChanges
 from harness.serve.connectors.registry import connector_for
 from harness.serve.launch import thread_budget
 from harness.serve.plugins.startup.compile_key import ENV as COMPILE_KEY_ENV
@@ -112,6 +113,8 @@ class ServerSpec:
     cudagraph_mode: str = "default"            # --compilation-config {"cudagraph_mode": ...}
     kv_layout: str = "default"                 # VLLM_KV_CACHE_LAYOUT (HND | NHD)
     kv_cache_dtype: str = "auto"               # --kv-cache-dtype (fp8, fp8_e4m3, fp8_e5m2)
+    # what the cell's weather changes in this P/D server (harness.core.weathers; none when calm)
+    weather: ServerChanges = ServerChanges()
     python: str = field(default_factory=lambda: sys.executable)
     # where it runs (harness.serve.net.netns): the address it binds and is reached at, the
     # connector's side-channel address, and what runs it (``ip netns exec NS``); by default this host's loopback
@@ -155,9 +158,29 @@ def engine_settings(cell: Cell, role: str) -> dict[str, Any]:
 def kv_transfer_config(spec: ServerSpec, features: Features) -> dict | None:
     if spec.role == "baseline":
         return None
-    return connector_for(spec.kv_connector).kv_transfer_config(
+    config = connector_for(spec.kv_connector).kv_transfer_config(
         spec.role, kv_role=features.kv_role(spec.role), kv_buffer_device=spec.kv_buffer_device,
         kv_layout=spec.kv_layout)
+    config.update(dict(spec.weather.kv_transfer))
+    if spec.weather.kv_connector_extra:
+        config["kv_connector_extra_config"] = {**config.get("kv_connector_extra_config", {}),
+                                               **dict(spec.weather.kv_connector_extra)}
+    return config
+
+
+def weather_argv(changes: ServerChanges) -> list[str]:
+    """The vLLM flags of what a weather changes in a server (empty when calm)."""
+    argv: list[str] = []
+    if changes.num_blocks is not None:
+        # vLLM 0.32 CPU sizes its cache from VLLM_CPU_KVCACHE_SPACE (GiB, >= 1) over
+        # --kv-cache-memory-bytes; the block override is applied after either (kv_cache_utils)
+        argv += ["--num-gpu-blocks-override", str(changes.num_blocks)]
+    if changes.prefix_caching is not None:
+        argv.append("--enable-prefix-caching" if changes.prefix_caching
+                    else "--no-enable-prefix-caching")
+    if changes.max_num_seqs is not None:
+        argv += ["--max-num-seqs", str(changes.max_num_seqs)]
+    return argv + list(changes.extra_args)
 
 
 def max_num_seqs_cap(spec: ServerSpec) -> int:
@@ -218,6 +241,7 @@ def build_argv(spec: ServerSpec, features: Features = Features()) -> list[str]:
     ktc = kv_transfer_config(spec, features)
     if ktc is not None:
         argv += ["--kv-transfer-config", json.dumps(ktc, separators=(",", ":"))]
+    argv += weather_argv(spec.weather)
     argv += list(spec.extra_args)
     return argv
 
@@ -333,6 +357,7 @@ def build_env(spec: ServerSpec, features: Features = Features(),
         env["PD_ACCURACY_FAULT_BLOCK"] = spec.fault_block
     else:
         env.pop("PD_ACCURACY_FAULT", None)
+    env.update(dict(spec.weather.extra_env))
     env.update(dict(spec.extra_env))
     return env
 

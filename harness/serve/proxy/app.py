@@ -26,6 +26,7 @@ import aiohttp
 from aiohttp import web
 
 from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR, KV_CONNECTORS
+from harness.core.prompts import prompt_hash
 from harness.serve.connectors.base import KvConnector
 from harness.serve.connectors.registry import connector_for
 from harness.serve.proxy.upstream import (
@@ -125,6 +126,9 @@ async def _handle_completion(request: web.Request) -> web.StreamResponse:
     headers = upstream_headers(request, request_id, state.forward_authorization)
     record = new_record(request_id, endpoint, state.next_prefill_url(), state.next_decode_url(),
                         state.fault, state.connector.value)
+    prompt = original_body.get("prompt")
+    # the client's question (harness.eval.lmeval) joins its request through this under weather
+    record["prompt_hash"] = prompt_hash(prompt) if isinstance(prompt, str) else None
     try:
         return await _two_hops(request, state, original_body, headers, record)
     except UpstreamUnreachable as exc:
