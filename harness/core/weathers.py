@@ -85,6 +85,30 @@ WEATHERS: dict[str, WeatherRow] = {
                                           meaning="KV cache blocks per P/D server, so that "
                                                   "blocks are recycled many times")},
         summary=">= 64 requests in flight, prefix caching on, small KV caches: blocks recycle"),
+    # the fault weathers: NIXL's lease, read poll and heartbeats are what they drive
+    "expiry": WeatherRow(
+        "harness.run.weather.expiry",
+        params={"share": WeatherParam(0.25, **SHARE, meaning="requests whose read is late"),
+                "lease_s": WeatherParam(2, low=1, high=30, integer=True,
+                                        meaning="the prefill's kv_lease_duration (s); the late "
+                                                "reads start 2 s after it ran out")},
+        connectors=("nixl",), min_vllm="0.32.0",
+        summary="a short KV lease; a share of the decode's reads start after it ran out"),
+    "load-failures": WeatherRow(
+        "harness.run.weather.load_failures",
+        params={"share": WeatherParam(0.25, **SHARE, meaning="requests whose read fails"),
+                "recompute": WeatherParam(0, low=0, high=1, integer=True,
+                                          meaning="kv_load_failure_policy: 0 fail, 1 recompute")},
+        connectors=("nixl", "nixl-push"),
+        summary="a share of the decode's reads fail; policy fail (loud) or recompute (right)"),
+    "aborts": WeatherRow(
+        "harness.run.weather.aborts",
+        params={"share": WeatherParam(0.25, **SHARE, meaning="requests the proxy cancels"),
+                "lease_s": WeatherParam(5, low=1, high=30, integer=True,
+                                        meaning="the prefill's kv_lease_duration (s): how long "
+                                                "it holds a cancelled request's blocks")},
+        connectors=("nixl",), min_vllm="0.32.0",
+        summary="the proxy cancels a share of requests, queued / prefilled / reading / decoding"),
 }
 
 

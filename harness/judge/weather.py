@@ -36,6 +36,9 @@ class InjectedEvent:
     request_id: str | None       # the proxy's request id (X-Request-Id) it was done to
     detail: str = ""
     may_fail: bool = True        # the request may end in a loud failure because of it
+    # the decode computed this prompt's KV itself (a failed read under kv_load_failure_policy
+    # recompute): no transfer to digest; its answer must equal the baseline's instead
+    recomputed: bool = False
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class RequestRow:
     correct: bool | None = None
     baseline_correct: bool | None = None
     events: tuple[str, ...] = ()  # kinds of the events injected into this request
+    recomputed: bool = False      # an event says its KV was recomputed, not transferred
 
     @property
     def answered(self) -> bool:
@@ -112,9 +116,17 @@ def summary(j: WeatherJudgement) -> dict[str, int]:
             "failed_with_event": sum((not r.answered) and bool(r.events) for r in rows)}
 
 
+def recomputed_right(row: RequestRow) -> bool:
+    """A recomputed request (nothing crossed, no decode digest) whose answer is the baseline's
+    (right when the baseline's is unknown)."""
+    want = True if row.baseline_correct is None else row.baseline_correct
+    return row.recomputed and row.digest == MISSING and row.correct == want
+
+
 def silent_wrong(rows: tuple[RequestRow, ...]) -> list[RequestRow]:
-    """The 200s whose prompt KV is not proven identical to their prefill's."""
-    return [r for r in rows if r.answered and r.digest != IDENTICAL]
+    """The 200s whose prompt KV is not proven identical to their prefill's (a recomputed one:
+    whose answer is not the baseline's)."""
+    return [r for r in rows if r.answered and r.digest != IDENTICAL and not recomputed_right(r)]
 
 
 def _event_text(row: RequestRow) -> str:
@@ -122,6 +134,10 @@ def _event_text(row: RequestRow) -> str:
 
 
 def _wrong_line(row: RequestRow) -> str:
+    if row.recomputed:
+        return (f"{row.name()} answered 200{_event_text(row)}; its recomputed answer "
+                f"{row.answer!r} is {'right' if row.correct else 'wrong'}, the baseline's "
+                f"{'right' if row.baseline_correct else 'wrong'}")
     what = {DIFFERS: "its KV differs from its prefill's",
             MISSING: "its KV is unproven (a digest is missing)",
             NOT_DIGESTED: "its KV is unproven (not digested)"}.get(row.digest, row.digest)

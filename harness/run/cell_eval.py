@@ -33,7 +33,7 @@ from harness.serve.supervision.process import most_decisive_line
 from harness.serve.proxy.hops import PROXY_FAULTS
 from harness.core.weathers import DEFAULT_WEATHER
 from harness.judge.weather import WeatherJudgement
-from harness.run.weather_eval import WeatherWitness, answered_only, weather_plan
+from harness.run.weather_eval import WeatherWitness, answered_only, weather_plan, weather_tag
 
 Progress = Callable[[str], None]
 
@@ -209,7 +209,8 @@ class CellEvaluator:
         return ProxyDeployment(pair, port=port, log_dir=self.deploy.log_dir,
                                fault=cell.fault if cell.fault in PROXY_FAULTS else None,
                                records_path=records_path, allocator=self.deploy.allocator,
-                               request_tag=request_tag_for(cell.fault, cell.fault_env),
+                               request_tag=(weather_tag(cell)
+                                            or request_tag_for(cell.fault, cell.fault_env)),
                                cache_salt=evaluation_salt(rnd.run_id, cell.cell_id),
                                kv_connector=cell.kv_connector)
 

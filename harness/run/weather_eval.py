@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import time
 from pathlib import Path
 
 from harness.core import exact_headers
 from harness.core.cell import Cell
-from harness.core.weathers import resolved_params
+from harness.core.weathers import DEFAULT_WEATHER, resolved_params
 from harness.eval.lmeval import EvalRun, QuestionRecord
 from harness.eval.metrics import scrape_samples
 from harness.judge.sequential import SequentialPlan
@@ -110,11 +111,23 @@ def request_rows(pd_run: EvalRun, base_run: EvalRun, records: list[dict],
 def with_events(rows: tuple[RequestRow, ...], events: tuple[InjectedEvent, ...]
                 ) -> tuple[RequestRow, ...]:
     by_request: dict[str, list[str]] = {}
+    recomputed: set[str] = set()
     for event in events:
         if event.request_id:
             by_request.setdefault(event.request_id, []).append(event.kind)
-    return tuple(dataclasses.replace(r, events=tuple(by_request.get(str(r.request_id), ())))
+            if event.recomputed:
+                recomputed.add(event.request_id)
+    return tuple(dataclasses.replace(r, events=tuple(by_request.get(str(r.request_id), ())),
+                                     recomputed=str(r.request_id) in recomputed)
                  for r in rows)
+
+
+def weather_tag(cell: Cell) -> str:
+    """The proxy's request tag of `cell`'s weather ("" when calm or it tags nothing)."""
+    if cell.weather == DEFAULT_WEATHER:
+        return ""
+    params = resolved_params(cell.weather, cell.weather_settings)
+    return weather_for(cell.weather).workload(cell, params).request_tag or ""
 
 
 class WeatherWitness:
@@ -144,6 +157,7 @@ class WeatherWitness:
         return [r for r in self.records() if r.get("prompt_hash") in answered]
 
     def judge(self, pd_run: EvalRun, base_run: EvalRun) -> WeatherJudgement:
+        time.sleep(self.weather.settle_s(self.params))   # what must hold "afterwards"
         records = self.records()
         if self.digests.skipped:   # nothing proves a 200 right: each says why
             digests = {str(r.get("request_id")): (NOT_DIGESTED, self.digests.skipped)

@@ -90,6 +90,10 @@ class Weather:
     def conditions(self, run: WeatherRun) -> tuple[WeatherCondition, ...]:
         return ()
 
+    def settle_s(self, params: Mapping[str, float]) -> float:
+        """Seconds to wait after a look before reading what must hold afterwards (/metrics)."""
+        return 0.0
+
     def failure_budget(self, run: WeatherRun, events: tuple[InjectedEvent, ...]) -> int:
         """The most requests that may fail loudly: one per request an event may fail."""
         return len({e.request_id for e in events if e.may_fail and e.request_id})
