@@ -1,0 +1,188 @@
+"""The fault weathers (expiry, load-failures, aborts): their rows' rules both ways, what they
+change in the servers and tag in the proxy, and their events and conditions on a made-up run
+(records, /metrics, server logs), both ways."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.core.cell import Cell
+from harness.core.platform import PlatformInfo
+from harness.core.weathers import resolved_params
+from harness.judge.weather import IDENTICAL, MISSING, RequestRow, silent_wrong
+from harness.matrix import load_matrix
+from harness.matrix.rules import check_cell
+from harness.run.weather import weather_for
+from harness.run.weather.base import WeatherRun
+from harness.run.weather_eval import weather_tag, with_events
+from harness.serve.plugins.faults.late_read import HELD_PREFIX
+from harness.serve.proxy.hops import new_request_id, tag_for
+
+CPU = PlatformInfo()
+CATALOG = load_matrix().models
+CELL = Cell(model="tiny-llama-gsm")
+FAULT_WEATHERS = ("expiry", "load-failures", "aborts")
+
+
+def invalid(cell: Cell) -> list[str]:
+    return [p.message for p in check_cell(cell, CPU, CATALOG) if p.kind == "invalid"]
+
+
+@pytest.mark.parametrize("name", FAULT_WEATHERS)
+def test_rules_both_ways(name):
+    assert not invalid(CELL.replace(weather=name))
+    assert not invalid(CELL.replace(weather=name, weather_params=(("share", 1.0),)))
+    assert any("share must be 0–1" in m
+               for m in invalid(CELL.replace(weather=name, weather_params=(("share", 1.2),))))
+
+
+@pytest.mark.parametrize("name, param, value", [
+    ("expiry", "lease_s", 0), ("expiry", "lease_s", 1.5), ("aborts", "lease_s", 31),
+    ("load-failures", "recompute", 2)])
+def test_out_of_bounds_parameters_are_refused(name, param, value):
+    assert invalid(CELL.replace(weather=name, weather_params=((param, value),)))
+
+
+def test_lease_weathers_need_the_pull_connector():
+    for name in ("expiry", "aborts"):
+        assert any("cannot be produced with kv_connector nixl-push" in m
+                   for m in invalid(CELL.replace(weather=name, kv_connector="nixl-push")))
+    assert not invalid(CELL.replace(weather="load-failures", kv_connector="nixl-push"))
+
+
+def changes(name: str, **params):
+    cell = CELL.replace(weather=name, weather_params=tuple(params.items()))
+    return weather_for(name).servers(cell, resolved_params(name, cell.weather_settings)), cell
+
+
+def test_expiry_leases_both_sides_and_arms_the_decode_only():
+    servers, cell = changes("expiry", lease_s=3)
+    assert dict(servers["prefill"].kv_connector_extra) == {"kv_lease_duration": 3}
+    assert dict(servers["decode"].extra_env) == {"PD_ACCURACY_FAULT": "by-request"}
+    assert not servers["prefill"].extra_env
+    assert weather_tag(cell) == "wx.late-read.5000.@0.25"       # lease + 2 s
+
+
+def test_load_failures_sets_the_decodes_policy():
+    fail, cell = changes("load-failures")
+    recompute, _ = changes("load-failures", recompute=1, share=1.0)
+    assert dict(fail["decode"].kv_transfer) == {"kv_load_failure_policy": "fail"}
+    assert dict(recompute["decode"].kv_transfer) == {"kv_load_failure_policy": "recompute"}
+    assert "prefill" not in fail
+    assert weather_tag(cell) == "fault.fail-transfer.first.zero.@0.25"
+    assert weather_tag(cell.replace(weather_params=(("share", 1.0),))) == \
+        "fault.fail-transfer.first.zero."
+
+
+def test_calm_tags_nothing():
+    assert weather_tag(CELL) == ""
+
+
+def tagged_id(cell: Cell) -> str:
+    tag = weather_tag(cell).partition("@")[0]
+    return new_request_id(tag)
+
+
+def make_run(cell: Cell, records, rows, before, after, tmp_path: Path, decode_log: str = ""):
+    log = tmp_path / "decode-0.log"
+    log.write_text(decode_log)
+    return WeatherRun(cell=cell, params=resolved_params(cell.weather, cell.weather_settings),
+                      rows=tuple(rows), proxy_records=tuple(records), metrics_before=before,
+                      metrics_after=after, logs={"decode-0": str(log)})
+
+
+def row(rid, status=200, digest=IDENTICAL, correct=True, **kw):
+    return RequestRow(request_id=rid, doc_id=1, prompt_hash="h", status=status,
+                      error=None if status == 200 else "HTTP 500", digest=digest,
+                      correct=correct, baseline_correct=True, **kw)
+
+
+def conditions(name, cell, run):
+    return {c.name: c.passed for c in weather_for(name).conditions(run)}
+
+
+def test_expiry_counts_held_reads_against_the_prefills_expired_count(tmp_path):
+    cell = CELL.replace(weather="expiry")
+    late = [tagged_id(cell) for _ in range(3)]
+    records = [{"request_id": r, "decode_status": 200} for r in late + [new_request_id()]]
+    log = "\n".join(f"WARNING {HELD_PREFIX} held request=cmpl-{r}-0-ab delay_ms=4000 "
+                    f"heartbeat=stopped" for r in late)
+    sample = "vllm:nixl_num_kv_expired_reqs_total"
+    events = weather_for("expiry").events(make_run(cell, records, [], {}, {}, tmp_path))
+    assert [e.request_id for e in events] == late and all(e.may_fail for e in events)
+    good = make_run(cell, records, [], {"prefill-0": {sample: 1}}, {"prefill-0": {sample: 4}},
+                    tmp_path, log)
+    assert conditions("expiry", cell, good) == {"reads-held": True, "expired-count": True}
+    short = make_run(cell, records, [], {"prefill-0": {sample: 1}}, {"prefill-0": {sample: 3}},
+                     tmp_path, log)
+    assert conditions("expiry", cell, short)["expired-count"] is False
+    unheld = make_run(cell, records, [], {}, {"prefill-0": {sample: 3}}, tmp_path, "")
+    assert conditions("expiry", cell, unheld)["reads-held"] is False
+
+
+def fault_line(rid: str) -> str:
+    return (f"WARNING pd-accuracy fault: fault=fail-transfer request=cmpl-{rid}-0 "
+            f"block_ids=[[1,2]] layers=0")
+
+
+@pytest.mark.parametrize("recompute", [0, 1])
+def test_load_failures_holds_under_each_policy_and_not_the_other(tmp_path, recompute):
+    cell = CELL.replace(weather="load-failures", weather_params=(("recompute", recompute),))
+    failed = [tagged_id(cell) for _ in range(2)]
+    records = [{"request_id": r, "decode_status": 500 - 300 * recompute} for r in failed]
+    sample = "vllm:nixl_num_failed_transfers_total"
+    log = "\n".join(fault_line(r) for r in failed)
+    status = 200 if recompute else 500
+    right_rows = [row(r, status=status, digest=MISSING) for r in failed]
+    wrong_rows = [row(r, status=700 - status, digest=MISSING) for r in failed]
+    after = {"decode-0": {sample: 2}}
+    right = make_run(cell, records, right_rows, {}, after, tmp_path, log)
+    policy = "policy-recompute" if recompute else "policy-fail"
+    assert conditions("load-failures", cell, right) == {
+        "reads-failed": True, "failed-transfers-counted": True, policy: True}
+    wrong = make_run(cell, records, wrong_rows, {}, {"decode-0": {sample: 1}}, tmp_path, log)
+    assert conditions("load-failures", cell, wrong) == {
+        "reads-failed": True, "failed-transfers-counted": False, policy: False}
+    events = weather_for("load-failures").events(right)
+    assert all(e.may_fail is (not recompute) and e.recomputed is bool(recompute) for e in events)
+    assert list(weather_for("load-failures").accounted_checks(right.params)) == [
+        "no-failed-transfers"]
+
+
+def test_a_recomputed_200_is_judged_by_its_answer_not_its_missing_digest(tmp_path):
+    cell = CELL.replace(weather="load-failures", weather_params=(("recompute", 1),))
+    rid = tagged_id(cell)
+    run = make_run(cell, [{"request_id": rid, "decode_status": 200}], [], {}, {}, tmp_path)
+    events = weather_for("load-failures").events(run)
+    right = with_events((row(rid, digest=MISSING),), events)
+    wrong = with_events((row(rid, digest=MISSING, correct=False),), events)
+    assert right[0].recomputed and not silent_wrong(right)
+    assert silent_wrong(wrong) == list(wrong)
+    untagged = (row(new_request_id(), digest=MISSING),)     # no event: a missing digest is wrong
+    assert silent_wrong(with_events(untagged, events)) == list(untagged)
+
+
+def test_aborts_wants_every_phase_and_idle_caches(tmp_path):
+    from harness.serve.proxy.aborts import PHASES
+
+    cell = CELL.replace(weather="aborts")
+    records = [{"request_id": tagged_id(cell), "abort_phase": p} for p in PHASES]
+    usage = "vllm:kv_cache_usage_perc"
+    idle = {"prefill-0": {usage: 0.0}, "decode-0": {usage: 0.0}}
+    run = make_run(cell, records, [], {}, idle, tmp_path)
+    assert all(conditions("aborts", cell, run).values())
+    assert len(weather_for("aborts").events(run)) == 4
+    assert weather_for("aborts").settle_s(run.params) == 8.0      # lease 5 + 3
+    held = make_run(cell, records[:3], [], {}, {**idle, "prefill-0": {usage: 0.004}}, tmp_path)
+    got = conditions("aborts", cell, held)
+    assert got["phases"] is False and got["kv-idle[prefill-0]"] is False
+    assert got["kv-idle[decode-0]"] is True
+
+
+def test_the_share_picks_the_same_prompts_each_run():
+    cell = CELL.replace(weather="aborts")
+    tag = weather_tag(cell)
+    picks = [tag_for(tag, {"prompt": f"q{i}"}) for i in range(100)]
+    assert picks == [tag_for(tag, {"prompt": f"q{i}"}) for i in range(100)]
+    assert 10 < sum(bool(p) for p in picks) < 45
