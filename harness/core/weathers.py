@@ -109,6 +109,15 @@ WEATHERS: dict[str, WeatherRow] = {
                                                 "it holds a cancelled request's blocks")},
         connectors=("nixl",), min_vllm="0.32.0",
         summary="the proxy cancels a share of requests, queued / prefilled / reading / decoding"),
+    "restart": WeatherRow(
+        "harness.run.weather.restart",
+        params={"after_s": WeatherParam(4, low=1, high=120,
+                                        meaning="seconds of traffic before each kill"),
+                "min_questions": WeatherParam(100, low=50, integer=True,
+                                              meaning="questions of the first look: traffic "
+                                                      "before, during and after both restarts")},
+        connectors=("nixl", "nixl-push"), devices=("cpu",),
+        summary="the prefill, then the decode, killed and restarted mid-run"),
 }
 
 

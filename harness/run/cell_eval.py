@@ -187,7 +187,7 @@ class CellEvaluator:
                 artifacts["logs"]["proxy"] = str(proxy.process.log_path)
                 witness.start()
                 if weather is not None:
-                    weather.start()
+                    weather.start(proxy.base_url)
                 decided = self._looks(cell, proxy.endpoint(), rnd, group, witness, plan, policy,
                                       weather)
         except BaselineFailed as exc:   # the baseline's A/A re-run: environmental, as at its start

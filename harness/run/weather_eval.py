@@ -26,6 +26,7 @@ from harness.serve.deploy import Deployment
 
 _STATUS = re.compile(r"HTTP (\d{3})")
 HEALTH_TIMEOUT_S = 10.0
+DISTURBANCE_TIMEOUT_S = 900.0   # two server restarts on a loaded 2-core host
 
 
 def weather_plan(plan: SequentialPlan, min_questions: int | None) -> SequentialPlan:
@@ -139,13 +140,16 @@ class WeatherWitness:
         self.weather: Weather = weather_for(cell.weather)
         self.params = resolved_params(cell.weather, cell.weather_settings)
         self.before: dict[str, dict[str, float]] = {}
+        self.disturbance = self.weather.disturbance(cell, self.params)
 
     @property
     def workload(self) -> Workload:
         return self.weather.workload(self.cell, self.params)
 
-    def start(self) -> "WeatherWitness":
+    def start(self, proxy_url: str = "") -> "WeatherWitness":
         self.before = samples_of(self.pair)
+        if self.disturbance is not None:
+            self.disturbance.start(self.pair, proxy_url)
         return self
 
     def records(self) -> list[dict]:
@@ -157,6 +161,8 @@ class WeatherWitness:
         return [r for r in self.records() if r.get("prompt_hash") in answered]
 
     def judge(self, pd_run: EvalRun, base_run: EvalRun) -> WeatherJudgement:
+        timeline = (self.disturbance.finish(DISTURBANCE_TIMEOUT_S)
+                    if self.disturbance is not None else ())
         time.sleep(self.weather.settle_s(self.params))   # what must hold "afterwards"
         records = self.records()
         if self.digests.skipped:   # nothing proves a 200 right: each says why
@@ -169,7 +175,8 @@ class WeatherWitness:
         run = WeatherRun(cell=self.cell, params=self.params, rows=rows,
                          proxy_records=tuple(records), metrics_before=self.before,
                          metrics_after=samples_of(self.pair),
-                         logs={name: str(proc.log_path) for name, proc in self.pair.processes.items()})
+                         logs={name: str(proc.log_path) for name, proc in self.pair.processes.items()},
+                         timeline=timeline)
         events = self.weather.events(run)
         return WeatherJudgement(
             weather=self.cell.weather, params=dict(self.params), rows=with_events(rows, events),

@@ -146,8 +146,9 @@ def test_load_failures_holds_under_each_policy_and_not_the_other(tmp_path, recom
         "reads-failed": True, "failed-transfers-counted": False, policy: False}
     events = weather_for("load-failures").events(right)
     assert all(e.may_fail is (not recompute) and e.recomputed is bool(recompute) for e in events)
-    assert list(weather_for("load-failures").accounted_checks(right.params)) == [
-        "no-failed-transfers"]
+    accounted = set(weather_for("load-failures").accounted_checks(right.params))
+    assert ("decode-did-not-recompute" in accounted) is bool(recompute)
+    assert {"no-failed-transfers", "kv-bytes-exact"} <= accounted
 
 
 def test_a_recomputed_200_is_judged_by_its_answer_not_its_missing_digest(tmp_path):
@@ -186,3 +187,88 @@ def test_the_share_picks_the_same_prompts_each_run():
     picks = [tag_for(tag, {"prompt": f"q{i}"}) for i in range(100)]
     assert picks == [tag_for(tag, {"prompt": f"q{i}"}) for i in range(100)]
     assert 10 < sum(bool(p) for p in picks) < 45
+
+
+# ---------------------------------------------------------------- restart
+
+def iso(t: float) -> str:
+    import datetime as dt
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat()
+
+
+def restart_run(tmp_path, timeline, records):
+    cell = CELL.replace(weather="restart")
+    run = make_run(cell, records, [], {}, {}, tmp_path)
+    import dataclasses
+    return cell, dataclasses.replace(run, timeline=tuple(timeline))
+
+
+def rec(start: float, ms: float, ok: bool = True) -> dict:
+    return {"request_id": new_request_id(), "started_at": iso(start), "prefill_ms": ms / 2,
+            "decode_ms": ms / 2, "decode_status": 200 if ok else None,
+            "error": None if ok else "prefill: unreachable"}
+
+
+def test_restart_accounts_requests_in_flight_at_each_kill(tmp_path):
+    t = 1_000_000.0
+    timeline = [("prefill:kill", t + 10), ("prefill:healthy", t + 40),
+                ("decode:kill", t + 50), ("decode:healthy", t + 80)]
+    before, hit_p, after_p = rec(t, 1000), rec(t + 9.5, 1000, ok=False), rec(t + 41, 1000)
+    hit_d, after_d = rec(t + 49, 2000, ok=False), rec(t + 81, 500)
+    cell, run = restart_run(tmp_path, timeline, [before, hit_p, after_p, hit_d, after_d])
+    events = weather_for("restart").events(run)
+    assert {(e.kind, e.request_id) for e in events} == {
+        ("prefill-killed", hit_p["request_id"]), ("decode-killed", hit_d["request_id"])}
+    assert all(conditions("restart", cell, run).values())
+    late_wrong = rec(t + 85, 500, ok=False)
+    _, bad = restart_run(tmp_path, timeline, [before, hit_p, after_p, hit_d, after_d, late_wrong])
+    got = conditions("restart", cell, bad)
+    assert got["answered-after[decode]"] is False and got["answered-after[prefill]"] is False
+    _, quiet = restart_run(tmp_path, timeline[:2] + [("error: ServerStartTimeout: x", t + 90)],
+                           [before])
+    got = conditions("restart", cell, quiet)
+    assert got["restarted"] is False and got["traffic[prefill]"] is False
+
+
+def test_restart_kills_and_relaunches_each_role_behind_a_hold(monkeypatch):
+    from harness.run.weather import restart
+
+    calls: list[str] = []
+
+    class Pair:
+        def kill(self, role):
+            calls.append(f"kill {role}")
+
+        def relaunch(self, role):
+            calls.append(f"relaunch {role}")
+
+    monkeypatch.setattr(restart.exact_headers, "post",
+                        lambda url, timeout: calls.append(url.rsplit("/", 1)[-1]))
+    monkeypatch.setattr(restart.time, "sleep", lambda s: None)
+    disturbance = weather_for("restart").disturbance(CELL, resolved_params("restart", {}))
+    timeline = disturbance.start(Pair(), "http://proxy").finish(5)
+    assert calls == ["hold", "kill prefill", "relaunch prefill", "release",
+                     "hold", "kill decode", "relaunch decode", "release"]
+    assert [what for what, _ in timeline] == ["prefill:kill", "prefill:healthy",
+                                              "decode:kill", "decode:healthy"]
+
+
+def test_a_failed_relaunch_still_releases_and_is_on_the_timeline(monkeypatch):
+    from harness.run.weather import restart
+
+    posts: list[str] = []
+
+    class Pair:
+        def kill(self, role):
+            pass
+
+        def relaunch(self, role):
+            raise RuntimeError("port taken")
+
+    monkeypatch.setattr(restart.exact_headers, "post",
+                        lambda url, timeout: posts.append(url.rsplit("/", 1)[-1]))
+    monkeypatch.setattr(restart.time, "sleep", lambda s: None)
+    timeline = weather_for("restart").disturbance(CELL, resolved_params("restart", {})).start(
+        Pair(), "http://proxy").finish(5)
+    assert posts == ["hold", "release"]
+    assert timeline[-1][0] == "error: RuntimeError: port taken"

@@ -77,3 +77,20 @@ def test_an_upstream_error_before_the_abort_point_is_passed_through():
 
     status, decode = asyncio.run(scenario())
     assert status == 503 and not decode.requests
+
+
+def test_hold_makes_new_requests_wait_until_release():
+    async def scenario():
+        hop_log: list[tuple[str, str]] = []
+        prefill, decode = pair(hop_log)
+        async with proxied([prefill], [decode]) as client:
+            assert (await (await client.post("/pd/hold")).json()) == {"admitting": False}
+            waiting = asyncio.ensure_future(client.post(
+                "/v1/completions", json={"model": "m", "prompt": "p", "max_tokens": 4}))
+            await asyncio.sleep(0.3)
+            assert not waiting.done() and not prefill.requests
+            assert (await (await client.post("/pd/release")).json()) == {"admitting": True}
+            response = await asyncio.wait_for(waiting, timeout=5)
+            return response.status, len(prefill.requests)
+
+    assert asyncio.run(scenario()) == (200, 1)

@@ -40,6 +40,11 @@ class Aborts(Weather):
     def settle_s(self, params: Mapping[str, float]) -> float:
         return params["lease_s"] + SETTLE_AFTER_LEASE_S
 
+    def accounted_checks(self, params: Mapping[str, float]) -> dict[str, str]:
+        why = ("cancelled reads moved (or failed to move) KV for no answer; each answered "
+               "request's digest instead")
+        return {"kv-bytes-exact": why, "no-failed-transfers": why}
+
     def events(self, run: WeatherRun) -> tuple[InjectedEvent, ...]:
         return events_of([r for r in tagged_records(run, MARKER) if r.get("abort_phase")],
                          "aborted", lambda r: f"cancelled by the proxy at {r['abort_phase']}")

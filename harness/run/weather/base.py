@@ -23,12 +23,15 @@ judge's, the same for every weather (harness.judge.weather).
 """
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 from harness.core.cell import Cell
 from harness.core.weathers import ServerChanges
 from harness.judge.weather import InjectedEvent, RequestRow, WeatherCondition
+from harness.serve.deploy import Deployment
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,8 @@ class WeatherRun:
     metrics_before: Mapping[str, Mapping[str, float]]
     metrics_after: Mapping[str, Mapping[str, float]]
     logs: Mapping[str, str] = field(default_factory=dict)   # server name -> log path
+    # what the weather's disturbance did during the run: (what, unix time), in order
+    timeline: tuple[tuple[str, float], ...] = ()
 
     def metric_delta(self, server: str, sample: str) -> float:
         """How much `sample` grew on `server` ("prefill-0", "decode-0") during the run."""
@@ -70,6 +75,37 @@ class WeatherRun:
             return open(path, errors="replace").read() if path else ""
         except OSError:
             return ""
+
+
+class Disturbance:
+    """What a weather does to the running pair during the evaluation (a thread of its own):
+    `run(pair, proxy_url, note)` acts, calling `note(what)` at each step (the timeline)."""
+
+    def __init__(self, act: Callable[[Deployment, str, Callable[[str], None]], None]) -> None:
+        self.act = act
+        self.timeline: list[tuple[str, float]] = []
+        self.thread: threading.Thread | None = None
+
+    def note(self, what: str) -> None:
+        self.timeline.append((what, time.time()))
+
+    def start(self, pair: Deployment, proxy_url: str) -> "Disturbance":
+        def run() -> None:
+            try:
+                self.act(pair, proxy_url, self.note)
+            except Exception as exc:  # noqa: BLE001 - the timeline says it; conditions judge
+                self.note(f"error: {type(exc).__name__}: {exc}")
+        self.thread = threading.Thread(target=run, name="weather-disturbance", daemon=True)
+        self.thread.start()
+        return self
+
+    def finish(self, timeout_s: float) -> tuple[tuple[str, float], ...]:
+        """Wait for it to end (at most `timeout_s`); what it did."""
+        if self.thread is not None:
+            self.thread.join(timeout_s)
+            if self.thread.is_alive():
+                self.note("error: still running when judged")
+        return tuple(self.timeline)
 
 
 class Weather:
@@ -90,6 +126,10 @@ class Weather:
     def conditions(self, run: WeatherRun) -> tuple[WeatherCondition, ...]:
         return ()
 
+    def disturbance(self, cell: Cell, params: Mapping[str, float]) -> Disturbance | None:
+        """What it does to the running pair during the evaluation (None: nothing)."""
+        return None
+
     def settle_s(self, params: Mapping[str, float]) -> float:
         """Seconds to wait after a look before reading what must hold afterwards (/metrics)."""
         return 0.0
@@ -103,4 +143,4 @@ class Weather:
         return {}
 
 
-__all__ = ["Weather", "WeatherRun", "Workload"]
+__all__ = ["Disturbance", "Weather", "WeatherRun", "Workload"]

@@ -54,7 +54,12 @@ class LoadFailures(Weather):
 
     def accounted_checks(self, params: Mapping[str, float]) -> dict[str, str]:
         why = "reads fail on purpose: counted per injected failure (weather-holds)"
-        return {"no-failed-transfers": why}
+        checks = {"no-failed-transfers": why,
+                  "kv-bytes-exact": "the failed reads' bytes crossed too; each answered "
+                                    "request's digest instead"}
+        if params["recompute"]:
+            checks["decode-did-not-recompute"] = "the failed reads are recomputed on purpose"
+        return checks
 
     def conditions(self, run: WeatherRun) -> tuple[WeatherCondition, ...]:
         reached = [r for r in tagged_records(run, MARKER) if r.get("decode_status") is not None]

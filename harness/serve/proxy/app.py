@@ -75,6 +75,9 @@ class ProxyState:
     forward_authorization: bool = False   # pass the client's Authorization on (else strip it)
     records: list[dict[str, Any]] = field(default_factory=list)
     session: aiohttp.ClientSession | None = None
+    # cleared while a server restarts (the restart weather, POST /pd/hold): new requests wait,
+    # as behind a router that drains a restarting server, instead of meeting a closed port
+    admitting: asyncio.Event | None = None
     # kv_transfer_params of the most recent prefill answer; the foreign-params fault hands them
     # to the next request's decode hop.
     last_received_kv_transfer_params: dict[str, Any] | None = None
@@ -121,6 +124,8 @@ async def _handle_completion(request: web.Request) -> web.StreamResponse:
     if not isinstance(original_body, dict):
         return web.json_response({"error": {"message": "request body must be a JSON object"}}, status=400)
 
+    if state.admitting is not None:
+        await state.admitting.wait()
     original_body = with_cache_salt(original_body, state.cache_salt)
     request_id = new_request_id(tag_for(state.request_tag, original_body))
     headers = upstream_headers(request, request_id, state.forward_authorization)
@@ -323,6 +328,17 @@ async def _handle_healthcheck(request: web.Request) -> web.Response:
     )
 
 
+async def _handle_hold(request: web.Request) -> web.Response:
+    """POST /pd/hold: new requests wait (in-flight ones go on); /pd/release lets them in."""
+    state = request.app[PROXY_STATE_KEY]
+    assert state.admitting is not None
+    if request.path.endswith("/hold"):
+        state.admitting.clear()
+    else:
+        state.admitting.set()
+    return web.json_response({"admitting": state.admitting.is_set()})
+
+
 async def _handle_records(request: web.Request) -> web.Response:
     return web.json_response(request.app[PROXY_STATE_KEY].records)
 
@@ -362,6 +378,8 @@ def create_app(
     app[PROXY_STATE_KEY] = state
 
     async def open_session(_app: web.Application) -> None:
+        state.admitting = asyncio.Event()
+        state.admitting.set()
         if state.records_path:
             os.makedirs(os.path.dirname(os.path.abspath(state.records_path)), exist_ok=True)
         # limit=0: the proxy must not become a hidden queue in front of the servers.
@@ -382,6 +400,8 @@ def create_app(
     app.router.add_get("/v1/models", _handle_models)
     app.router.add_get("/healthcheck", _handle_healthcheck)
     app.router.add_get("/pd/records", _handle_records)
+    app.router.add_post("/pd/hold", _handle_hold)
+    app.router.add_post("/pd/release", _handle_hold)
     return app
 
 
