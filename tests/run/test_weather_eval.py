@@ -125,3 +125,18 @@ def test_early_release_patches_the_reaper_once_and_arms_only_by_request():
     w._reap_expired_send_leases(set())
     assert len(calls) == 1 and list(calls[0].values())[0] < 1e12
     assert not early_release.arm({})
+
+
+def test_preemption_shrinks_the_decode_only_and_proves_preemptions():
+    from harness.run.weather.preemption import WEATHER as PREEMPTION
+
+    cell = Cell(model="m", weather="preemption")
+    params = resolved_params("preemption", {})
+    assert set(PREEMPTION.servers(cell, params)) == {"decode"}
+    before = {"decode-0": {"vllm:num_preemptions_total": 2.0}, "prefill-0": {}}
+    for after, passed in ((5.0, True), (2.0, False)):
+        run = WeatherRun(cell, params, (), (), before,
+                         {"decode-0": {"vllm:num_preemptions_total": after}, "prefill-0": {}})
+        (cond,) = PREEMPTION.conditions(run)
+        assert cond.kind == "happened" and cond.passed is passed
+    assert "decode-did-not-recompute" in PREEMPTION.accounted_checks(params)
