@@ -431,6 +431,7 @@ def dry_run(cells: Sequence[Cell], options: RunOptions, hybrid_models: Sequence[
     from harness.serve.deploy import DeployContext, Placement, plan_baseline, plan_pair
     from harness.serve.launch.models import resolve
     from harness.serve.plugins.faults.spec import FAULT_KINDS as SERVER_FAULTS
+    from harness.serve.plugins.faults.spec import PREFILL_FAULT_KINDS
     from harness.serve.host.ports import PortAllocator
     from harness.run.group_plan import weather_servers
 
@@ -445,7 +446,8 @@ def dry_run(cells: Sequence[Cell], options: RunOptions, hybrid_models: Sequence[
             served = dict(model_path=model.path,
                           hybrid=model.hybrid or cell.model in hybrid_models)
             pair = plan_pair(cell, ctx, **served, arm_faults=cell.fault in SERVER_FAULTS,
-                             weather=weather_servers(cell))
+                             weather=weather_servers(cell),
+                             arm_prefill=cell.fault in PREFILL_FAULT_KINDS)
             print(f"# {cell.cell_id}  (baseline {cell.baseline_key})")
             for line in plan_baseline(cell, ctx, **served).commands() + pair.commands():
                 print(redact(line))

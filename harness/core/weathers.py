@@ -68,9 +68,12 @@ class WeatherRow:
     params: Mapping[str, WeatherParam] = field(default_factory=dict)
     connectors: tuple[str, ...] = tuple(KV_CONNECTORS)   # kv_connector values it can run with
     devices: tuple[str, ...] = ("cpu", "cuda")
-    # "dist:version" the installed vLLM must reach (a setting it drives appeared there), or None
+    # the vLLM version the installed one must reach (a setting it drives appeared there), or None
     min_vllm: str | None = None
     summary: str = ""
+    # parameters that size a KV cache in blocks -> the roles whose cache they size (each must
+    # still hold one max_model_len request, or vLLM refuses to start)
+    block_params: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 DEFAULT_WEATHER = "calm"
@@ -84,7 +87,17 @@ WEATHERS: dict[str, WeatherRow] = {
                 "kv_blocks": WeatherParam(48, low=8, integer=True,
                                           meaning="KV cache blocks per P/D server, so that "
                                                   "blocks are recycled many times")},
-        summary=">= 64 requests in flight, prefix caching on, small KV caches: blocks recycle"),
+        summary=">= 64 requests in flight, prefix caching on, small KV caches: blocks recycle",
+        block_params={"kv_blocks": ("prefill", "decode")}),
+    "preemption": WeatherRow(
+        "harness.run.weather.preemption",
+        params={"in_flight": WeatherParam(32, low=2, high=512, integer=True,
+                                          meaning="requests in flight"),
+                "decode_kv_blocks": WeatherParam(20, low=1, integer=True,
+                                                 meaning="KV cache blocks of the decode: "
+                                                         "too few for the requests it runs")},
+        summary="a decode KV cache too small for its requests: vLLM preempts and resumes them",
+        block_params={"decode_kv_blocks": ("decode",)}),
     # the fault weathers: NIXL's lease, read poll and heartbeats are what they drive
     "expiry": WeatherRow(
         "harness.run.weather.expiry",

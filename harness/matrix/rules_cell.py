@@ -7,7 +7,7 @@ from __future__ import annotations
 from harness.core.cell import (BACKENDS, COMPILE_MODES, CPU_BACKENDS, DEVICES, FAULTS, GPU_BACKENDS,
                                KV_BUFFER_DEVICES, NETWORKS, RUNNERS, Cell)
 from harness.core.kv_connectors import KV_CONNECTORS
-from harness.core.weathers import WEATHERS, weather_problem
+from harness.core.weathers import WEATHERS, resolved_params, weather_problem
 from harness.matrix.rule_types import RuleContext, RuleList, blocks
 
 DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float")
@@ -76,6 +76,14 @@ def _known_weather(cell: Cell, ctx: RuleContext) -> str | None:
                 f"it runs with {', '.join(row.connectors)}")
     if cell.device in DEVICES and cell.device not in row.devices:
         return f"weather {cell.weather} runs on {', '.join(row.devices)}, not {cell.device}"
+    params = resolved_params(cell.weather, cell.weather_settings)
+    for name, roles in row.block_params.items():
+        for role in roles:
+            block = cell.prefill_block_size if role == "prefill" else cell.decode_block_size
+            if params[name] * block < cell.max_model_len:
+                return (f"weather {cell.weather}: {name}={params[name]} blocks of {block} "
+                        f"tokens hold {params[name] * block}, less than one request of "
+                        f"max_model_len {cell.max_model_len} on the {role}")
     return None
 
 

@@ -16,6 +16,7 @@ from harness.judge.verdict import ReferenceAccuracy
 from harness.serve.deploy import DeployContext, Deployment, pair_key, plan_baseline, plan_pair
 from harness.serve.launch.models import reference_accuracy, resolve
 from harness.serve.launch.server_spec import SERVER_FAULTS
+from harness.serve.plugins.faults.spec import PREFILL_FAULT_KINDS
 from harness.core.weathers import ServerChanges, resolved_params
 from harness.run.weather import weather_for
 
@@ -82,4 +83,5 @@ class GroupPlanner:
         cells = group.pairs[index]
         arm = any(c.fault in SERVER_FAULTS for c in cells) if arm_faults is None else arm_faults
         return plan_pair(cells[0], self.deploy, model_path=group.model_path, hybrid=group.hybrid,
-                         arm_faults=arm, weather=weather_servers(cells[0]))
+                         arm_faults=arm, weather=weather_servers(cells[0]),
+                         arm_prefill=arm and any(c.fault in PREFILL_FAULT_KINDS for c in cells))

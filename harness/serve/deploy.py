@@ -77,9 +77,10 @@ class Endpoint:
 def plan_server(cell: Cell, role: str, index: int, ctx: DeployContext, *, model_path: str,
                 hybrid: bool, port: int, side_channel_port: int | None,
                 internal_port: int | None = None, arm_faults: bool = False,
-                weather: ServerChanges = ServerChanges()) -> ServerSpec:
+                weather: ServerChanges = ServerChanges(), arm_prefill: bool = False) -> ServerSpec:
     """The server of `role` for `cell`. `arm_faults`: a decode server that breaks the KV of the
-    requests whose id names a fault (canaries sharing this pair), and of no other request.
+    requests whose id names a fault (canaries sharing this pair), and of no other request;
+    `arm_prefill`: a prefill server likewise, for prefill-side canaries (early-release).
     `weather`: what the cell's weather changes in this (P/D) server."""
     block = {"baseline": cell.baseline_block_size, "prefill": cell.prefill_block_size,
              "decode": cell.decode_block_size}[role]
@@ -99,7 +100,8 @@ def plan_server(cell: Cell, role: str, index: int, ctx: DeployContext, *, model_
         gpu_memory_utilization=GPU_SHARED_UTILIZATION if on_gpu else None,
         hybrid=hybrid,
         extra_args=cell.extra_args, extra_env=cell.extra_env,
-        fault=BY_REQUEST if (role == "decode" and arm_faults) else None,
+        fault=BY_REQUEST if ((role == "decode" and arm_faults)
+                             or (role == "prefill" and arm_prefill)) else None,
         weather=weather if role != "baseline" else ServerChanges(),
         python=ctx.python, **engine_settings(cell, role),
     )
@@ -427,7 +429,8 @@ def plan_baseline(cell: Cell, ctx: DeployContext, *, model_path: str,
 
 def plan_pair(cell: Cell, ctx: DeployContext, *, model_path: str, hybrid: bool,
               arm_faults: bool = False,
-              weather: Mapping[str, ServerChanges] | None = None) -> Deployment:
+              weather: Mapping[str, ServerChanges] | None = None,
+              arm_prefill: bool = False) -> Deployment:
     """`cell`'s P/D pair; `weather`: role -> what the cell's weather changes in its servers."""
     specs, reserved = [], []
     allocator = ctx.allocator
@@ -446,7 +449,8 @@ def plan_pair(cell: Cell, ctx: DeployContext, *, model_path: str, hybrid: bool,
             specs.append(plan_server(cell, role, index, ctx, model_path=model_path, hybrid=hybrid,
                                      port=port, side_channel_port=(side or [None])[0],
                                      internal_port=internal[0], arm_faults=arm_faults,
-                                     weather=(weather or {}).get(role, ServerChanges())))
+                                     weather=(weather or {}).get(role, ServerChanges()),
+                                     arm_prefill=arm_prefill))
             if topology is not None:
                 specs[-1] = topology.place(specs[-1])
     name = "pair-" + "-".join(str(x) for x in (

@@ -174,3 +174,15 @@ def test_the_baseline_never_gets_weather():
     decode = plan_server(CELL, "decode", 0, ctx, model_path="/m", hybrid=False, port=2,
                          side_channel_port=None, weather=changes)
     assert not base.weather and decode.weather.num_blocks == 8
+
+
+def test_a_weather_cache_must_hold_one_request_of_max_model_len():
+    ok = check_cell(CELL.replace(weather="preemption"), CPU, CATALOG)
+    assert not [p for p in ok if p.kind == "invalid"]
+    small = CELL.replace(weather="preemption", weather_params=(("decode_kv_blocks", 8),))
+    problems = [p for p in check_cell(small, CPU, CATALOG) if p.kind == "invalid"]
+    assert [p.rule for p in problems] == ["known-weather"]
+    assert ("decode_kv_blocks=8 blocks of 128 tokens hold 1024, less than one request of "
+            "max_model_len 2048 on the decode") in problems[0].message
+    shorter = small.replace(max_model_len=1024)
+    assert not [p for p in check_cell(shorter, CPU, CATALOG) if p.kind == "invalid"]

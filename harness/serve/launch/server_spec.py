@@ -20,7 +20,7 @@ from harness.serve.connectors.registry import connector_for
 from harness.serve.launch import thread_budget
 from harness.serve.plugins.startup.compile_key import ENV as COMPILE_KEY_ENV
 from harness.serve.plugins.startup.fork_start import ENV as FORK_START_ENV
-from harness.serve.plugins.faults.spec import BY_REQUEST
+from harness.serve.plugins.faults.spec import BY_REQUEST, PREFILL_FAULT_ENV
 from harness.serve.plugins.faults.spec import FAULT_KINDS as SERVER_FAULTS
 
 ROLES = ("baseline", "prefill", "decode")
@@ -103,7 +103,7 @@ class ServerSpec:
     seed: int = 0
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = ()
-    fault: str | None = None                   # server-side fault (decode only)
+    fault: str | None = None                   # server-side fault (decode; by-request: prefill too)
     fault_block: str = "first"
     # engine settings (harness.core.cell; `engine_settings` says which role runs which)
     async_scheduling: str = "default"          # on: --async-scheduling, off: --no-async-scheduling
@@ -350,6 +350,8 @@ def build_env(spec: ServerSpec, features: Features = Features(),
         env["VLLM_SSM_CONV_STATE_LAYOUT"] = "DS"
     if spec.kv_layout != "default":
         env["VLLM_KV_CACHE_LAYOUT"] = spec.kv_layout
+    if spec.fault == BY_REQUEST and spec.role == "prefill":
+        env[PREFILL_FAULT_ENV] = BY_REQUEST     # armed for a prefill-side canary's requests
     if spec.fault == BY_REQUEST and spec.role == "decode":
         env["PD_ACCURACY_FAULT"] = BY_REQUEST   # armed; each canary request names its fault
     elif spec.fault in SERVER_FAULTS and spec.role == "decode":
