@@ -129,7 +129,7 @@ WEATHERS: dict[str, WeatherRow] = {
                 "min_questions": WeatherParam(100, low=50, integer=True,
                                               meaning="questions of the first look: traffic "
                                                       "before, during and after both restarts")},
-        connectors=("nixl", "nixl-push"), devices=("cpu",),
+        connectors=("nixl", "nixl-push"),
         summary="the prefill, then the decode, killed and restarted mid-run"),
 }
 
