@@ -3,7 +3,6 @@ client and the record say (fake prefill/decode servers; the real ones: docs/weat
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 
 import pytest
 
@@ -27,11 +26,27 @@ def test_an_unknown_phase_is_refused():
         aborts.request_tag("later")
 
 
-def test_mix_spreads_requests_over_every_phase():
-    seen = Counter(aborts.abort_phase(new_request_id(aborts.request_tag(aborts.MIX)))
-                   for _ in range(400))
-    assert set(seen) == set(aborts.PHASES)
-    assert min(seen.values()) > 60
+def test_mix_deals_every_phase_in_turn():
+    dealt = [aborts.abort_phase(new_request_id(aborts.request_tag(aborts.MIX)), turn)
+             for turn in range(8)]
+    assert dealt == list(aborts.PHASES) * 2
+
+
+def test_the_proxy_deals_mixed_phases_to_tagged_requests_only():
+    async def scenario():
+        hop_log: list[tuple[str, str]] = []
+        prefill, decode = pair(hop_log, sse_chunks=CHUNKS)
+        async with proxied([prefill], [decode],
+                           request_tag=aborts.request_tag(aborts.MIX) + "@0.5") as client:
+            for i in range(24):
+                await client.post("/v1/completions",
+                                  json={"model": "m", "prompt": f"q{i}", "max_tokens": 4})
+            return await (await client.get("/pd/records")).json()
+
+    records = asyncio.run(scenario())
+    phases = [r.get("abort_phase") for r in records if "wx.abort." in r["request_id"]]
+    assert phases and phases == [aborts.PHASES[i % 4] for i in range(len(phases))]
+    assert all("abort_phase" not in r for r in records if "wx.abort." not in r["request_id"])
 
 
 def run_one(phase: str, **decode_kwargs):

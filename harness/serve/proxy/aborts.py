@@ -11,14 +11,14 @@ request), and P/D has four moments where that strands or races KV (vllm #41269, 
   its first token (the decode is allocating or reading the KV);
 * ``decoding``: the decode hop is streamed upstream and dropped after its first token.
 
-``mix`` spreads the tagged requests over the four by a hash of the request id. The client gets
+``mix`` deals the tagged requests to the four in turn (each phase hit once in every four
+cancelled requests, however few were tagged). The client gets
 :data:`ABORT_STATUS` with the phase named: loud, and counted against the injected aborts. What
 must hold afterwards (survivors right, both servers' KV usage back to idle, a clean tail right)
 is judged from the records and ``/metrics``, not here.
 """
 from __future__ import annotations
 
-import hashlib
 import re
 
 PHASES = ("queued", "prefilled", "reading", "decoding")
@@ -36,16 +36,15 @@ def request_tag(phase: str) -> str:
     return f"wx.abort.{phase}."
 
 
-def abort_phase(request_id: str) -> str | None:
+def abort_phase(request_id: str, turn: int = 0) -> str | None:
     """The phase at which the proxy cancels this request, or None to leave it alone; ``mix``
-    picks one of :data:`PHASES` by a hash of the whole id (each id its own phase)."""
+    deals :data:`PHASES` in turn (``turn``: how many tagged requests came before)."""
     match = _TAG_RE.search(request_id or "")
     if match is None:
         return None
     phase = match["phase"]
     if phase == MIX:
-        digest = hashlib.sha256(request_id.encode()).digest()
-        return PHASES[digest[0] % len(PHASES)]
+        return PHASES[turn % len(PHASES)]
     return phase if phase in PHASES else None
 
 

@@ -78,6 +78,7 @@ class ProxyState:
     # cleared while a server restarts (the restart weather, POST /pd/hold): new requests wait,
     # as behind a router that drains a restarting server, instead of meeting a closed port
     admitting: asyncio.Event | None = None
+    aborts_dealt: int = 0              # requests the aborts weather cancelled (deals phases)
     # kv_transfer_params of the most recent prefill answer; the foreign-params fault hands them
     # to the next request's decode hop.
     last_received_kv_transfer_params: dict[str, Any] | None = None
@@ -209,8 +210,9 @@ async def _two_hops(
 ) -> web.StreamResponse:
     assert state.session is not None
     request_id = record["request_id"]
-    phase = abort_phase(request_id)
+    phase = abort_phase(request_id, state.aborts_dealt)
     if phase is not None:
+        state.aborts_dealt += 1
         return await _aborted_hops(state, original_body, headers, record, phase)
     ended = await _prefill_hop(state, original_body, headers, record)
     if ended is not None:
