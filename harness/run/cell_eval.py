@@ -33,7 +33,7 @@ from harness.serve.supervision.process import most_decisive_line
 from harness.serve.proxy.hops import PROXY_FAULTS
 from harness.core.weathers import DEFAULT_WEATHER
 from harness.judge.weather import WeatherJudgement
-from harness.run.weather_eval import WeatherWitness, answered_only, weather_plan, weather_tag
+from harness.run.weather_eval import WeatherWitness, answered_only, weather_plan
 
 Progress = Callable[[str], None]
 
@@ -183,7 +183,8 @@ class CellEvaluator:
             policy = replace(policy, stages=plan.stages)
         started = time.monotonic()
         try:
-            with self._proxy(cell, pair, rnd, records_path) as proxy:
+            with self._proxy(cell, pair, rnd, records_path,
+                             weather.workload.request_tag if weather is not None else None) as proxy:
                 artifacts["logs"]["proxy"] = str(proxy.process.log_path)
                 witness.start()
                 if weather is not None:
@@ -201,16 +202,17 @@ class CellEvaluator:
                                     timings={**timings, "pd_eval_s": time.monotonic() - started})
 
     def _proxy(self, cell: Cell, pair: Deployment, rnd: BaselineRound,
-               records_path: Path) -> ProxyDeployment:
+               records_path: Path, weather_tag: str | None = None) -> ProxyDeployment:
         """The cell's own proxy in front of `pair`. Every evaluation on a shared pair gets its
         own prefix-cache space; a server-side canary's requests name their fault for the
-        decode's plugin (no other request is touched)."""
+        decode's plugin (no other request is touched); else a weather's tag (`weather_tag`,
+        Workload.request_tag) names the requests its server-side plugin acts on."""
         port = self.deploy.allocator.reserve(1, owner=f"proxy:{cell.cell_id}")[0]
         return ProxyDeployment(pair, port=port, log_dir=self.deploy.log_dir,
                                fault=cell.fault if cell.fault in PROXY_FAULTS else None,
                                records_path=records_path, allocator=self.deploy.allocator,
-                               request_tag=(weather_tag(cell)
-                                            or request_tag_for(cell.fault, cell.fault_env)),
+                               request_tag=(request_tag_for(cell.fault, cell.fault_env)
+                                            or weather_tag or ""),
                                cache_salt=evaluation_salt(rnd.run_id, cell.cell_id),
                                kv_connector=cell.kv_connector)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from harness.core import exact_headers
 from harness.core.cell import Cell
-from harness.core.weathers import DEFAULT_WEATHER, resolved_params
+from harness.core.weathers import resolved_params
 from harness.eval.lmeval import EvalRun, QuestionRecord
 from harness.eval.metrics import scrape_samples
 from harness.judge.sequential import SequentialPlan
@@ -121,14 +121,6 @@ def with_events(rows: tuple[RequestRow, ...], events: tuple[InjectedEvent, ...]
     return tuple(dataclasses.replace(r, events=tuple(by_request.get(str(r.request_id), ())),
                                      recomputed=str(r.request_id) in recomputed)
                  for r in rows)
-
-
-def weather_tag(cell: Cell) -> str:
-    """The proxy's request tag of `cell`'s weather ("" when calm or it tags nothing)."""
-    if cell.weather == DEFAULT_WEATHER:
-        return ""
-    params = resolved_params(cell.weather, cell.weather_settings)
-    return weather_for(cell.weather).workload(cell, params).request_tag or ""
 
 
 class WeatherWitness:

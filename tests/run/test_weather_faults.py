@@ -15,7 +15,13 @@ from harness.matrix import load_matrix
 from harness.matrix.rules import check_cell
 from harness.run.weather import weather_for
 from harness.run.weather.base import WeatherRun
-from harness.run.weather_eval import weather_tag, with_events
+from harness.run.weather_eval import with_events
+
+
+def weather_tag(cell: Cell) -> str:
+    """The proxy's request tag of `cell`'s weather ("" when it tags nothing)."""
+    params = resolved_params(cell.weather, cell.weather_settings)
+    return weather_for(cell.weather).workload(cell, params).request_tag or ""
 from harness.serve.plugins.faults.late_read import HELD_PREFIX
 from harness.serve.proxy.hops import new_request_id, tag_for
 
