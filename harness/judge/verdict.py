@@ -358,13 +358,14 @@ def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | N
         checks += [Check(name, passed, detail) for name, passed, detail in weather_checks(weather)]
         path.append("weather")
     tchecks = transfer_checks(cmp)
-    unknown = set(skipped) - {c.name for c in tchecks}
+    unknown = set(skipped) - {c.name for c in tchecks} - {"kv-digest"}
     if unknown:
         raise ValueError(f"not_available names no transfer check: {sorted(unknown)}")
     checks += [c for c in tchecks if c.name not in skipped]
     path.append("transfer")
     digest = None
-    if cmp.transfer.kv_digest is not None:   # before accuracy: a wrong byte is a FAIL anyway
+    # before accuracy: a wrong byte is a FAIL anyway (a weather may judge it per request)
+    if cmp.transfer.kv_digest is not None and "kv-digest" not in skipped:
         digest = Check("kv-digest", *describe_digest(cmp.transfer.kv_digest))
         checks.append(digest)
         path.append("kv-digest")

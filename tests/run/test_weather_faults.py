@@ -108,22 +108,38 @@ def conditions(name, cell, run):
     return {c.name: c.passed for c in weather_for(name).conditions(run)}
 
 
-def test_expiry_counts_held_reads_against_the_prefills_expired_count(tmp_path):
+def expiry_run(cell, records, tmp_path, held, expired, counted):
+    import dataclasses
+
+    run = make_run(cell, records, [], {"prefill-0": {"vllm:nixl_num_kv_expired_reqs_total": 1}},
+                   {"prefill-0": {"vllm:nixl_num_kv_expired_reqs_total": 1 + counted}}, tmp_path,
+                   "\n".join(f"WARNING {HELD_PREFIX} held request=cmpl-{r}-0-ab delay_ms=4000 "
+                             f"heartbeat=stopped" for r in held))
+    prefill_log = tmp_path / "prefill-0.log"
+    prefill_log.write_text("\n".join(
+        f"WARNING [base_worker.py:3032] Releasing expired KV blocks for request cmpl-{r}-0-9c "
+        f"which were retrieved by 0 remote worker(s) before lease expired." for r in expired))
+    return dataclasses.replace(run, logs={**run.logs, "prefill-0": str(prefill_log)})
+
+
+def test_expiry_accounts_every_expired_request_and_the_prefills_count(tmp_path):
     cell = CELL.replace(weather="expiry")
     late = [tagged_id(cell) for _ in range(3)]
-    records = [{"request_id": r, "decode_status": 200} for r in late + [new_request_id()]]
-    log = "\n".join(f"WARNING {HELD_PREFIX} held request=cmpl-{r}-0-ab delay_ms=4000 "
-                    f"heartbeat=stopped" for r in late)
-    sample = "vllm:nixl_num_kv_expired_reqs_total"
-    events = weather_for("expiry").events(make_run(cell, records, [], {}, {}, tmp_path))
-    assert [e.request_id for e in events] == late and all(e.may_fail for e in events)
-    good = make_run(cell, records, [], {"prefill-0": {sample: 1}}, {"prefill-0": {sample: 4}},
-                    tmp_path, log)
-    assert conditions("expiry", cell, good) == {"reads-held": True, "expired-count": True}
-    short = make_run(cell, records, [], {"prefill-0": {sample: 1}}, {"prefill-0": {sample: 3}},
-                     tmp_path, log)
-    assert conditions("expiry", cell, short)["expired-count"] is False
-    unheld = make_run(cell, records, [], {}, {"prefill-0": {sample: 3}}, tmp_path, "")
+    lapsed, calm = new_request_id(), new_request_id()
+    records = [{"request_id": r, "decode_status": 200} for r in late + [lapsed, calm]]
+    good = expiry_run(cell, records, tmp_path, late, late + [lapsed], 4)
+    assert conditions("expiry", cell, good) == {
+        "reads-held": True, "delayed-expired": True, "expired-count": True}
+    events = weather_for("expiry").events(good)
+    assert [(e.kind, e.request_id) for e in events] == (
+        [("read-after-lease", r) for r in late] + [("lease-expired", lapsed)])
+    assert all(e.may_fail for e in events)
+    miscounted = expiry_run(cell, records, tmp_path, late, late + [lapsed], 3)
+    assert conditions("expiry", cell, miscounted)["expired-count"] is False
+    unexpired = expiry_run(cell, records, tmp_path, late, late[:2], 2)
+    got = conditions("expiry", cell, unexpired)
+    assert got["delayed-expired"] is False and got["expired-count"] is True
+    unheld = expiry_run(cell, records, tmp_path, [], late, 3)
     assert conditions("expiry", cell, unheld)["reads-held"] is False
 
 
@@ -154,6 +170,7 @@ def test_load_failures_holds_under_each_policy_and_not_the_other(tmp_path, recom
     assert all(e.may_fail is (not recompute) and e.recomputed is bool(recompute) for e in events)
     accounted = set(weather_for("load-failures").accounted_checks(right.params))
     assert ("decode-did-not-recompute" in accounted) is bool(recompute)
+    assert ("kv-digest" in accounted) is bool(recompute)
     assert {"no-failed-transfers", "kv-bytes-exact"} <= accounted
 
 

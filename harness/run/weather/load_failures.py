@@ -59,6 +59,8 @@ class LoadFailures(Weather):
                                     "request's digest instead"}
         if params["recompute"]:
             checks["decode-did-not-recompute"] = "the failed reads are recomputed on purpose"
+            checks["kv-digest"] = ("a recomputed request has no decode digest: every 200 is "
+                                   "judged per request, a recomputed one by its answer")
         return checks
 
     def conditions(self, run: WeatherRun) -> tuple[WeatherCondition, ...]:
