@@ -89,10 +89,5 @@ class Load(Weather):
             f"wanted >= {IN_FLIGHT_SHARE * in_flight:.0f})"))
         return tuple(out)
 
-    def accounted_checks(self, params: Mapping[str, float]) -> dict[str, str]:
-        return {"decode-did-not-recompute": "the decode's small cache preempts requests under "
-                                            "load; a preempted one recomputes its prompt there "
-                                            "when it resumes"}
-
 
 WEATHER = Load()

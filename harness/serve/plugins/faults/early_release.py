@@ -9,19 +9,19 @@ vLLM's own expiry path (the blocks go back to the prefill's pool, a late "done r
 ignored), so nothing crashes: a decode that reads at once reads the right bytes, a late one
 reads whatever the recycled blocks hold by then. Calm weather cannot see it; load must.
 
-Where it hooks: NIXL's send-lease reaper ``NixlBaseConnectorWorker._reap_expired_send_leases``
-(the worker's per-step check of ``_reqs_to_send``: request id -> lease deadline), on the prefill
+Where it hooks: the connector's send leases, before each step's lease check
+(:func:`harness.serve.plugins.kv_events.interface.hold_leases`; the connector's module under
+``kv_events/by_connector/`` gives that moment), on the prefill
 (``PD_ACCURACY_PREFILL_FAULT=by-request``), for the requests whose id carries the
 ``early-release`` tag. One fault line per request it shortened (spec.format_fault_line).
 """
 from __future__ import annotations
 
-import functools
 import logging
 import os
-import time
 from typing import Any
 
+from harness.serve.plugins.kv_events import interface
 from harness.serve.plugins.faults.spec import (ARMED_PREFIX, BY_REQUEST, EARLY_RELEASE,
                                                PREFILL_FAULT_ENV, FaultOutcome, FaultSpec,
                                                format_fault_line, hold_seconds,
@@ -29,10 +29,6 @@ from harness.serve.plugins.faults.spec import (ARMED_PREFIX, BY_REQUEST, EARLY_R
 
 logger = logging.getLogger("vllm.pd_accuracy.early_release")
 
-WORKER_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker"
-WORKER_CLASS = "NixlBaseConnectorWorker"
-REAPER = "_reap_expired_send_leases"
-_MARK = "__pd_accuracy_early_release__"
 _FIRST_HELD = "_pd_accuracy_first_held"
 
 
@@ -41,13 +37,10 @@ def wants_early_release(request_id: str) -> bool:
     return tagged is not None and tagged.kind == EARLY_RELEASE
 
 
-def clamp_leases(worker: Any, hold_s: float, now: float) -> list[str]:
-    """Cut each tagged request's lease in ``worker._reqs_to_send`` to ``hold_s`` after the
-    worker first held it (re-applied every step: a heartbeat's extension is undone). Returns
-    the requests held for the first time."""
-    leases = getattr(worker, "_reqs_to_send", None)
-    if not leases:
-        return []
+def clamp_leases(worker: Any, leases: dict, hold_s: float, now: float) -> list[str]:
+    """Cut each tagged request's lease in ``leases`` (request id -> deadline) to ``hold_s``
+    after ``worker`` first held it (re-applied every step: a heartbeat's extension is undone).
+    Returns the requests held for the first time."""
     first_held: dict[str, float] = worker.__dict__.setdefault(_FIRST_HELD, {})
     new = []
     for request_id, deadline in list(leases.items()):
@@ -62,46 +55,30 @@ def clamp_leases(worker: Any, hold_s: float, now: float) -> list[str]:
     return new
 
 
-def patch_worker(cls: Any, hold_s: float) -> bool:
-    """Wrap ``cls``'s lease reaper; idempotent. False when vLLM has no such method."""
-    original = getattr(cls, REAPER, None)
-    if original is None:
-        logger.error("%s %s has no %s; %s NOT armed", ARMED_PREFIX, cls.__name__, REAPER,
-                     EARLY_RELEASE)
-        return False
-    if getattr(original, _MARK, False):
-        return True
-
-    @functools.wraps(original)
-    def reap(self: Any, done_sending: set[str]) -> None:
-        try:
-            for request_id in clamp_leases(self, hold_s, time.perf_counter()):
-                logger.warning("%s", format_fault_line(
-                    request_id, FaultSpec(EARLY_RELEASE),
-                    FaultOutcome(applied=True, reason=f"hold={hold_s:g}s")))
-        except Exception:  # a canary must never take the server down
-            logger.exception("pd-accuracy early-release: clamp failed")
-        return original(self, done_sending)
-
-    setattr(reap, _MARK, True)
-    setattr(cls, REAPER, reap)
-    logger.warning("%s fault=%s hold=%gs pid=%d", ARMED_PREFIX, EARLY_RELEASE, hold_s, os.getpid())
-    return True
+def make_cut(hold_s: float):
+    def cut(worker: Any, leases: dict, now: float) -> None:
+        for request_id in clamp_leases(worker, leases, hold_s, now):
+            logger.warning("%s", format_fault_line(request_id, FaultSpec(EARLY_RELEASE),
+                                                   FaultOutcome(applied=True)))
+    return cut
 
 
 def arm(env: dict[str, str] | None = None) -> bool:
-    """Arm on a prefill whose PD_ACCURACY_PREFILL_FAULT is by-request (a post-import hook on
-    NIXL's worker module); True when armed. Never raises."""
+    """Arm on a prefill whose PD_ACCURACY_PREFILL_FAULT is by-request; True when armed. Never
+    raises."""
     env = dict(os.environ if env is None else env)
     if env.get(PREFILL_FAULT_ENV, "").strip() != BY_REQUEST:
         return False
     try:
         hold_s = hold_seconds(env)
-        import wrapt
-
-        wrapt.register_post_import_hook(
-            lambda module: patch_worker(getattr(module, WORKER_CLASS), hold_s), WORKER_MODULE)
+        armed = interface.hold_leases(make_cut(hold_s))
     except Exception:
         logger.exception("%s could not arm %s", ARMED_PREFIX, EARLY_RELEASE)
         return False
-    return True
+    if armed:
+        logger.warning("%s fault=%s hold=%gs pid=%d", ARMED_PREFIX, EARLY_RELEASE, hold_s,
+                       os.getpid())
+    else:
+        logger.error("%s no connector module gives a lease hook; %s NOT armed", ARMED_PREFIX,
+                     EARLY_RELEASE)
+    return armed

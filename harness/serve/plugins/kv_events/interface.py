@@ -297,6 +297,18 @@ def patch_connector_class(cls: type) -> None:
             logger.exception("pd-accuracy kv-events: class patcher %r failed", patcher)
 
 
+def hold_leases(cut: Callable[[Any, dict, float], None]) -> bool:
+    """Let ``cut(worker, leases, now)`` shorten a prefill's send leases (request id -> the
+    deadline of its blocks) before each step's lease check, on every connector whose module
+    gives that moment (``hold_leases``); True when one did."""
+    hooked = False
+    for module in _specific_modules():
+        install_hook = getattr(module, "hold_leases", None)
+        if install_hook is not None:
+            hooked = bool(install_hook(cut)) or hooked
+    return hooked
+
+
 def gives_arrival(connector: Any) -> bool:
     """Whether this connector's module gives the ``arrived`` event (its read poll)."""
     return _specific_install(type(connector)) is not None
