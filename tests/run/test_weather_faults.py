@@ -295,3 +295,21 @@ def test_a_failed_relaunch_still_releases_and_is_on_the_timeline(monkeypatch):
         Pair(), "http://proxy").finish(5)
     assert posts == ["hold", "release"]
     assert timeline[-1][0] == "error: RuntimeError: port taken"
+
+
+def test_a_weather_may_account_the_aggregate_kv_digest_and_only_then():
+    # load-failures under recompute: the recomputed requests have no decode digest
+    from dataclasses import replace
+
+    from harness.core.outcomes import FAIL
+    from harness.judge.verdict import decide
+    from harness.judge.weather import WeatherJudgement
+    from tests.judge.test_verdict import comparison, digest_summary, proof
+
+    short = comparison(transfer=proof(kv_digest=digest_summary(compared=40)))
+    judged = WeatherJudgement("load-failures", {}, (row("r1"),), (), (), 0, ())
+    failed = decide(short, weather=judged)
+    assert failed.status == FAIL and "[kv-digest]" in failed.reason
+    accounted = decide(short, weather=replace(judged, accounted_checks={"kv-digest": "recomputed"}))
+    assert "kv-digest" not in [c.name for c in accounted.checks]
+    assert any(n.startswith("kv-digest: accounted per request") for n in accounted.not_available)
