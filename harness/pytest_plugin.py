@@ -54,6 +54,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--pd-kv-connector", default=None, metavar="VALUE",
                 help="only the profile's cells of this KV connector (harness.core.kv_connectors: "
                      "nixl, nixl-push, ...); with pd_judge/pd_pair, Cell(kv_connector=...)")
+    g.addoption("--pd-weather", default=None, metavar="VALUE",
+                help="only the profile's cells of this weather (harness.core.weathers: calm, "
+                     "load, ...); with pd_judge/pd_pair, Cell(weather=...)")
     g.addoption("--pd-platform", default=None,
                 help="expand for this platform instead of this machine (cpu, cuda:N)")
     g.addoption("--pd-servers-on-one-worker", action="store_true",
@@ -185,13 +188,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     _, exp = expansion(metafunc.config)
     connector = metafunc.config.getoption("--pd-kv-connector")
-    cells = [c for c in exp.cells if connector is None or c.kv_connector == connector]
+    weather = metafunc.config.getoption("--pd-weather")
+    cells = [c for c in exp.cells if (connector is None or c.kv_connector == connector)
+             and (weather is None or c.weather == weather)]
     if not cells:
         # never an empty parametrization: pytest would skip it and a broken install looks green
         reason = no_cells_reason(metafunc.config.getoption("--pd-profile"), exp.excluded)
         if exp.cells:
+            wanted = " and ".join(f"{axis} {value!r}" for axis, value in
+                                  (("kv_connector", connector), ("weather", weather)) if value)
             reason = (f"pd-accuracy: profile {metafunc.config.getoption('--pd-profile')!r} has no "
-                      f"cell of kv_connector {connector!r} that can run here")
+                      f"cell of {wanted} that can run here")
         raise pytest.Collector.CollectError(reason)
     metafunc.parametrize("pd_cell", [
         pytest.param(c, id=c.cell_id, marks=[pytest.mark.xdist_group(c.baseline_key)])

@@ -225,3 +225,16 @@ def test_each_group_names_the_group_that_runs_next_where_it_is_known(pytester, a
         assert [c["then"] for c in calls] == [c["run"] for c in calls[1:]] + [[]]
     else:
         assert all(c["then"] == [] for c in calls)
+
+
+def test_pd_weather_keeps_the_profiles_cells_of_that_weather(pytester):
+    pytester.makepyfile(test_suite=SUITE)
+    # a subprocess: cpu-full's expansion imports numpy, which does not import twice in-process
+    result = pytester.runpytest_subprocess("--collect-only", "-q", "--pd-profile", "cpu-full",
+                                           "--pd-platform", "cpu", "--pd-weather", "load")
+    ids = [line for line in result.stdout.lines if "test_pd_matches_baseline[" in line]
+    assert ids and all("-w_load" in line for line in ids), result.stdout.lines
+    result = pytester.runpytest_subprocess("--collect-only", "-q", "--pd-profile", "smoke",
+                                           "--pd-platform", "cpu", "--pd-weather", "load")
+    result.stdout.fnmatch_lines(["*has no cell of weather 'load' that can run here*"])
+    assert result.ret != 0

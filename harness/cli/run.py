@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Sequence
 
 from harness.core.cell import (ASYNC_SCHEDULING, COMPILE_MODES, CUDAGRAPH_MODES, KV_CACHE_DTYPES,
-                               KV_LAYOUTS, NETWORKS, RUNNERS, SPEC_DECODE_METHODS, Cell)
+                               KV_LAYOUTS, NETWORKS, RUNNERS, SPEC_DECODE_METHODS, Cell,
+                               weather_items)
 from harness.core.kv_connectors import KV_CONNECTORS
+from harness.core.weathers import WEATHERS
 from harness.cli import run_checks
 from harness.core.redact import install_log_redaction, redact
 from harness.report.junit import write_junit
@@ -91,6 +93,11 @@ def _add_adhoc_cell(p: argparse.ArgumentParser) -> None:
     adhoc.add_argument("--kv-cache-dtype", default="auto", metavar="DTYPE|PREFILL:DECODE",
                        help=f"--kv-cache-dtype of the servers ({', '.join(KV_CACHE_DTYPES)}); "
                             "the baseline runs the decode's")
+    adhoc.add_argument("--weather", default=_CELL.weather, metavar="NAME",
+                       help=f"the workload and environment the pair is judged in "
+                            f"({', '.join(WEATHERS)}; docs/weather.md); calm: today's")
+    adhoc.add_argument("--weather-param", action="append", default=[], metavar="NAME=VALUE",
+                       help="a parameter of the weather (repeatable), e.g. in_flight=96")
     adhoc.add_argument("--server-arg", action="append", default=[], help="extra vLLM argument")
 
 
@@ -158,6 +165,22 @@ def _pair(value: str, what: str, cast: type = int) -> tuple:
     raise UsageError(f"{what} must be N or PREFILL:DECODE, got {value!r}")
 
 
+def weather_params(values: Sequence[str]) -> tuple[tuple[str, float], ...]:
+    """`--weather-param NAME=VALUE` options -> Cell.weather_params (the rules check names and
+    bounds); a value that is no number is a UsageError."""
+    params = {}
+    for item in values:
+        name, sep, raw = item.partition("=")
+        try:
+            value = float(raw) if sep else None
+        except ValueError:
+            value = None
+        if not name or value is None:
+            raise UsageError(f"--weather-param must be NAME=NUMBER, got {item!r}")
+        params[name.strip()] = int(value) if value.is_integer() else value
+    return weather_items(params)
+
+
 def adhoc_cell(args: argparse.Namespace, platform, catalog) -> Cell:
     """The cell `--model ...` describes, normalized with the model facts of `catalog`."""
     device = args.device or platform.device
@@ -175,6 +198,7 @@ def adhoc_cell(args: argparse.Namespace, platform, catalog) -> Cell:
                 prefix_reuse=args.prefix_reuse, chunked_prefill=args.chunked_prefill,
                 cudagraph_mode=args.cudagraph_mode, kv_layout=args.kv_layout,
                 kv_connector=args.kv_connector,
+                weather=args.weather, weather_params=weather_params(args.weather_param),
                 prefill_kv_cache_dtype=pkv, decode_kv_cache_dtype=dkv,
                 prefill_runner=args.prefill_runner,
                 extra_env=tuple((k, v) for k, v in (("PD_ACCURACY_FAULT_BLOCK", args.fault_block),
@@ -419,7 +443,9 @@ def dry_run(cells: Sequence[Cell], options: RunOptions, hybrid_models: Sequence[
     from harness.serve.deploy import DeployContext, Placement, plan_baseline, plan_pair
     from harness.serve.launch.models import resolve
     from harness.serve.plugins.faults.spec import FAULT_KINDS as SERVER_FAULTS
+    from harness.serve.plugins.faults.spec import PREFILL_FAULT_KINDS
     from harness.serve.host.ports import PortAllocator
+    from harness.run.group_plan import weather_servers
 
     log_dir = Path(options.results_dir) / "RUN_ID" / "logs"
     with tempfile.TemporaryDirectory() as locks:
@@ -433,7 +459,9 @@ def dry_run(cells: Sequence[Cell], options: RunOptions, hybrid_models: Sequence[
                           hybrid=model.hybrid or cell.model in hybrid_models,
                           load_format=model.load_format,
                           model_kv_cache_bytes=model.kv_cache_bytes)
-            pair = plan_pair(cell, ctx, **served, arm_faults=cell.fault in SERVER_FAULTS)
+            pair = plan_pair(cell, ctx, **served, arm_faults=cell.fault in SERVER_FAULTS,
+                             weather=weather_servers(cell),
+                             arm_prefill=cell.fault in PREFILL_FAULT_KINDS)
             print(f"# {cell.cell_id}  (baseline {cell.baseline_key})")
             for line in plan_baseline(cell, ctx, **served).commands() + pair.commands():
                 print(redact(line))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR
+from harness.core.weathers import DEFAULT_WEATHER, params_token
 
 RUNNERS = ("v1", "v2")
 # MLA (latent KV) models take their own backends on CUDA (vLLM AttentionBackendEnum names)
@@ -24,7 +25,7 @@ BACKENDS = GPU_BACKENDS + CPU_BACKENDS
 DEVICES = ("cpu", "cuda")
 KV_BUFFER_DEVICES = ("cpu", "cuda")
 FAULTS = ("drop-transfer", "foreign-params", "corrupt-block", "swap-blocks", "fail-transfer",
-          "perturb-kv")
+          "perturb-kv", "early-release")
 # "default": what vLLM does unasked (torch.compile; CUDA graphs on GPU); "eager": --enforce-eager
 # (neither). The KV connector, the attention kernels and the block handling are the same code
 # in both; bugs can live in either (a CUDA-graph capture of a 1-token prefill, say).
@@ -82,6 +83,10 @@ class Cell:
     prefill_kv_cache_dtype: str = "auto"    # see KV_CACHE_DTYPES; the prefill server
     decode_kv_cache_dtype: str = "auto"     # see KV_CACHE_DTYPES; the decode and the baseline
     prefill_runner: str | None = None   # the prefill's runner when not `runner` (mixed runners)
+    # harness.core.weathers key: the workload and environment the pair is judged in; in the id
+    # ("w_<name>", then its explicitly set parameters), not the baseline key (it runs calm)
+    weather: str = DEFAULT_WEATHER
+    weather_params: tuple[tuple[str, Any], ...] = ()   # sorted (name, number): the row's params
     extra_args: tuple[str, ...] = ()                 # appended to every server's argv
     extra_env: tuple[tuple[str, str], ...] = ()      # added to every server's env
     fault: str | None = None        # canary fault mode (see FAULTS); None for a real cell
@@ -119,6 +124,8 @@ class Cell:
         if self.kv_connector != DEFAULT_KV_CONNECTOR:
             parts.append("kvc_" + self.kv_connector.replace("-", "_"))
         parts += self._engine_parts()
+        if self.weather != DEFAULT_WEATHER:
+            parts.append("w_" + self.weather.replace("-", "_") + params_token(self.weather_params))
         if self.extra_args or self.plain_env:
             parts.append(self._extras_hash(self.plain_env))
         if self.fault:
@@ -238,6 +245,7 @@ class Cell:
         d = dataclasses.asdict(self)
         d["extra_args"] = list(self.extra_args)
         d["extra_env"] = {k: v for k, v in self.extra_env}
+        d["weather_params"] = {k: v for k, v in self.weather_params}
         d["id"] = self.cell_id
         return d
 
@@ -251,7 +259,20 @@ class Cell:
             env = kwargs["extra_env"]
             items = env.items() if isinstance(env, Mapping) else env
             kwargs["extra_env"] = tuple(sorted((str(k), str(v)) for k, v in items))
+        if "weather_params" in kwargs:
+            kwargs["weather_params"] = weather_items(kwargs["weather_params"])
         return cls(**kwargs)
+
+    @property
+    def weather_settings(self) -> dict[str, Any]:
+        """The weather's explicitly set parameters as a mapping."""
+        return dict(self.weather_params)
 
     def replace(self, **changes: Any) -> "Cell":
         return dataclasses.replace(self, **changes)
+
+
+def weather_items(params: Mapping[str, Any] | Any) -> tuple[tuple[str, Any], ...]:
+    """Weather parameters as Cell.weather_params holds them: sorted (name, value) pairs."""
+    items = params.items() if isinstance(params, Mapping) else params
+    return tuple(sorted((str(k), v) for k, v in items))

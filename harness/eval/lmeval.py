@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextvars
 import copy
-import hashlib
 import json
 import logging
 import os
@@ -21,6 +20,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
+
+from harness.core.prompts import prompt_hash
 
 TASKS_DIR = Path(__file__).parent / "tasks"
 DATA_DIR_TOKEN = "@DATA_DIR@"
@@ -44,10 +45,6 @@ class RequestsFailed(RuntimeError):
         kinds = ", ".join(f"{kind} x{count}" for kind, count in counts)
         super().__init__(f"requests failed on {len(self.failures)} of {questions} questions: "
                          f"{kinds}")
-
-
-def prompt_hash(prompt: str) -> str:
-    return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:16]
 
 
 def default_gsm8k_dir() -> Path | None:
@@ -107,6 +104,9 @@ class QuestionRecord:
     correct_flexible: bool
     finish_reason: str | None = None
     logprobs: dict | None = None     # OpenAI completions `logprobs` object of the generation
+    # the failure the request answered with (HTTP status, finish_reason "error"), kept only by
+    # an evaluation under weather (keep_failures); None: answered
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -209,6 +209,7 @@ def _capturing_lm_class():
             super().__init__(*args, **kwargs)
             self.captured: dict[str, dict] = {}
             self.request_failures: list[str] = []
+            self.failed_prompts: dict[str, str] = {}   # prompt hash -> its failure
 
         async def amodel_call(self, session, sem, messages, *, generate=True, **kwargs):
             # lm-eval ends the evaluation at the first HTTP error while the other requests still
@@ -221,9 +222,11 @@ def _capturing_lm_class():
             except aiohttp.ClientResponseError as exc:
                 if not generate:
                     raise
-                size = len(messages) if isinstance(messages, (list, tuple)) else 1
-                self.request_failures += [f"HTTP {exc.status} {exc.message}"] * size
-                return [""] * size
+                prompts = list(messages) if isinstance(messages, (list, tuple)) else [messages]
+                self.request_failures += [f"HTTP {exc.status} {exc.message}"] * len(prompts)
+                self.failed_prompts.update({prompt_hash(p): f"HTTP {exc.status} {exc.message}"
+                                            for p in prompts if isinstance(p, str)})
+                return [""] * len(prompts)
 
         def _create_payload(self, messages, generate=False, gen_kwargs=None, seed=1234,
                             eos=None, **kwargs):
@@ -267,11 +270,13 @@ def evaluate_endpoint(
     work_dir: Path | None = None,
     sample_indices: list[int] | None = None,
     headers: Mapping[str, str] | None = None,
+    keep_failures: bool = False,
 ) -> EvalRun:
     """Run lm-eval against `base_url` (an OpenAI server or the P/D proxy) and return the EvalRun.
     `headers` (e.g. an external deployment's Authorization) go with every request, and nothing
     else does: no Authorization without them, whatever $OPENAI_API_KEY holds. They are never
-    logged or kept in the EvalRun."""
+    logged or kept in the EvalRun. `keep_failures` (under weather): a failed request does not
+    raise; its question carries the failure (QuestionRecord.error) and counts as not correct."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
@@ -313,13 +318,25 @@ def evaluate_endpoint(
     samples = results["samples"][task]
     questions = _questions_from_samples(samples, lm.captured)
     n = len(questions)
-    if lm.request_failures:
+    if keep_failures:
+        questions = [_with_failure(q, lm.failed_prompts) for q in questions]
+    elif lm.request_failures:
         raise RequestsFailed(lm.request_failures, n)
     acc = sum(q.correct for q in questions) / n if n else 0.0
     acc_flex = sum(q.correct_flexible for q in questions) / n if n else 0.0
     return EvalRun(role=role, base_url=base_url, task=task, n=n, accuracy=acc,
                    accuracy_flexible=acc_flex, wall_s=time.monotonic() - started,
                    questions=tuple(questions))
+
+
+def _with_failure(q: QuestionRecord, failed_prompts: Mapping[str, str]) -> QuestionRecord:
+    """`q` with the failure its request answered with, if any (an error answer is not correct)."""
+    error = failed_prompts.get(q.prompt_hash)
+    if error is None and q.finish_reason == "error":
+        error = 'finish_reason "error"'
+    if error is None:
+        return q
+    return replace(q, error=error, correct=False, correct_flexible=False)
 
 
 def _questions_from_samples(samples: list[dict], captured: dict[str, dict]) -> list[QuestionRecord]:

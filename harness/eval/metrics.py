@@ -117,6 +117,23 @@ def scrape_pair(urls_by_role: Mapping[str, Sequence[str]], connector: KvConnecto
     return total
 
 
+def parse_samples(text: str) -> dict[str, float]:
+    """Every sample of a /metrics page summed over its label sets, by sample name (what a weather
+    reads beyond the transfer counters: vllm:num_preemptions_total, vllm:kv_cache_usage_perc ...)."""
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return totals
+
+
+def scrape_samples(base_url: str, timeout_s: float = 10.0) -> dict[str, float]:
+    """`parse_samples` of one server's /metrics page."""
+    resp = exact_headers.get(f"{base_url.rstrip('/')}/metrics", timeout=timeout_s)
+    resp.raise_for_status()
+    return parse_samples(resp.text)
+
+
 def legacy_counter_names(data: Mapping[str, object]) -> dict[str, object]:
     """`data` (a record's transfer dict) with counter names of schema 1 renamed."""
     return {LEGACY_COUNTER_NAMES.get(k, k): v for k, v in data.items()}

@@ -27,6 +27,11 @@ CANARY_REASONS = {
     "fail-transfer": (r"transfer proof failed \[no-failed-transfers\]|P/D evaluation failed: "
                       r"RequestsFailed: requests failed on \d+ of \d+ questions: "
                       r".*(HTTP 500|finish_reason \"error\")"),
+    # the prefill frees a request's blocks a fraction of a second after its prefill: only a
+    # read that comes late (weather: load) finds them recycled: a 200 whose KV is not its
+    # prefill's, named per request (or, loudly, a failure no weather event explains)
+    "early-release": (r"silent wrong answers under weather|"
+                      r"P/D failed under weather beyond what was injected"),
 }
 
 

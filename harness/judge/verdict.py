@@ -31,6 +31,7 @@ from harness.judge.compare import Comparison
 from harness.judge.kv_digest_check import describe as describe_digest
 from harness.judge.sequential import SequentialPlan, evaluate_look
 from harness.judge.stats import below_reference
+from harness.judge.weather import WeatherJudgement, weather_checks
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,19 @@ CHECKS: tuple[CheckRow, ...] = (
     CheckRow("baseline-health", "baseline", "one-sided binomial test of the baseline's accuracy "
              "against the model card's, minus the tolerance", "the baseline itself is broken "
              "here: {detail}", ERROR),
+    # a cell judged under weather (harness.judge.weather): per request, before the aggregates
+    CheckRow("weather-happened", "weather", "the weather's own conditions that it blew (blocks "
+             "recycled, preemptions counted, events injected)", "the weather did not happen, "
+             "nothing is said about P/D under it: {detail}", ERROR),
+    CheckRow("silent-wrong-answers", "weather", "every HTTP 200's prompt KV equals its "
+             "prefill's, per request (digest)", "silent wrong answers under weather: {detail}"),
+    CheckRow("failures-accounted", "weather", "every failure loud and after an event the "
+             "weather injected into that request; at most the weather's budget",
+             "P/D failed under weather beyond what was injected: {detail}"),
+    CheckRow("weather-holds", "weather", "what the weather says must hold under it (counts "
+             "matching its events)", "under weather [{name}]: {detail}"),
+    CheckRow("servers-healthy", "weather", "every P/D server alive and answering /health "
+             "afterwards", "a P/D server is not healthy after the weather: {detail}"),
     CheckRow("proxy-saw-every-question", "transfer", "proxy records >= questions asked",
              "transfer proof failed [{name}]: {detail}"),
     CheckRow("prefill-returned-params", "transfer", "every prefill answer carried "
@@ -348,7 +362,8 @@ def random_weights_verdict(cmp: Comparison, checks: list[Check], path: list[str]
 def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | None = None,
            reference: ReferenceAccuracy | None = None, previous_n: int | None = None,
            not_available: Mapping[str, str] | None = None,
-           random_weights: bool = False) -> Verdict:
+           random_weights: bool = False,
+           weather: WeatherJudgement | None = None) -> Verdict:
     """The verdict at this look (cmp holds every question so far; `previous_n`: the questions
     of the look before, when it was not made at its planned stage). CONTINUE: ask more.
     `not_available`: transfer check name -> the line saying why this deployment cannot support
@@ -358,8 +373,12 @@ def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | N
     first failing one in the table's order decides, with its row's status and reason. The
     baseline's health decides alone: a broken baseline says nothing about P/D. `random_weights`:
     the model has no trained weights, so the transfer checks and the digest decide alone at the
-    first look (random_weights_verdict)."""
+    first look (random_weights_verdict). `weather`: the per-request judgement of a cell under
+    weather (its checks come first; `cmp` then holds the answered questions only)."""
     skipped = dict(not_available or {})
+    if weather is not None:
+        skipped.update({name: f"{name}: accounted per request by the weather ({why})"
+                        for name, why in weather.accounted_checks.items()})
     na = tuple(skipped.values())
     checks: list[Check] = []
     path: list[str] = []
@@ -370,14 +389,18 @@ def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | N
             return Verdict(ERROR, check_row(checks[0].name).reason(checks[0].detail),
                            tuple(checks), expected_failure, tuple(path), not_available=na)
 
+    if weather is not None:
+        checks += [Check(name, passed, detail) for name, passed, detail in weather_checks(weather)]
+        path.append("weather")
     tchecks = transfer_checks(cmp)
-    unknown = set(skipped) - {c.name for c in tchecks}
+    unknown = set(skipped) - {c.name for c in tchecks} - {"kv-digest"}
     if unknown:
         raise ValueError(f"not_available names no transfer check: {sorted(unknown)}")
     checks += [c for c in tchecks if c.name not in skipped]
     path.append("transfer")
     digest = None
-    if cmp.transfer.kv_digest is not None:   # before accuracy: a wrong byte is a FAIL anyway
+    # before accuracy: a wrong byte is a FAIL anyway (a weather may judge it per request)
+    if cmp.transfer.kv_digest is not None and "kv-digest" not in skipped:
         digest = Check("kv-digest", *describe_digest(cmp.transfer.kv_digest))
         checks.append(digest)
         path.append("kv-digest")
@@ -394,7 +417,7 @@ def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | N
         row = check_row(first.name)
         return Verdict(row.status, failure_reason(first, cmp, digest), tuple(checks),
                        expected_failure, tuple(path), not_available=na,
-                       look=None if row.stage == "transfer" else look.to_dict())
+                       look=None if row.stage in ("transfer", "weather") else look.to_dict())
     # nothing failed: the accuracy gate decides (the MDE stays in the record for reading)
     found = (f"{accuracy_detail(cmp)}; {cmp.generations_differing}/{cmp.n} generations differ; "
              f"{cmp.transfer.counters.prompt_tokens_external:.0f} prompt tokens arrived through "

@@ -8,12 +8,13 @@ against the schema, so they only convert:
 - pair axes (block_size, tp, instances, kv_cache_dtype) set a prefill and a decode field:
   ``128`` | ``[16, 64, [64, 128]]`` | ``{prefill: [..], decode: [..]}`` (also as a list item),
   and likewise ``fp8`` | ``[auto, fp8, [auto, fp8]]`` for the KV cache dtype;
-- list axes (extra_args, extra_env) hold one variant or a list of variants.
+- list axes (extra_args, extra_env, weather_params) hold one variant or a list of variants.
 """
 from __future__ import annotations
 
 from typing import Any, Mapping
 
+from harness.core.cell import weather_items
 from harness.matrix.schema import SCHEMA
 
 AXES: tuple[str, ...] = tuple(SCHEMA["$defs"]["axes"]["properties"])
@@ -23,7 +24,7 @@ PAIR_AXES = {  # YAML key -> (prefill field, decode field)
     "instances": ("num_prefill", "num_decode"),
     "kv_cache_dtype": ("prefill_kv_cache_dtype", "decode_kv_cache_dtype"),
 }
-LIST_AXES = ("extra_args", "extra_env")
+LIST_AXES = ("extra_args", "extra_env", "weather_params")
 SCALAR_AXES = tuple(a for a in AXES if a not in PAIR_AXES and a not in LIST_AXES)
 REQUIRED_BLOCK = "required"   # block_size value: the hybrid model's minimum block on that device
 
@@ -63,4 +64,6 @@ def axis_values(key: str, value: Any) -> list[Any]:
         return [tuple(str(a) for a in v) for v in items]
     if key == "extra_env":
         return [env_items(m) for m in (value if isinstance(value, list) else [value])]
+    if key == "weather_params":
+        return [weather_items(m) for m in (value if isinstance(value, list) else [value])]
     return as_list(value)

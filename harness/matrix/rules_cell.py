@@ -7,6 +7,7 @@ from __future__ import annotations
 from harness.core.cell import (BACKENDS, COMPILE_MODES, CPU_BACKENDS, DEVICES, FAULTS, GPU_BACKENDS,
                                KV_BUFFER_DEVICES, NETWORKS, RUNNERS, Cell)
 from harness.core.kv_connectors import KV_CONNECTORS
+from harness.core.weathers import WEATHERS, resolved_params, weather_problem
 from harness.matrix.rule_types import RuleContext, RuleList, blocks
 
 DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float")
@@ -81,6 +82,28 @@ def _kv_connector_driven(cell: Cell, ctx: RuleContext) -> str | None:
     needs = f"; it needs {row.package}" if row.package else ""
     return (f"the harness does not drive kv_connector {cell.kv_connector} ({row.vllm_name}): "
             f"{row.not_driven or 'no module in harness.serve.connectors'}{needs}")
+@rule("known-weather", "invalid")
+def _known_weather(cell: Cell, ctx: RuleContext) -> str | None:
+    """The weather is one of harness.core.weathers, its parameters its own and in their bounds
+    (a share 0-1), and it can blow on the cell's connector and device."""
+    problem = weather_problem(cell.weather, cell.weather_settings)
+    if problem:
+        return problem
+    row = WEATHERS[cell.weather]
+    if cell.kv_connector not in row.connectors:
+        return (f"weather {cell.weather} cannot be produced with kv_connector {cell.kv_connector}; "
+                f"it runs with {', '.join(row.connectors)}")
+    if cell.device in DEVICES and cell.device not in row.devices:
+        return f"weather {cell.weather} runs on {', '.join(row.devices)}, not {cell.device}"
+    params = resolved_params(cell.weather, cell.weather_settings)
+    for name, roles in row.block_params.items():
+        for role in roles:
+            block = cell.prefill_block_size if role == "prefill" else cell.decode_block_size
+            if params[name] * block < cell.max_model_len:
+                return (f"weather {cell.weather}: {name}={params[name]} blocks of {block} "
+                        f"tokens hold {params[name] * block}, less than one request of "
+                        f"max_model_len {cell.max_model_len} on the {role}")
+    return None
 
 
 @rule("known-fault", "invalid")

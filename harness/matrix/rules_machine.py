@@ -11,6 +11,7 @@ from harness.core.kv_connectors import KV_CONNECTORS
 from harness.core.model_config import (AMX_MLA_BLOCK_MULTIPLE, AMX_MLA_DTYPE, CPU_MLA_BLOCK,
                                        cpu_mla_backend, cpu_mla_block_runs)
 from harness.core.platform import PlatformInfo
+from harness.core.weathers import WEATHERS
 from harness.matrix.rule_types import RuleContext, RuleList
 
 RULES = RuleList()
@@ -112,6 +113,27 @@ def _vllm_v2(cell: Cell, ctx: RuleContext) -> str | None:
     return None
 
 
+# the first vLLM whose runner V2 was seen taking ngram drafts is not known: 0.26.0 refused them
+V2_NGRAM_REFUSED_BELOW = (0, 27)
+
+
+@rule("vllm-v2-ngram", "unavailable")
+def _vllm_v2_ngram(cell: Cell, ctx: RuleContext) -> str | None:
+    """The installed vLLM's runner V2 takes ngram speculative decoding (a v2 decode with ngram)."""
+    features = ctx.platform and ctx.platform.vllm
+    if features is None or cell.runner != "v2" or cell.spec_decode != "ngram":
+        return None
+    try:
+        version = tuple(int(p) for p in str(features.version).split(".")[:2])
+    except ValueError:
+        return None
+    if version < V2_NGRAM_REFUSED_BELOW:
+        return (f"the installed vLLM {features.version} refuses runner V2 with ngram drafts at "
+                f"start-up: 'Model Runner V2 does not yet support: ngram/ngram_gpu speculative "
+                f"decoding' (measured with 0.26.0 on the H200)")
+    return None
+
+
 @rule("vllm-backend", "unavailable")
 def _vllm_backend(cell: Cell, ctx: RuleContext) -> str | None:
     """The installed vLLM knows the cell's attention backend and a way to select it."""
@@ -139,4 +161,23 @@ def _vllm_kv_connector(cell: Cell, ctx: RuleContext) -> str | None:
         needs = f"; it needs {row.package}" if row.package else ""
         return (f"{row.vllm_name}'s transport {row.transport} does not import next to vLLM "
                 f"{features.version}{f' ({error})' if error else ''}{needs}")
+    return None
+
+
+@rule("vllm-weather", "unavailable")
+def _vllm_weather(cell: Cell, ctx: RuleContext) -> str | None:
+    """The installed vLLM has the settings the cell's weather drives (the row's min_vllm)."""
+    from packaging.version import InvalidVersion, Version
+
+    features = ctx.platform and ctx.platform.vllm
+    row = WEATHERS.get(cell.weather)
+    if features is None or row is None or row.min_vllm is None:
+        return None
+    try:
+        too_old = Version(features.version.split("+")[0]) < Version(row.min_vllm)
+    except InvalidVersion:
+        return None
+    if too_old:
+        return (f"weather {cell.weather} needs vLLM >= {row.min_vllm}; the installed vLLM is "
+                f"{features.version}")
     return None

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from harness.core.bounded_yaml import BoundedYAMLError, load_bounded
 from harness.core.catalog import BlockSizeProvider, ModelCatalog, ModelInfo
-from harness.core.cell import Cell
+from harness.core.cell import Cell, weather_items
 from harness.core.model_config import facts_from_config, find_config, read_config
 from harness.matrix.axes import PAIR_AXES, as_list, env_items, pairs
 from harness.matrix.errors import MatrixError, UnknownProfileError
@@ -44,7 +44,7 @@ class Selector:
 
     Keys: every axis name, the Cell's own field names, `id` (glob on cell_id), and model facts
     `kind`/`family`/`ssm`. `extra_args` matches when the cell has all the given args; `extra_env`
-    when the cell's env contains the given mapping.
+    (`weather_params`) when the cell's env (weather parameters) contains the given mapping.
     """
 
     criteria: tuple[tuple[str, Any], ...]
@@ -58,6 +58,8 @@ class Selector:
                 value = tuple(pairs(value))
             elif key == "extra_env":
                 value = env_items(value)
+            elif key == "weather_params":
+                value = weather_items(value)
             elif key == "extra_args":
                 value = tuple(str(v) for v in as_list(value))
             else:
@@ -76,6 +78,9 @@ class Selector:
                     return False
             elif key == "extra_env":
                 if not set(wanted) <= set(cell.extra_env):
+                    return False
+            elif key == "weather_params":
+                if not set(wanted) <= set(cell.weather_params):
                     return False
             else:
                 facts = {"id": cell.cell_id, "kind": model.kind, "family": model.family, "ssm": model.ssm}

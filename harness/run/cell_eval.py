@@ -32,6 +32,9 @@ from harness.serve.launch.server_spec import draft_model_path
 from harness.serve.plugins.faults.spec import request_tag_for
 from harness.serve.supervision.process import most_decisive_line
 from harness.serve.proxy.hops import PROXY_FAULTS
+from harness.core.weathers import DEFAULT_WEATHER
+from harness.judge.weather import WeatherJudgement
+from harness.run.weather_eval import WeatherWitness, answered_only, weather_plan
 
 Progress = Callable[[str], None]
 
@@ -85,7 +88,8 @@ def looks_worth_asking_ahead(cell: Cell, next_stages: Sequence[int]) -> Sequence
     """The later looks a cell may be asked while the A/A re-run runs: only a cell expected to
     pass needs them; a canary or an expected failure is decided at its first look, and asked
     ahead it would answer questions it is never judged on (docs/startup.md)."""
-    return next_stages if cell.fault is None and cell.expected_failure is None else ()
+    return (next_stages if cell.fault is None and cell.expected_failure is None
+            and cell.weather == DEFAULT_WEATHER else ())
 
 
 def noise_floor_for_look(progress: Progress, rnd: BaselineRound, ask_pd: Callable[[int], None],
@@ -129,9 +133,12 @@ class TransferWitness:
         self.before, self.link_before = pair_counters(self.pair), link_start(self.pair)
         return self
 
-    def proof(self) -> TransferProof:
+    def proof(self, records: list[dict] | None = None) -> TransferProof:
+        """The proof over the proxy's records so far (or `records`: a weather cell's answered)."""
         assert self.before is not None, "start() first"
-        return transfer_proof(read_proxy_records(str(self.records_path)),
+        if records is None:
+            records = read_proxy_records(str(self.records_path))
+        return transfer_proof(records,
                               pair_counters(self.pair).delta(self.before), self.hybrid,
                               self.decode_logs, self.geometry,
                               link_evidence(self.pair, self.link_before), self.digests)
@@ -146,6 +153,7 @@ class Decided:
     comparison: Comparison
     verdict: Verdict
     looks: list[dict]
+    weather: WeatherJudgement | None = None
 
 
 @dataclass(frozen=True)
@@ -169,12 +177,21 @@ class CellEvaluator:
         plan, policy = round_policy(self.policy, rnd.order)
         baseline_asked_s = rnd.staged.wall_s
         witness = TransferWitness(pair, records_path, group.hybrid)
+        weather = (None if cell.weather == DEFAULT_WEATHER else
+                   WeatherWitness(cell, pair, records_path, witness.digests))
+        if weather is not None:
+            plan = weather_plan(plan, weather.workload.min_questions)
+            policy = replace(policy, stages=plan.stages)
         started = time.monotonic()
         try:
-            with self._proxy(cell, pair, rnd, records_path) as proxy:
+            with self._proxy(cell, pair, rnd, records_path,
+                             weather.workload.request_tag if weather is not None else None) as proxy:
                 artifacts["logs"]["proxy"] = str(proxy.process.log_path)
                 witness.start()
-                decided = self._looks(cell, proxy.endpoint(), rnd, group, witness, plan, policy)
+                if weather is not None:
+                    weather.start(proxy.base_url)
+                decided = self._looks(cell, proxy.endpoint(), rnd, group, witness, plan, policy,
+                                      weather)
         except BaselineFailed as exc:   # the baseline's A/A re-run: environmental, as at its start
             verdict = error(str(exc), cell.expected_failure)
         except Exception as exc:  # noqa: BLE001 - the baseline worked, so a P/D failure is FAIL
@@ -186,23 +203,28 @@ class CellEvaluator:
                                     timings={**timings, "pd_eval_s": time.monotonic() - started})
 
     def _proxy(self, cell: Cell, pair: Deployment, rnd: BaselineRound,
-               records_path: Path) -> ProxyDeployment:
+               records_path: Path, weather_tag: str | None = None) -> ProxyDeployment:
         """The cell's own proxy in front of `pair`. Every evaluation on a shared pair gets its
         own prefix-cache space; a server-side canary's requests name their fault for the
-        decode's plugin (no other request is touched)."""
+        decode's plugin (no other request is touched); else a weather's tag (`weather_tag`,
+        Workload.request_tag) names the requests its server-side plugin acts on."""
         port = self.deploy.allocator.reserve(1, owner=f"proxy:{cell.cell_id}")[0]
         return ProxyDeployment(pair, port=port, log_dir=self.deploy.log_dir,
                                fault=cell.fault if cell.fault in PROXY_FAULTS else None,
                                records_path=records_path, allocator=self.deploy.allocator,
-                               request_tag=request_tag_for(cell.fault, cell.fault_env),
+                               request_tag=(request_tag_for(cell.fault, cell.fault_env)
+                                            or weather_tag or ""),
                                cache_salt=evaluation_salt(rnd.run_id, cell.cell_id),
                                kv_connector=cell.kv_connector)
 
     def _looks(self, cell: Cell, endpoint: Endpoint, rnd: BaselineRound, group: GroupPlan,
-               witness: TransferWitness, plan: SequentialPlan, policy: Policy) -> Decided:
+               witness: TransferWitness, plan: SequentialPlan, policy: Policy,
+               weather: WeatherWitness | None = None) -> Decided:
         """Look after look until the judge decides (or the plan's last look)."""
+        in_flight = weather.workload.in_flight if weather is not None else None
         pd = StagedRun(lambda docs, n: self.ask(endpoint, "pd", group.task, group.data_dir,
-                                                sample=docs, limit=n), rnd.order)
+                                                sample=docs, limit=n, concurrency=in_flight,
+                                                keep_failures=weather is not None), rnd.order)
         proofs: dict[int, TransferProof] = {}   # a look's proof, taken when its P/D answers were in
 
         def ask_ahead(n: int) -> None:
@@ -212,23 +234,31 @@ class CellEvaluator:
 
         previous_n = None
         looks: list[dict] = []
+        judgement = None
         random = group.load_format == "dummy"
         for i, n in enumerate(plan.stages):
             self.progress(f"evaluating P/D {cell.cell_id} ({n} questions)")
             pd_run, base_run = both_up_to(pd, rnd.staged, n)
-            proof = proofs.pop(n) if n in proofs else witness.proof()
+            if weather is not None:   # judged per request; the aggregates on the 200s only
+                asked = pd_run     # its samples keep the failed questions too
+                judgement = weather.judge(pd_run, base_run)
+                proof = witness.proof(weather.answered_records(pd_run))
+                answered = {q.doc_id for q in pd_run.questions if q.error is None}
+                pd_run, base_run = answered_only(pd_run, answered), answered_only(base_run, answered)
+            else:
+                proof = proofs.pop(n) if n in proofs else witness.proof()
             # a random-weight cell is decided at its first look: no questions asked ahead
             ahead = () if random else looks_worth_asking_ahead(cell, plan.stages[i + 1:])
             aa = noise_floor_for_look(self.progress, rnd, ask_ahead, ahead)
             cmp = compare(base_run, pd_run, proof, baseline_aa=aa, alpha=self.policy.alpha)
             verdict = decide(cmp, policy, cell.expected_failure, reference=group.reference,
-                             previous_n=previous_n, random_weights=random)
+                             previous_n=previous_n, random_weights=random, weather=judgement)
             if verdict.look is not None:
                 looks.append(verdict.look)
             if verdict.status != CONTINUE:
                 break
             previous_n = cmp.n
-        return Decided(pd, pd_run, cmp, verdict, looks)
+        return Decided(pd, pd_run if weather is None else asked, cmp, verdict, looks, judgement)
 
     def _record_decided(self, cell: Cell, rnd: BaselineRound, decided: Decided,
                         plan: SequentialPlan, timings: dict, artifacts: dict,
@@ -241,6 +271,8 @@ class CellEvaluator:
         metrics = {**cmp.metrics_dict(),
                    "sequential": {"plan": plan.to_dict(), "looks": decided.looks,
                                   "questions": cmp.n}}
+        if decided.weather is not None:   # every request's row: status, digest, answer, events
+            metrics["weather"] = decided.weather.to_dict()
         if rnd.aa is not None:   # asked while the pair started and answered: not added to total_s
             timings = {**timings, "baseline_aa_s": rnd.aa.wall_s}
         timings = {**timings, "pd_eval_s": pd_s, "baseline_more_questions_s": baseline_more_s,

@@ -16,6 +16,15 @@ from harness.judge.verdict import ReferenceAccuracy
 from harness.serve.deploy import DeployContext, Deployment, pair_key, plan_baseline, plan_pair
 from harness.serve.launch.models import reference_accuracy, resolve
 from harness.serve.launch.server_spec import SERVER_FAULTS
+from harness.serve.plugins.faults.spec import PREFILL_FAULT_KINDS
+from harness.core.weathers import ServerChanges, resolved_params
+from harness.run.weather import weather_for
+
+
+def weather_servers(cell: Cell) -> dict[str, ServerChanges]:
+    """role -> what `cell`'s weather changes in its P/D servers (nothing when calm)."""
+    return weather_for(cell.weather).servers(cell, resolved_params(cell.weather,
+                                                                   cell.weather_settings))
 
 
 @dataclass(frozen=True)
@@ -79,4 +88,6 @@ class GroupPlanner:
         arm = any(c.fault in SERVER_FAULTS for c in cells) if arm_faults is None else arm_faults
         return plan_pair(cells[0], self.deploy, model_path=group.model_path, hybrid=group.hybrid,
                          arm_faults=arm, load_format=group.load_format,
-                         model_kv_cache_bytes=group.kv_cache_bytes)
+                         model_kv_cache_bytes=group.kv_cache_bytes,
+                         weather=weather_servers(cells[0]),
+                         arm_prefill=arm and any(c.fault in PREFILL_FAULT_KINDS for c in cells))

@@ -126,36 +126,84 @@ def _proxy_uuid(request_id: str) -> str | None:
     return found[-1] if found else None
 
 
+def _index(prefill_files: Iterable[str], decode_files: Iterable[str]
+           ) -> tuple[dict[str, list[dict]], dict[str, list[dict]], dict[str, list[dict]]]:
+    """The digest lines of both sides: the prefill's by vLLM request id and by the proxy's id
+    (the uuid inside vLLM's), the decode's by the proxy's id."""
+    by_prefill_id: dict[str, list[dict]] = {}
+    by_prefill_uuid: dict[str, list[dict]] = {}
+    for line in read_digest_lines(prefill_files):
+        if line.get("side") == "prefill":
+            by_prefill_id.setdefault(line["request_id"], []).append(line)
+            by_prefill_uuid.setdefault(_proxy_uuid(line["request_id"]) or "", []).append(line)
+    by_uuid: dict[str, list[dict]] = {}
+    for line in read_digest_lines(decode_files):
+        key = _proxy_uuid(line.get("request_id", "")) if line.get("side") == "decode" else None
+        if key:
+            by_uuid.setdefault(key, []).append(line)
+    return by_prefill_id, by_prefill_uuid, by_uuid
+
+
+def _sides(record: dict, index: tuple[dict[str, list[dict]], dict[str, list[dict]],
+                                     dict[str, list[dict]]]) -> tuple[dict | None, dict | None]:
+    """(prefill side, decode side) of one proxy record's request; None where it has no line."""
+    by_prefill_id, by_prefill_uuid, by_uuid = index
+    received = record.get("received_kv_transfer_params") or {}
+    ours = by_prefill_id.get(received.get("remote_request_id"))
+    handle = record.get("kv_transfer_handle") or {}
+    if ours is None and handle:
+        # a connector whose prefill answers nothing (Mooncake): the prefill the proxy's
+        # handle names, by the proxy id in its transfer id
+        ours = by_prefill_uuid.get(_proxy_uuid(str(handle.get("transfer_id", ""))) or "-")
+    theirs = by_uuid.get(_proxy_uuid(record.get("request_id", "")) or "")
+    return tuple(side_of(lines) if lines else None for lines in (ours, theirs))  # type: ignore[return-value]
+
+
+def request_digests(records: list[dict], prefill_files: Iterable[str],
+                    decode_files: Iterable[str], decode_block_size: int
+                    ) -> dict[str, tuple[str, str]]:
+    """Per request (the proxy's id): ("identical" | "differs" | "missing" | "not-digested",
+    the detail), for the verdict under weather (harness.judge.weather)."""
+    index = _index(prefill_files, decode_files)
+    out: dict[str, tuple[str, str]] = {}
+    for record in records:
+        ours, theirs = _sides(record, index)
+        rid = str(record.get("request_id"))
+        if ours is None or theirs is None:
+            missing = " and ".join(side for side, got in (("prefill", ours), ("decode", theirs))
+                                   if got is None)
+            out[rid] = ("missing", f"no {missing} digest")
+            continue
+        if not ours["digests"] or not theirs["digests"]:
+            out[rid] = ("not-digested", ours["error"] or theirs["error"] or "no layer digested")
+            continue
+        mismatch = compare_digests(ours["digests"], theirs["digests"], received_only=True)
+        offset = int(theirs.get("token_offset") or 0)
+        covered = offset + int(theirs.get("num_tokens") or 0)
+        if mismatch is None and covered != int(ours.get("num_tokens") or 0):
+            out[rid] = ("differs", f"the decode holds tokens {offset}-{covered} of the "
+                                   f"prefill's {ours.get('num_tokens')}")
+        elif mismatch is None:
+            out[rid] = ("identical", "")
+        else:
+            start = mismatch.token_range[0] if mismatch.token_range else None
+            block = "" if start is None else f", decode block {start // decode_block_size}"
+            out[rid] = ("differs", f"first at {mismatch.layer} {mismatch.kv} head {mismatch.head} "
+                                   f"tokens {list(mismatch.token_range or [])}{block}")
+    return out
+
+
 def digest_evidence(records: list[dict], prefill_files: Iterable[str],
                     decode_files: Iterable[str], decode_block_size: int) -> dict:
     """The kv-digest summary of one evaluation (TransferProof.kv_digest)."""
-    prefill_lines = [l for l in read_digest_lines(prefill_files) if l.get("side") == "prefill"]
-    decode_lines = [l for l in read_digest_lines(decode_files) if l.get("side") == "decode"]
-    by_prefill_id: dict[str, list[dict]] = {}
-    by_prefill_uuid: dict[str, list[dict]] = {}
-    for line in prefill_lines:
-        by_prefill_id.setdefault(line["request_id"], []).append(line)
-        by_prefill_uuid.setdefault(_proxy_uuid(line["request_id"]) or "", []).append(line)
-    by_uuid: dict[str, list[dict]] = {}
-    for line in decode_lines:
-        key = _proxy_uuid(line.get("request_id", ""))
-        if key:
-            by_uuid.setdefault(key, []).append(line)
+    index = _index(prefill_files, decode_files)
     counts: Counter = Counter()
     skipped: Counter = Counter()
     first: dict | None = None
     cost = {"prefill_s": 0.0, "decode_s": 0.0}
     for record in records:
         counts["requests"] += 1
-        received = record.get("received_kv_transfer_params") or {}
-        ours = by_prefill_id.get(received.get("remote_request_id"))
-        handle = record.get("kv_transfer_handle") or {}
-        if ours is None and handle:
-            # a connector whose prefill answers nothing (Mooncake): the prefill the proxy's
-            # handle names, by the proxy id in its transfer id
-            ours = by_prefill_uuid.get(_proxy_uuid(str(handle.get("transfer_id", ""))) or "-")
-        theirs = by_uuid.get(_proxy_uuid(record.get("request_id", "")) or "")
-        ours, theirs = (side_of(lines) if lines else None for lines in (ours, theirs))
+        ours, theirs = _sides(record, index)
         if ours is None:
             counts["missing_prefill"] += 1
         if theirs is None:
@@ -205,4 +253,4 @@ def digest_evidence(records: list[dict], prefill_files: Iterable[str],
             "cost_s": {k: round(v, 4) for k, v in cost.items()}}
 
 
-__all__ = ["digest_evidence", "read_digest_lines"]
+__all__ = ["digest_evidence", "read_digest_lines", "request_digests"]

@@ -78,15 +78,16 @@ class EndpointAsker:
 
     def __call__(self, endpoint: Endpoint, role: str, task: str, data_dir: str | None,
                  concurrency: int | None = None, sample: list[int] | None = None,
-                 limit: int | None = None) -> EvalRun:
-        """The documents `sample`, or the first `limit` (default the first look's)."""
+                 limit: int | None = None, keep_failures: bool = False) -> EvalRun:
+        """The documents `sample`, or the first `limit` (default the first look's);
+        `keep_failures`: failed requests are kept per question, not raised (under weather)."""
         o = self.options
         return evaluate_endpoint(sample_indices=sample,
             role=role, base_url=endpoint.base_url, served_model_name=endpoint.served_model_name,
             task=task, data_dir=data_dir, limit=limit or o.limit, num_fewshot=o.num_fewshot,
             seed=o.seed, concurrency=concurrency or o.concurrency,
             top_logprobs=o.top_logprobs, max_gen_toks=o.max_gen_toks,
-            timeout_s=o.request_timeout_s, work_dir=None)
+            timeout_s=o.request_timeout_s, work_dir=None, keep_failures=keep_failures)
 
 
 @dataclass(frozen=True)

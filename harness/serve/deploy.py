@@ -17,10 +17,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from harness.core.cell import Cell
 from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR
+from harness.core.weathers import DEFAULT_WEATHER, ServerChanges, params_token
 from harness.serve.connectors.registry import connector_for
 from harness.serve.net.netns import TopologyLedger, TwoHostTopology
 from harness.serve.launch.placement import Placement
@@ -76,9 +77,12 @@ class Endpoint:
 def plan_server(cell: Cell, role: str, index: int, ctx: DeployContext, *, model_path: str,
                 hybrid: bool, port: int, side_channel_port: int | None,
                 internal_port: int | None = None, arm_faults: bool = False,
-                load_format: str | None = None, model_kv_cache_bytes: int | None = None) -> ServerSpec:
+                load_format: str | None = None, model_kv_cache_bytes: int | None = None,
+                weather: ServerChanges = ServerChanges(), arm_prefill: bool = False) -> ServerSpec:
     """The server of `role` for `cell`. `arm_faults`: a decode server that breaks the KV of the
-    requests whose id names a fault (canaries sharing this pair), and of no other request.
+    requests whose id names a fault (canaries sharing this pair), and of no other request;
+    `arm_prefill`: a prefill server likewise, for prefill-side canaries (early-release).
+    `weather`: what the cell's weather changes in this (P/D) server.
     KV cache: the run's --kv-cache-bytes, else what the model needs (`model_kv_cache_bytes`: a
     real-shape model), else the tiny models' default."""
     block = {"baseline": cell.baseline_block_size, "prefill": cell.prefill_block_size,
@@ -99,7 +103,9 @@ def plan_server(cell: Cell, role: str, index: int, ctx: DeployContext, *, model_
         gpu_memory_utilization=GPU_SHARED_UTILIZATION if on_gpu else None,
         hybrid=hybrid, load_format=load_format,
         extra_args=cell.extra_args, extra_env=cell.extra_env,
-        fault=BY_REQUEST if (role == "decode" and arm_faults) else None,
+        fault=BY_REQUEST if ((role == "decode" and arm_faults)
+                             or (role == "prefill" and arm_prefill)) else None,
+        weather=weather if role != "baseline" else ServerChanges(),
         python=ctx.python, **engine_settings(cell, role),
     )
 
@@ -110,7 +116,7 @@ def pair_key(cell: Cell) -> tuple:
     return (cell.baseline_key, cell.runner, cell.prefill_block_size, cell.decode_block_size,
             cell.prefill_tp, cell.decode_tp, cell.num_prefill, cell.num_decode,
             cell.kv_buffer_device, cell.kv_layout, cell.network, cell.kv_connector,
-            cell.prefill_kv_cache_dtype, cell.prefill_runner)
+            cell.prefill_kv_cache_dtype, cell.prefill_runner, cell.weather, cell.weather_params)
 
 
 def uses_template(server_start: str, spec: ServerSpec) -> bool:
@@ -149,6 +155,7 @@ class Deployment:
         self._starters: list[_SlotStarter] = []
         self._cancel = threading.Event()
         self._processes_lock = threading.Lock()
+        self.restarted: dict[str, int] = {}   # server name -> times started again (restart)
 
     def commands(self) -> list[str]:
         """Each server's launch line as `_process` starts it (its env, `ip netns exec`)."""
@@ -257,6 +264,42 @@ class Deployment:
         if self.allocator and self.reserved_ports:
             self.allocator.release(self.reserved_ports)
             self.reserved_ports = []
+
+    def kill(self, role: str, index: int = 0) -> ManagedProcess:
+        """SIGKILL one server's process group now (the restart weather's crash), reaped;
+        its ports stay this deployment's. Returns the dead process."""
+        spec = self._spec(role, index)
+        with self._processes_lock:
+            process = self.processes[spec.name]
+        process.kill()
+        return process
+
+    def relaunch(self, role: str, index: int = 0) -> ManagedProcess:
+        """Start a killed server again from its own spec (same ports, a new log next to the
+        first) and wait until it answers /health."""
+        spec = self._spec(role, index)
+        with self._processes_lock:
+            if self._cancel.is_set():
+                raise RuntimeError(f"{self.name}: stopped; {spec.name} is not started again")
+            old = self.processes[spec.name]
+            if old.is_running():
+                raise RuntimeError(f"{self.name}: {spec.name} is still running")
+            process = self._process(spec)
+            process.log_path = old.log_path.with_name(
+                f"{old.log_path.stem}.restart{self._restarts(spec.name)}.log")
+            self.processes[spec.name] = process.start()
+        process.wait_healthy(f"{spec.base_url}/health", deadline_s=self.startup_timeout_s)
+        return process
+
+    def _restarts(self, name: str) -> int:
+        self.restarted[name] = self.restarted.get(name, 0) + 1
+        return self.restarted[name]
+
+    def _spec(self, role: str, index: int) -> ServerSpec:
+        found = [s for s in self.specs if s.role == role]
+        if index >= len(found):
+            raise ValueError(f"{self.name}: no {role} server {index}")
+        return found[index]
 
     def __enter__(self) -> "Deployment":
         return self.start()
@@ -395,7 +438,10 @@ def plan_baseline(cell: Cell, ctx: DeployContext, *, model_path: str,
 
 def plan_pair(cell: Cell, ctx: DeployContext, *, model_path: str, hybrid: bool,
               arm_faults: bool = False, load_format: str | None = None,
-              model_kv_cache_bytes: int | None = None) -> Deployment:
+              model_kv_cache_bytes: int | None = None,
+              weather: Mapping[str, ServerChanges] | None = None,
+              arm_prefill: bool = False) -> Deployment:
+    """`cell`'s P/D pair; `weather`: role -> what the cell's weather changes in its servers."""
     specs, reserved = [], []
     allocator = ctx.allocator
     # the topology ledger lives with the port registry (a dry run's: a throwaway one)
@@ -414,13 +460,16 @@ def plan_pair(cell: Cell, ctx: DeployContext, *, model_path: str, hybrid: bool,
                                      port=port, side_channel_port=(side or [None])[0],
                                      internal_port=internal[0], arm_faults=arm_faults,
                                      load_format=load_format,
-                                     model_kv_cache_bytes=model_kv_cache_bytes))
+                                     model_kv_cache_bytes=model_kv_cache_bytes,
+                                     weather=(weather or {}).get(role, ServerChanges()),
+                                     arm_prefill=arm_prefill))
             if topology is not None:
                 specs[-1] = topology.place(specs[-1])
     name = "pair-" + "-".join(str(x) for x in (
         cell.baseline_key, cell.prefill_block_size, cell.decode_block_size, cell.prefill_tp,
         cell.decode_tp, "armed" if arm_faults else "ok", *([topology.tag] if topology else ()),
-        *([cell.kv_connector] if cell.kv_connector != DEFAULT_KV_CONNECTOR else ())))
+        *([cell.kv_connector] if cell.kv_connector != DEFAULT_KV_CONNECTOR else ()),
+        *(["w_" + cell.weather + params_token(cell.weather_params)] if cell.weather != DEFAULT_WEATHER else ())))
     return Deployment(name, specs, log_dir=ctx.log_dir, features=ctx.features,
                       startup_timeout_s=ctx.startup_timeout_s, allocator=allocator,
                       reserved_ports=reserved, start_slots=ctx.start_slots, topology=topology,

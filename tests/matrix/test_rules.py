@@ -179,6 +179,13 @@ CASES = [
     ("kv-connector-moves-kv", cpu_cell(kv_connector="nixl-push"), cpu_cell(kv_connector="decode-bench"), CPU),
     ("kv-connector-driven", cpu_cell(kv_connector="nixl-push"), cpu_cell(kv_connector="example"), CPU),
     ("vllm-kv-connector", gpu_cell(kv_connector="mooncake"), gpu_cell(kv_connector="mooncake"), "mooncake"),
+    ("known-weather", cpu_cell(weather="load"), cpu_cell(weather="storm"), CPU),
+    ("vllm-v2-ngram", gpu_cell(runner="v2", spec_decode="ngram"),
+     gpu_cell(runner="v2", spec_decode="ngram"), "v2-ngram"),
+    ("known-weather", cpu_cell(weather="load", weather_params=(("in_flight", 64),)),
+     cpu_cell(weather="load", weather_params=(("in_flight", 1.5),)), CPU),
+    # "future": a row test_rule_both_sides adds, needing vLLM >= 0.40
+    ("vllm-weather", cpu_cell(weather="future"), cpu_cell(weather="future"), None),
 ]
 
 
@@ -202,6 +209,11 @@ def _platform_for(rule: str, violating: bool, platform: PlatformInfo | None) -> 
         return PlatformInfo(device="cuda", gpu_count=2, vllm=features(kv_transports=(
             () if violating else ("mooncake.engine:TransferEngine",)),
             kv_transport_errors=error if violating else {}))
+    if rule == "vllm-v2-ngram":      # vLLM 0.26.0 refused it on the H200 (s16)
+        return PlatformInfo(device="cuda", gpu_count=2,
+                            vllm=features(version="0.26.0" if violating else "0.32.0"))
+    if rule == "vllm-weather":       # a vLLM older than the weather's min_vllm (set by the test)
+        return PlatformInfo(vllm=features(platform="cpu", version="0.1" if violating else "99.0"))
     if rule == "vllm-kv-connector":   # NIXL does not import
         return PlatformInfo(vllm=features(platform="cpu", kv_transports=(
             () if violating else ("nixl._api:nixl_agent",))))
@@ -210,7 +222,11 @@ def _platform_for(rule: str, violating: bool, platform: PlatformInfo | None) -> 
 
 @pytest.mark.parametrize("rule_name,passing,violating,platform", CASES,
                          ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
-def test_rule_both_sides(rule_name, passing, violating, platform):
+def test_rule_both_sides(rule_name, passing, violating, platform, monkeypatch):
+    from harness.core import weathers
+
+    monkeypatch.setitem(weathers.WEATHERS, "future",
+                        weathers.WeatherRow("harness.run.weather.calm", min_vllm="0.40"))
     ok = check_cell(passing, _platform_for(rule_name, False, platform), CATALOG)
     bad = check_cell(violating, _platform_for(rule_name, True, platform), CATALOG)
     assert rule_name not in [p.rule for p in ok], ok
@@ -302,7 +318,7 @@ def test_rules_are_checked_and_listed_by_subject_in_a_fixed_order():
     assert [name for name, _, _ in describe_rules()] == [
         # the cell alone (rules_cell)
         "known-runner", "known-backend", "known-device", "known-kv-buffer-device", "known-kv-connector",
-        "kv-connector-moves-kv", "kv-connector-driven", "known-fault",
+        "kv-connector-moves-kv", "kv-connector-driven", "known-weather", "known-fault",
         "known-compile", "known-network", "known-dtype", "positive-sizes", "backend-device", "kv-buffer-on-cpu", "v2-runner-not-on-cpu",
         "known-prefill-runner", "mixed-runners-not-on-cpu",
         "cpu-attn-block-multiple-32", "flash-attn-block-multiple-16", "triton-attn-block-multiple-16",
@@ -323,7 +339,7 @@ def test_rules_are_checked_and_listed_by_subject_in_a_fixed_order():
         "backend-head-size", "flashinfer-sliding-window", "mla-backend", "max-model-len",
         # this machine (rules_machine)
         "gpu-count", "netns-host", "kv-cache-fp8-cpu-isa", "cpu-mla-block", "vllm-device", "vllm-v2-runner",
-            "vllm-backend", "vllm-kv-connector",
+            "vllm-v2-ngram", "vllm-backend", "vllm-kv-connector", "vllm-weather",
     ]
 
 

@@ -72,3 +72,39 @@ def test_pd_servers_write_kv_digests_next_to_their_logs_unless_turned_off(tmp_pa
     off = plan_pair(cell, replace(ctx, kv_digest=False), model_path="/m", hybrid=False)
     assert off.digest_files("decode") == []
     assert all(DIGEST_FILE_ENV not in off._process(s).env_overrides for s in off.specs)
+
+
+TOY_SERVER = """
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_one_server_is_killed_and_relaunched_on_its_own_ports(tmp_path, monkeypatch):
+    # the restart weather: one role crashes (SIGKILL to its group) and comes back, the rest stay
+    import sys
+
+    import harness.serve.deploy as deploy
+
+    monkeypatch.setattr(deploy, "build_argv",
+                        lambda spec, features: [sys.executable, "-c", TOY_SERVER, str(spec.port)])
+    _, baseline, pair = _plan(tmp_path, Cell(model="tiny-llama-gsm"))
+    baseline.stop()
+    with pair:
+        decode_before = pair.processes["decode-0"]
+        killed = pair.kill("prefill")
+        assert not killed.is_running() and decode_before.is_running()
+        again = pair.relaunch("prefill")
+        assert again.is_running() and again.pid != killed.pid
+        assert pair.processes["prefill-0"] is again and pair.restarted == {"prefill-0": 1}
+        assert again.log_path.name.endswith(".restart1.log")
+        try:
+            pair.relaunch("decode")
+            raise AssertionError("a running server was started twice")
+        except RuntimeError as error:
+            assert "still running" in str(error)
+    assert not again.is_running() and not decode_before.is_running()

@@ -15,11 +15,12 @@ from typing import Any, Mapping, Sequence
 
 from harness.core.cell import Cell
 from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR
+from harness.core.weathers import ServerChanges
 from harness.serve.connectors.registry import connector_for
 from harness.serve.launch import thread_budget
 from harness.serve.plugins.startup.compile_key import ENV as COMPILE_KEY_ENV
 from harness.serve.plugins.startup.fork_start import ENV as FORK_START_ENV
-from harness.serve.plugins.faults.spec import BY_REQUEST
+from harness.serve.plugins.faults.spec import BY_REQUEST, PREFILL_FAULT_ENV
 from harness.serve.plugins.faults.spec import FAULT_KINDS as SERVER_FAULTS
 
 ROLES = ("baseline", "prefill", "decode")
@@ -114,7 +115,7 @@ class ServerSpec:
     seed: int = 0
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = ()
-    fault: str | None = None                   # server-side fault (decode only)
+    fault: str | None = None                   # server-side fault (decode; by-request: prefill too)
     fault_block: str = "first"
     # engine settings (harness.core.cell; `engine_settings` says which role runs which)
     async_scheduling: str = "default"          # on: --async-scheduling, off: --no-async-scheduling
@@ -124,6 +125,8 @@ class ServerSpec:
     cudagraph_mode: str = "default"            # --compilation-config {"cudagraph_mode": ...}
     kv_layout: str = "default"                 # VLLM_KV_CACHE_LAYOUT (HND | NHD)
     kv_cache_dtype: str = "auto"               # --kv-cache-dtype (fp8, fp8_e4m3, fp8_e5m2)
+    # what the cell's weather changes in this P/D server (harness.core.weathers; none when calm)
+    weather: ServerChanges = ServerChanges()
     python: str = field(default_factory=lambda: sys.executable)
     # where it runs (harness.serve.net.netns): the address it binds and is reached at, the
     # connector's side-channel address, and what runs it (``ip netns exec NS``); by default this host's loopback
@@ -169,9 +172,29 @@ def engine_settings(cell: Cell, role: str) -> dict[str, Any]:
 def kv_transfer_config(spec: ServerSpec, features: Features) -> dict | None:
     if spec.role == "baseline":
         return None
-    return connector_for(spec.kv_connector).kv_transfer_config(
+    config = connector_for(spec.kv_connector).kv_transfer_config(
         spec.role, kv_role=features.kv_role(spec.role), kv_buffer_device=spec.kv_buffer_device,
         kv_layout=spec.kv_layout, side_port=spec.side_channel_port)
+    config.update(dict(spec.weather.kv_transfer))
+    if spec.weather.kv_connector_extra:
+        config["kv_connector_extra_config"] = {**config.get("kv_connector_extra_config", {}),
+                                               **dict(spec.weather.kv_connector_extra)}
+    return config
+
+
+def weather_argv(changes: ServerChanges) -> list[str]:
+    """The vLLM flags of what a weather changes in a server (empty when calm)."""
+    argv: list[str] = []
+    if changes.num_blocks is not None:
+        # vLLM 0.32 CPU sizes its cache from VLLM_CPU_KVCACHE_SPACE (GiB, >= 1) over
+        # --kv-cache-memory-bytes; the block override is applied after either (kv_cache_utils)
+        argv += ["--num-gpu-blocks-override", str(changes.num_blocks)]
+    if changes.prefix_caching is not None:
+        argv.append("--enable-prefix-caching" if changes.prefix_caching
+                    else "--no-enable-prefix-caching")
+    if changes.max_num_seqs is not None:
+        argv += ["--max-num-seqs", str(changes.max_num_seqs)]
+    return argv + list(changes.extra_args)
 
 
 def max_num_seqs_cap(spec: ServerSpec) -> int:
@@ -264,6 +287,7 @@ def build_argv(spec: ServerSpec, features: Features = Features()) -> list[str]:
     ktc = kv_transfer_config(spec, features)
     if ktc is not None:
         argv += ["--kv-transfer-config", json.dumps(ktc, separators=(",", ":"))]
+    argv += weather_argv(spec.weather)
     argv += list(spec.extra_args)
     return argv
 
@@ -372,6 +396,8 @@ def build_env(spec: ServerSpec, features: Features = Features(),
         env["VLLM_SSM_CONV_STATE_LAYOUT"] = "DS"
     if spec.kv_layout != "default":
         env["VLLM_KV_CACHE_LAYOUT"] = spec.kv_layout
+    if spec.fault == BY_REQUEST and spec.role == "prefill":
+        env[PREFILL_FAULT_ENV] = BY_REQUEST     # armed for a prefill-side canary's requests
     if spec.fault == BY_REQUEST and spec.role == "decode":
         env["PD_ACCURACY_FAULT"] = BY_REQUEST   # armed; each canary request names its fault
     elif spec.fault in SERVER_FAULTS and spec.role == "decode":
@@ -379,6 +405,7 @@ def build_env(spec: ServerSpec, features: Features = Features(),
         env["PD_ACCURACY_FAULT_BLOCK"] = spec.fault_block
     else:
         env.pop("PD_ACCURACY_FAULT", None)
+    env.update(dict(spec.weather.extra_env))
     env.update(dict(spec.extra_env))
     return env
 

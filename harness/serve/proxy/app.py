@@ -26,6 +26,7 @@ import aiohttp
 from aiohttp import web
 
 from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR, driven_connectors
+from harness.core.prompts import prompt_hash
 from harness.serve.connectors.base import KvConnector
 from harness.serve.connectors.registry import connector_for
 from harness.serve.proxy.upstream import (
@@ -38,6 +39,7 @@ from harness.serve.proxy.upstream import (
     unreachable,
     upstream_headers,
 )
+from harness.serve.proxy.aborts import ABORT_STATUS, abort_message, abort_phase
 from harness.serve.proxy.hops import (
     PROXY_FAULTS,
     build_decode_body,
@@ -77,6 +79,10 @@ class ProxyState:
     prefill_sides: dict[str, str] = field(default_factory=dict)
     records: list[dict[str, Any]] = field(default_factory=list)
     session: aiohttp.ClientSession | None = None
+    # cleared while a server restarts (the restart weather, POST /pd/hold): new requests wait,
+    # as behind a router that drains a restarting server, instead of meeting a closed port
+    admitting: asyncio.Event | None = None
+    aborts_dealt: int = 0              # requests the aborts weather cancelled (deals phases)
     # kv_transfer_params of the most recent prefill answer; the foreign-params fault hands them
     # to the next request's decode hop.
     last_received_kv_transfer_params: dict[str, Any] | None = None
@@ -124,11 +130,16 @@ async def _handle_completion(request: web.Request) -> web.StreamResponse:
     if not isinstance(original_body, dict):
         return web.json_response({"error": {"message": "request body must be a JSON object"}}, status=400)
 
+    if state.admitting is not None:
+        await state.admitting.wait()
     original_body = with_cache_salt(original_body, state.cache_salt)
     request_id = new_request_id(tag_for(state.request_tag, original_body))
     headers = upstream_headers(request, request_id, state.forward_authorization)
     record = new_record(request_id, endpoint, state.next_prefill_url(), state.next_decode_url(),
                         state.fault, state.connector.value)
+    prompt = original_body.get("prompt")
+    # the client's question (harness.eval.lmeval) joins its request through this under weather
+    record["prompt_hash"] = prompt_hash(prompt) if isinstance(prompt, str) else None
     try:
         return await _two_hops(request, state, original_body, headers, record)
     except UpstreamUnreachable as exc:
@@ -208,6 +219,10 @@ async def _two_hops(
 ) -> web.StreamResponse:
     assert state.session is not None
     request_id = record["request_id"]
+    phase = abort_phase(request_id, state.aborts_dealt)
+    if phase is not None:
+        state.aborts_dealt += 1
+        return await _aborted_hops(state, original_body, headers, record, phase)
     ended = await _prefill_hop(state, original_body, headers, record)
     if ended is not None:
         return ended
@@ -248,6 +263,54 @@ async def _two_hops(
         record["decode_ms"] = elapsed_ms(decode_start)
 
 
+async def _dropped_stream(state: ProxyState, url: str, body: dict[str, Any],
+                          headers: dict[str, str], record: dict[str, Any], hop: str,
+                          after_first_token: bool) -> None:
+    """Send ``body`` streamed to ``url`` and drop the connection (vLLM aborts the request) once
+    the server took it (its headers came) or, ``after_first_token``, once a token came."""
+    assert state.session is not None
+    async with await post(state.session, url, record, hop, json={**body, "stream": True},
+                          headers=headers) as response:
+        record[f"{hop}_status"] = response.status
+        if after_first_token and response.status == 200:
+            async for line in response.content:
+                if line.startswith(b"data:") and b'"text"' in line:
+                    record["abort_tokens_seen"] = True
+                    break
+        response.close()      # unread: the connection closes, not back to the pool
+
+
+async def _aborted_hops(state: ProxyState, original_body: dict[str, Any],
+                        headers: dict[str, str], record: dict[str, Any],
+                        phase: str) -> web.Response:
+    """The aborts weather (harness.serve.proxy.aborts): the request's hops up to ``phase``,
+    then the connection dropped; the client gets ABORT_STATUS naming the phase."""
+    record["abort_phase"] = phase
+    start = time.perf_counter()
+    try:
+        if phase == "queued":
+            body = build_prefill_body(original_body, state.connector.prefill_params)
+            await _dropped_stream(state, record["prefill_url"] + record["endpoint"], body,
+                                  headers, record, "prefill", after_first_token=False)
+        else:
+            ended = await _prefill_hop(state, original_body, headers, record)
+            if ended is not None:
+                return ended
+            if phase != "prefilled":
+                body = build_decode_body(original_body, _decode_params(state, record))
+                await _dropped_stream(state, record["decode_url"] + record["endpoint"], body,
+                                      headers, record, "decode",
+                                      after_first_token=phase == "decoding")
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        record["abort_upstream_error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        record["decode_ms"] = elapsed_ms(start)
+    record["error"] = abort_message(phase)
+    return web.json_response({"error": {"message": record["error"], "abort_phase": phase}},
+                             status=ABORT_STATUS,
+                             headers={REQUEST_ID_HEADER: record["request_id"]})
+
+
 async def _handle_models(request: web.Request) -> web.Response:
     """Pass GET /v1/models through to the first decode server (both roles serve the same model;
     the rotation is left alone so it stays predictable for completions)."""
@@ -274,6 +337,17 @@ async def _handle_healthcheck(request: web.Request) -> web.Response:
     return web.json_response(
         {"status": "ok", "prefill": state.prefill_urls, "decode": state.decode_urls}
     )
+
+
+async def _handle_hold(request: web.Request) -> web.Response:
+    """POST /pd/hold: new requests wait (in-flight ones go on); /pd/release lets them in."""
+    state = request.app[PROXY_STATE_KEY]
+    assert state.admitting is not None
+    if request.path.endswith("/hold"):
+        state.admitting.clear()
+    else:
+        state.admitting.set()
+    return web.json_response({"admitting": state.admitting.is_set()})
 
 
 async def _handle_records(request: web.Request) -> web.Response:
@@ -318,6 +392,8 @@ def create_app(
     app[PROXY_STATE_KEY] = state
 
     async def open_session(_app: web.Application) -> None:
+        state.admitting = asyncio.Event()
+        state.admitting.set()
         if state.records_path:
             os.makedirs(os.path.dirname(os.path.abspath(state.records_path)), exist_ok=True)
         # limit=0: the proxy must not become a hidden queue in front of the servers.
@@ -338,6 +414,8 @@ def create_app(
     app.router.add_get("/v1/models", _handle_models)
     app.router.add_get("/healthcheck", _handle_healthcheck)
     app.router.add_get("/pd/records", _handle_records)
+    app.router.add_post("/pd/hold", _handle_hold)
+    app.router.add_post("/pd/release", _handle_hold)
     return app
 
 

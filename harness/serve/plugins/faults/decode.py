@@ -20,7 +20,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from harness.serve.plugins.faults import fail_transfer
+from harness.serve.plugins.faults import early_release, fail_transfer, late_read
 from harness.serve.plugins.kv_events import interface
 from harness.serve.plugins.kv_events.interface import KVView, Received
 from harness.serve.plugins.kv_events.view import is_attention_layer
@@ -263,11 +263,14 @@ def register() -> None:
         return
     _registered = True
     try:
+        early_release.arm()     # a prefill's fault (PD_ACCURACY_PREFILL_FAULT); no-op elsewhere
         spec = parse_fault_env(os.environ)
         if spec is None:
             return
         if spec.kind in KV_FAULT_KINDS or spec.kind == BY_REQUEST:
             arm(spec)
         fail_transfer.arm(spec)
+        if spec.kind == BY_REQUEST:
+            late_read.arm()     # weather: a tagged request's read starts late
     except Exception:
         logger.exception("%s register() failed; no fault injected", ARMED_PREFIX)

@@ -41,7 +41,12 @@ VALUE_ENV = "PD_ACCURACY_FAULT_VALUE"
 SHARE_ENV = "PD_ACCURACY_FAULT_SHARE"   # by-request only: break this share of the questions
 KV_FAULT_KINDS = ("corrupt-block", "swap-blocks", "perturb-kv")   # break the received KV
 FAIL_TRANSFER = "fail-transfer"                      # report an intact read as failed
-FAULT_KINDS = KV_FAULT_KINDS + (FAIL_TRANSFER,)
+EARLY_RELEASE = "early-release"     # the prefill holds a request's blocks for HOLD_ENV s only
+PREFILL_FAULT_KINDS = (EARLY_RELEASE,)
+FAULT_KINDS = KV_FAULT_KINDS + (FAIL_TRANSFER,) + PREFILL_FAULT_KINDS
+PREFILL_FAULT_ENV = "PD_ACCURACY_PREFILL_FAULT"   # by-request: arms the prefill's hooks
+HOLD_ENV = "PD_ACCURACY_FAULT_HOLD_S"
+DEFAULT_HOLD_S = 0.5
 BY_REQUEST = "by-request"          # PD_ACCURACY_FAULT value: the fault comes with each request
 FAULT_VALUES = ("zero", "noise")
 BLOCK_NAMES = ("first", "last", "all")
@@ -95,6 +100,18 @@ def perturb_scale(env: Mapping[str, str]) -> float:
     if not scale > 0:
         raise ValueError(f"{SCALE_ENV}={raw!r}: expected a positive scale")
     return scale
+
+
+def hold_seconds(env: Mapping[str, str]) -> float:
+    """early-release's hold from ``env`` (PD_ACCURACY_FAULT_HOLD_S, default 0.5 s)."""
+    raw = env.get(HOLD_ENV, "").strip()
+    try:
+        hold = float(raw) if raw else DEFAULT_HOLD_S
+    except ValueError:
+        raise ValueError(f"{HOLD_ENV}={raw!r}: expected seconds") from None
+    if not hold > 0:
+        raise ValueError(f"{HOLD_ENV}={raw!r}: expected a positive number of seconds")
+    return hold
 
 
 def parse_fault_env(env: Mapping[str, str]) -> FaultSpec | None:

@@ -48,6 +48,8 @@ EVENTS = ("registered", "sent", "arrived", "received")
 _MARK = "__pd_accuracy_kv_events__"
 _STATE = "_pd_accuracy_kv_events"
 _listeners: dict[str, list[tuple[int, Callable]]] = {event: [] for event in EVENTS}
+# plugins that change what a connector class answers (a weather fault), not only watch it
+_class_patchers: list[Callable[[type], None]] = []
 _installed = False
 _lock = threading.Lock()
 
@@ -87,6 +89,14 @@ def subscribe(event: str, callback: Callable, order: int = 50) -> None:
         if all(existing is not callback for _, existing in _listeners[event]):
             _listeners[event].append((order, callback))
             _listeners[event].sort(key=lambda item: item[0])
+
+
+def patch_classes_with(patcher: Callable[[type], None]) -> None:
+    """Call ``patcher(cls)`` on every connector class the factory hands out, after the
+    interface's own wrapping (idempotence is the patcher's)."""
+    with _lock:
+        if patcher not in _class_patchers:
+            _class_patchers.append(patcher)
 
 
 def _dispatch(event: str, *args: Any) -> None:
@@ -288,6 +298,23 @@ def patch_connector_class(cls: type) -> None:
     extend = getattr(module, "extend", None) if module is not None else None
     if extend:    # what the class lacks that the evidence needs (Mooncake: its counters)
         extend(cls)
+    for patcher in list(_class_patchers):
+        try:
+            patcher(cls)
+        except Exception:  # noqa: BLE001
+            logger.exception("pd-accuracy kv-events: class patcher %r failed", patcher)
+
+
+def hold_leases(cut: Callable[[Any, dict, float], None]) -> bool:
+    """Let ``cut(worker, leases, now)`` shorten a prefill's send leases (request id -> the
+    deadline of its blocks) before each step's lease check, on every connector whose module
+    gives that moment (``hold_leases``); True when one did."""
+    hooked = False
+    for module in _specific_modules():
+        install_hook = getattr(module, "hold_leases", None)
+        if install_hook is not None:
+            hooked = bool(install_hook(cut)) or hooked
+    return hooked
 
 
 def gives_arrival(connector: Any) -> bool:

@@ -15,6 +15,10 @@ decode allocated first) do their own way, for :mod:`harness.serve.plugins.kv_eve
   the interface's ``arrived`` event. In push mode the decode has no read handle: NIXL puts an
   empty entry in ``_recving_transfers`` when the prefill's last write notification arrives, and
   the same poll reports it done.
+* ``hold_leases``: the prefill worker's send leases (``_reqs_to_send``: request id -> the
+  deadline after which vLLM releases its blocks, extended by the decode's heartbeats), checked
+  once per step by ``_reap_expired_send_leases``; a hook there can shorten them (the
+  early-release canary), and the release then runs through vLLM's own expiry path.
 """
 from __future__ import annotations
 
@@ -64,6 +68,17 @@ def link_worker(connector: Any) -> None:
     worker = getattr(connector, "connector_worker", None)
     if worker is not None:
         worker.__dict__[_BACKREF] = connector
+
+
+def stop_lease_renewal(connector: Any, request_id: str) -> bool:
+    """The decode scheduler's heartbeats extend the prefill's lease on a waiting request's
+    blocks; stop them for ``request_id`` (the late-read weather fault). True when stopped."""
+    scheduler = getattr(connector, "connector_scheduler", None)
+    stop = getattr(scheduler, "_stop_heartbeat", None)
+    if stop is None:
+        return False
+    stop(request_id)
+    return True
 
 
 def report_failed(worker: Any, request_id: str, failed: set[str]) -> None:
@@ -125,3 +140,46 @@ def install(connector_cls: Any) -> None:
     except Exception:  # noqa: BLE001 - the interface's events still come; no `arrived`
         logger.exception("pd-accuracy kv-events: no read-poll hook on %s.%s", WORKER_MODULE,
                          WORKER_CLASS)
+
+
+REAPER = "_reap_expired_send_leases"
+LEASES = "_reqs_to_send"
+_LEASE_MARK = "__pd_accuracy_nixl_leases__"
+
+
+def hold_leases(cut: Callable[[Any, dict, float], None]) -> bool:
+    """Before each step's lease check on a NIXL worker, ``cut(worker, leases, now)`` (``leases``:
+    request id -> deadline, on vLLM's perf_counter clock; changed in place). A post-import
+    hook on the worker module; True when registered. Never raises."""
+    import time
+
+    def patch(module: Any) -> None:
+        cls = getattr(module, WORKER_CLASS)
+        original = getattr(cls, REAPER, None)
+        if original is None:
+            logger.error("pd-accuracy kv-events: %s has no %s: no lease hook", WORKER_CLASS, REAPER)
+            return
+        if getattr(original, _LEASE_MARK, False):
+            return
+
+        @functools.wraps(original)
+        def reap(self: Any, done_sending: Any) -> Any:
+            leases = getattr(self, LEASES, None)
+            if leases:
+                try:
+                    cut(self, leases, time.perf_counter())
+                except Exception:  # noqa: BLE001 - a hook never takes the server down
+                    logger.exception("pd-accuracy kv-events: lease hook failed")
+            return original(self, done_sending)
+
+        setattr(reap, _LEASE_MARK, True)
+        setattr(cls, REAPER, reap)
+
+    try:
+        import wrapt
+
+        wrapt.register_post_import_hook(patch, WORKER_MODULE)
+    except Exception:  # noqa: BLE001
+        logger.exception("pd-accuracy kv-events: no lease hook on %s", WORKER_MODULE)
+        return False
+    return True
