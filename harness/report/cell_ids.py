@@ -1,7 +1,7 @@
 """What a report reads from a cell id: canary or real cell, the fault, the configuration variant.
 
 Cell ids look like ``{runner}-{backend}-p{P}d{D}-{model_short}-tp{a}x{b}[-n{i}x{j}][-kvbuf-cpu]
-[-eager][-kvc_<connector>][-x<hash>][-fault-<kind>[-<block>]]`` (harness.core.cell.Cell.cell_id). History rows keep
+[-eager][-kvc_<connector>][-w_<weather>[_<param><value>...]][-x<hash>][-fault-<kind>[-<block>]]`` (harness.core.cell.Cell.cell_id). History rows keep
 only the id, so the report derives the fault and the variant from it rather than storing them.
 
 A canary's outcome is CAUGHT or MISSED. Records written before those outcomes existed say FAIL
