@@ -212,6 +212,11 @@ FP8_KV_CACHE_DTYPES = {
     "FLASHMLA": ("fp8", "fp8_e4m3"),
     "TRITON_MLA": ("fp8", "fp8_e4m3"),
 }
+# fp8 formats a backend lists but whose server did not start, measured: (device, backend, dtype)
+FP8_KV_FAILS_AT_START = {
+    ("cuda", "TRITON_ATTN", "fp8_e5m2"): "vLLM 0.26.0 on the H200 (s16): the engine core dies in "
+    "torch.compile, 'torch._dynamo.exc.Unsupported: Data-dependent assertion failed'",
+}
 # what a P/D pair of different KV cache dtypes must end in: every request errors (vLLM's default
 # kv_load_failure_policy "fail": HTTP 500) and the decode's log names the refused handshake
 # (cache_dtype is in compute_nixl_compatibility_hash; the verdict quotes the decode's error line)
@@ -226,6 +231,10 @@ def _kv_dtype_backend(cell: Cell, ctx: RuleContext) -> str | None:
     bad = [d for d in dict.fromkeys((cell.prefill_kv_cache_dtype, cell.decode_kv_cache_dtype))
            if d != "auto" and d in KV_CACHE_DTYPES and d not in allowed]
     if not bad:
+        for dtype in (cell.prefill_kv_cache_dtype, cell.decode_kv_cache_dtype):
+            seen = FP8_KV_FAILS_AT_START.get((cell.device, cell.backend, dtype))
+            if seen:
+                return f"{cell.backend} lists {dtype} but its server does not start: {seen}"
         return None
     return (f"{cell.backend} has no {bad[0]} KV cache (its supported_kv_cache_dtypes list "
             f"{', '.join(('auto',) + allowed)}); use one of those or another backend")

@@ -544,3 +544,10 @@ def test_known_harmless_nixl_ep_warning_is_never_decisive():
     assert len(lines) == 1 and "is invalid for input of size" in lines[0]
     only_harmless = log.splitlines()[0]
     assert all("nixl_ep" in l for l in decisive_error_lines(only_harmless))  # fallback: last lines
+
+
+def test_a_refused_nixl_handshake_is_the_decisive_line_over_what_follows_it():
+    """vLLM 0.26 on the H200 (s16): after the hash mismatch each request raised an IndexError."""
+    lines = ["(EngineCore pid=1) RuntimeError: NIXL compatibility hash mismatch. Local: a, Remote: b.",
+             "(EngineCore pid=1) IndexError: list index out of range"]
+    assert "compatibility hash mismatch" in most_decisive_line(lines)

@@ -46,7 +46,9 @@ _ABORT_TRAILER_RE = re.compile(
     r"|^For debugging consider passing CUDA_LAUNCH_BLOCKING|^Compile with `TORCH_USE_CUDA_DSA`"
 )
 # vLLM's own statement of a worker's root cause; when present it is the line to show.
-_ROOT_CAUSE_RE = re.compile(r"Worker failed with error ")
+# a refused NIXL handshake is the cause of whatever the decode logs after it (vLLM 0.26 on the
+# H200 then raised "IndexError: list index out of range" per request, s16)
+_ROOT_CAUSE_RE = re.compile(r"Worker failed with error |NIXL compatibility hash mismatch")
 
 
 def _strip_process_prefix(line: str) -> str:
