@@ -232,7 +232,12 @@ def test_vllms_get_transfer_results_fails_the_tagged_request():
         def check_remote_metadata(self, agent):
             return True
 
+    real_poll = base_worker.NixlBaseConnectorWorker._pop_done_transfers
+
     class Worker(base_worker.NixlBaseConnectorWorker):
+        # vLLM's own poll, also when an earlier test of this process patched vLLM's class
+        _pop_done_transfers = getattr(real_poll, "__wrapped__", real_poll)
+
         def __init__(self, metadata):
             self.engine_id, self.tp_rank, self.nixl_wrapper = "decode", 0, Nixl()
             self.transfer_topo = object()
