@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR
-from harness.core.weathers import DEFAULT_WEATHER, params_token
+from harness.core.weathers import DEFAULT_WEATHER, WEATHERS, params_token
 
 RUNNERS = ("v1", "v2")
 # MLA (latent KV) models take their own backends on CUDA (vLLM AttentionBackendEnum names)
@@ -198,11 +198,19 @@ class Cell:
             **({"kv_cache_dtype": self.decode_kv_cache_dtype}
                if self.decode_kv_cache_dtype != "auto" else {}),
             **self._baseline_engine_settings(),
+            # a weather that asks its own prompts (block-boundary) needs their baseline
+            **({"prompts": self.weather} if self.weather_task_variants else {}),
             "extra_args": list(self.extra_args),
             # the fault switches only act on a decode server: a canary shares the real baseline
             "extra_env": [list(e) for e in self.plain_env],
         }
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+    @property
+    def weather_task_variants(self) -> dict[str, str]:
+        """task -> the variant this cell's weather asks instead (empty: the cell's own task)."""
+        row = WEATHERS.get(self.weather)
+        return dict(row.task_variants) if row is not None else {}
 
     @property
     def fault_env(self) -> tuple[tuple[str, str], ...]:

@@ -74,6 +74,15 @@ class WeatherRow:
     # parameters that size a KV cache in blocks -> the roles whose cache they size (each must
     # still hold one max_model_len request, or vLLM refuses to start)
     block_params: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # task -> the variant whose prompts this weather needs (the baseline is asked it too, so
+    # the cell's baseline_key names the weather); empty: the cell's own task
+    task_variants: Mapping[str, str] = field(default_factory=dict)
+
+
+# block-boundary's prompts land on k*BOUNDARY_UNIT - 1, k*BOUNDARY_UNIT, k*BOUNDARY_UNIT + 1
+# tokens (harness.zoo.boundary): a boundary of every block size that divides it
+BOUNDARY_UNIT = 128
+BOUNDARY_MIN_MODEL_LEN = 1024   # the padded prompts (<= 4*128+1) and gsm_synth's 192 new tokens
 
 
 DEFAULT_WEATHER = "calm"
@@ -131,6 +140,13 @@ WEATHERS: dict[str, WeatherRow] = {
                                                       "before, during and after both restarts")},
         connectors=("nixl", "nixl-push"),
         summary="the prefill, then the decode, killed and restarted mid-run"),
+    "block-boundary": WeatherRow(
+        "harness.run.weather.block_boundary",
+        params={"min_questions": WeatherParam(99, low=3, integer=True,
+                                              meaning="questions of the first look: a third at "
+                                                      "each of k*block-1, k*block, k*block+1")},
+        task_variants={"gsm_synth": "gsm_synth_boundary"},
+        summary="prompts of k*block-1, k*block and k*block+1 tokens (vLLM #50558)"),
 }
 
 
@@ -170,5 +186,5 @@ def params_token(params: tuple[tuple[str, Any], ...]) -> str:
     return "".join(f"_{k}{v:g}" if isinstance(v, (int, float)) else f"_{k}{v}" for k, v in params)
 
 
-__all__ = ["DEFAULT_WEATHER", "SHARE", "ServerChanges", "WEATHERS", "WeatherParam", "WeatherRow", "params_token",
+__all__ = ["BOUNDARY_MIN_MODEL_LEN", "BOUNDARY_UNIT", "DEFAULT_WEATHER", "SHARE", "ServerChanges", "WEATHERS", "WeatherParam", "WeatherRow", "params_token",
            "resolved_params", "weather_problem", "weather_row"]

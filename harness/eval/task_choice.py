@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from harness.eval.lmeval import default_gsm8k_dir
 from harness.serve.launch.models import ResolvedModel
-from harness.zoo import registry, shared_prefix
+from harness.zoo import boundary, registry, shared_prefix
 
 # a task -> its shared-prefix variant (the matrix's prefix_reuse cells: every prompt opens with
 # the same long prefix, so the P/D decode holds it in its own prefix cache)
@@ -30,4 +30,6 @@ def default_data_dir(task: str) -> str | None:
         return str(d) if d else None
     if task == shared_prefix.SHARED_TASK_NAME:
         return str(shared_prefix.write_shared_splits())
+    if task == boundary.BOUNDARY_TASK_NAME:
+        return str(boundary.write_boundary_splits())
     return str(registry.task_data_dir(task))

@@ -7,7 +7,8 @@ from __future__ import annotations
 from harness.core.cell import (BACKENDS, COMPILE_MODES, CPU_BACKENDS, DEVICES, FAULTS, GPU_BACKENDS,
                                KV_BUFFER_DEVICES, NETWORKS, RUNNERS, Cell)
 from harness.core.kv_connectors import KV_CONNECTORS
-from harness.core.weathers import WEATHERS, resolved_params, weather_problem
+from harness.core.weathers import (BOUNDARY_MIN_MODEL_LEN, BOUNDARY_UNIT, WEATHERS, resolved_params,
+                                   weather_problem)
 from harness.matrix.rule_types import RuleContext, RuleList, blocks
 
 DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float")
@@ -103,6 +104,22 @@ def _known_weather(cell: Cell, ctx: RuleContext) -> str | None:
                 return (f"weather {cell.weather}: {name}={params[name]} blocks of {block} "
                         f"tokens hold {params[name] * block}, less than one request of "
                         f"max_model_len {cell.max_model_len} on the {role}")
+    return None
+
+
+@rule("boundary-blocks", "invalid")
+def _boundary_blocks(cell: Cell, ctx: RuleContext) -> str | None:
+    """block-boundary's prompts land on k*128-1, k*128, k*128+1 tokens: a boundary only of block
+    sizes dividing 128, and they need max_model_len room for the padded prompt and its answer."""
+    if cell.weather != "block-boundary":
+        return None
+    bad = sorted({b for b in blocks(cell) if BOUNDARY_UNIT % b})
+    if bad:
+        return (f"weather block-boundary pads prompts to k*{BOUNDARY_UNIT}-1/+0/+1 tokens: block "
+                f"size {', '.join(map(str, bad))} does not divide {BOUNDARY_UNIT}")
+    if cell.max_model_len < BOUNDARY_MIN_MODEL_LEN:
+        return (f"weather block-boundary needs max_model_len >= {BOUNDARY_MIN_MODEL_LEN} (padded "
+                f"prompts and their answers), got {cell.max_model_len}")
     return None
 
 

@@ -50,6 +50,18 @@ class GroupPlan:
         return self.first.baseline_key
 
 
+def weather_task(cell: Cell, task: str) -> str:
+    """The task `cell`'s weather asks instead of `task` (the weather's baseline_key keeps such
+    cells in a group of their own); ValueError when it has no variant of `task`."""
+    variants = cell.weather_task_variants
+    if not variants:
+        return task
+    if task not in variants:
+        raise ValueError(f"weather {cell.weather} pads the prompts of {', '.join(variants)} only; "
+                         f"cell {cell.cell_id} asks {task}")
+    return variants[task]
+
+
 @dataclass(frozen=True)
 class GroupPlanner:
     """Plans groups and their servers (planned, not launched) for one run."""
@@ -64,6 +76,7 @@ class GroupPlanner:
         # prefix_reuse is in the baseline key: the whole group asks the shared-prefix variant
         task = (self.options.task if self.options.task != "auto"
                 else default_task(model, prefix_reuse=first.prefix_reuse))
+        task = weather_task(first, task)
         pairs: dict[tuple, list[Cell]] = {}
         for cell in cells:
             pairs.setdefault(pair_key(cell), []).append(cell)

@@ -187,6 +187,11 @@ CASES = [
      gpu_cell(runner="v2", spec_decode="ngram"), "v2-ngram"),
     ("known-weather", cpu_cell(weather="load", weather_params=(("in_flight", 64),)),
      cpu_cell(weather="load", weather_params=(("in_flight", 1.5),)), CPU),
+    # block-boundary's k*128+-1 prompts: a boundary of blocks dividing 128, with room to answer
+    ("boundary-blocks", cpu_cell(weather="block-boundary", **blocks(64, 128)),
+     cpu_cell(weather="block-boundary", **blocks(96)), CPU),
+    ("boundary-blocks", cpu_cell(weather="block-boundary", **blocks(128)),
+     cpu_cell(weather="block-boundary", max_model_len=512, **blocks(128)), CPU),
     # "future": a row test_rule_both_sides adds, needing vLLM >= 0.40
     ("vllm-weather", cpu_cell(weather="future"), cpu_cell(weather="future"), None),
 ]
@@ -321,7 +326,7 @@ def test_rules_are_checked_and_listed_by_subject_in_a_fixed_order():
     assert [name for name, _, _ in describe_rules()] == [
         # the cell alone (rules_cell)
         "known-runner", "known-backend", "known-device", "known-kv-buffer-device", "known-kv-connector",
-        "kv-connector-moves-kv", "kv-connector-driven", "known-weather", "known-fault",
+        "kv-connector-moves-kv", "kv-connector-driven", "known-weather", "boundary-blocks", "known-fault",
         "known-compile", "known-network", "known-dtype", "positive-sizes", "backend-device", "kv-buffer-on-cpu", "v2-runner-not-on-cpu",
         "known-prefill-runner", "mixed-runners-not-on-cpu",
         "cpu-attn-block-multiple-32", "flash-attn-block-multiple-16", "triton-attn-block-multiple-16",

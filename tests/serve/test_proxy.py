@@ -36,7 +36,7 @@ EXPECTED_PREFILL_KV_PARAMS = {
 RECORD_KEYS = {
     "request_id", "endpoint", "prefill_url", "decode_url", "prefill_status", "decode_status",
     "received_kv_transfer_params", "sent_kv_transfer_params", "fault", "fault_applied",
-    "prefill_ms", "decode_ms", "started_at",
+    "prefill_ms", "decode_ms", "started_at", "prompt_tokens",
 }
 
 
@@ -95,6 +95,7 @@ class FakeUpstream:
             return web.json_response({
                 "id": "cmpl-prefill",
                 "choices": [{"index": 0, "text": "x"}],
+                "usage": {"prompt_tokens": 512, "completion_tokens": 1, "total_tokens": 513},
                 "kv_transfer_params": {
                     "do_remote_prefill": True,
                     "do_remote_decode": False,
@@ -383,6 +384,7 @@ def test_records_endpoint_and_jsonl_file(tmp_path: Path) -> None:
         for record, decode_request in zip(served_records, decode.requests):
             assert RECORD_KEYS <= set(record)
             assert record["prefill_status"] == record["decode_status"] == 200
+            assert record["prompt_tokens"] == 512   # the prefill's usage: block-boundary's proof
             assert record["received_kv_transfer_params"]["remote_engine_id"] == "engine-p0"
             assert record["sent_kv_transfer_params"] == record["received_kv_transfer_params"]
             assert record["sent_kv_transfer_params"] == decode_request["json"]["kv_transfer_params"]

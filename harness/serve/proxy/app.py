@@ -185,6 +185,8 @@ async def _prefill_hop(state: ProxyState, original_body: dict[str, Any], headers
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UpstreamUnreachable(502, f"prefill answer is not JSON: {exc}", prefill_url, "prefill") from exc
     received = prefill_json.get("kv_transfer_params") if isinstance(prefill_json, dict) else None
+    usage = prefill_json.get("usage") if isinstance(prefill_json, dict) else None
+    record["prompt_tokens"] = usage.get("prompt_tokens") if isinstance(usage, dict) else None
     record["received_kv_transfer_params"] = received
     if not state.connector.prefill_answers_params:
         record["kv_transfer_handle"] = state.connector.prefill_answer(

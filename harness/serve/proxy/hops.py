@@ -126,6 +126,8 @@ def new_record(request_id: str, endpoint: str, prefill_url: str, decode_url: str
         "kv_connector": kv_connector,   # how sent params derive from received ones
         "prefill_ms": None,
         "decode_ms": None,
+        # the prompt's tokens as the prefill counted them (its answer's usage.prompt_tokens)
+        "prompt_tokens": None,
         "started_at": dt.datetime.now(dt.timezone.utc).isoformat(),
         "error": None,
     }
