@@ -47,3 +47,13 @@ def test_zoo_and_random_weight_models_unchanged():
     assert task_choice.choose_task(_model("Qwen/Qwen3-0.6B", random_weights=True),
                                    hub=lambda: True).task == "gsm8k_local"
     assert task_choice.choose_task(_model("tiny-llama-gsm"), hub=lambda: True).task == "gsm_synth"
+
+
+def test_real_profile_lists_the_five_models_on_the_seed():
+    from harness.core.platform import PlatformInfo
+    from harness.matrix import expand, load_matrix
+
+    expansion = expand(load_matrix(None), "real", PlatformInfo.from_spec("cuda:8"))
+    assert {c.model for c in expansion.cells} | {x.cell.model for x in expansion.excluded} == set(REAL_MODELS)
+    assert all(c.cell_id.startswith("v2-FLASHINFER-p128d128-") for c in expansion.cells)
+    assert all(x.reason for x in expansion.excluded)
