@@ -40,7 +40,9 @@ def _is_trained(model: str) -> bool:
     from harness.serve.launch.models import reference_accuracy, resolve
 
     resolved = resolve(model)
-    return reference_accuracy(resolved, default_task(resolved)) is not None
+    reference = reference_accuracy(resolved, default_task(resolved))
+    # a tolerance marks vLLM CI's expected value (harness.core.real_models), not a card's
+    return reference is not None and reference.tolerance is None
 
 
 @dataclass(frozen=True)

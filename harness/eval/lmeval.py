@@ -282,8 +282,11 @@ def evaluate_endpoint(
 
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="pd-accuracy-task-", dir=work_dir) as tmp:
-        include = materialize_task(task, data_dir, Path(tmp))
-        task_manager = TaskManager(include_path=str(include), include_defaults=False)
+        if (TASKS_DIR / f"{task}.yaml").exists():
+            include = materialize_task(task, data_dir, Path(tmp))
+            task_manager = TaskManager(include_path=str(include), include_defaults=False)
+        else:   # lm-eval's own task (e.g. gsm8k, its dataset from the hub)
+            task_manager = TaskManager(include_defaults=True)
         lm_cls = _capturing_lm_class()
         lm = lm_cls(
             model=served_model_name,

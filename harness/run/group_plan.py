@@ -6,12 +6,13 @@ a fault share one P/D pair (`pair_key`). The planner plans each server from the 
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Sequence
 
 from harness.core.cell import Cell
 from harness.core.options import RunOptions
-from harness.eval.task_choice import default_data_dir, default_task
+from harness.eval.task_choice import choose_task, default_data_dir
 from harness.judge.verdict import ReferenceAccuracy
 from harness.serve.deploy import DeployContext, Deployment, pair_key, plan_baseline, plan_pair
 from harness.serve.launch.models import reference_accuracy, resolve
@@ -74,8 +75,12 @@ class GroupPlanner:
         first = cells[0]
         model = resolve(first.model)
         # prefix_reuse is in the baseline key: the whole group asks the shared-prefix variant
-        task = (self.options.task if self.options.task != "auto"
-                else default_task(model, prefix_reuse=first.prefix_reuse))
+        task = self.options.task
+        if task == "auto":
+            choice = choose_task(model, prefix_reuse=first.prefix_reuse)
+            task = choice.task
+            if choice.why:
+                logging.getLogger(__name__).info("task: %s", choice.why)
         task = weather_task(first, task)
         pairs: dict[tuple, list[Cell]] = {}
         for cell in cells:

@@ -464,3 +464,21 @@ def test_random_weights_without_digest_or_byte_account_cannot_pass():
     no_bytes = proof(50, kv_digest=digest_summary(50))
     v = decide(comparison(50, transfer=no_bytes), random_weights=True)
     assert v.status == INCONCLUSIVE and "kv-bytes-exact did not run" in v.reason
+
+
+def test_baseline_far_below_vllm_ci_expected_value_is_environment_error():
+    from harness.core.real_models import expected_reference
+
+    cmp = dataclasses.replace(comparison(), baseline_accuracy=0.12)   # 7/60 vs 0.41 ± 0.05
+    v = decide(cmp, reference=expected_reference("Qwen/Qwen3-0.6B", "gsm8k"))
+    assert v.status == ERROR and v.decision_path == ("baseline-health",)
+    assert "baseline 0.12" in v.reason and "expected 0.41 ± 0.05" in v.reason
+    assert "the environment" in v.reason and "not P/D" in v.reason
+
+
+def test_baseline_near_vllm_ci_expected_value_passes_the_health_check():
+    from harness.core.real_models import expected_reference
+
+    cmp = dataclasses.replace(comparison(), baseline_accuracy=0.40)   # 24/60 vs 0.41
+    v = decide(cmp, reference=expected_reference("Qwen/Qwen3-0.6B", "gsm8k"))
+    assert check(v, "baseline-health").passed

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from harness.core.catalog import ModelInfo
 from harness.core.model_config import ModelConfigError, facts_from_config, hub_cache_config, read_config
+from harness.core.real_models import expected_reference
 from harness.core.reference import ReferenceAccuracy
 from harness.zoo import shapes
 
@@ -78,14 +79,15 @@ def _facts(name: str, config_file: Path) -> ModelInfo:
 
 
 def reference_accuracy(model: ResolvedModel, task: str):
-    """The model's accuracy on `task` as its zoo card measured it (eval_vllm.json), or None."""
+    """The model's accuracy on `task` as its zoo card measured it (eval_vllm.json), else what
+    vLLM's P/D CI expects of it (harness.core.real_models), or None; never for random weights."""
     from harness.zoo.card import VLLM_EVAL_JSON
 
-    if not model.local:
+    if model.random_weights:
         return None
-    path = Path(model.path) / VLLM_EVAL_JSON
-    if not path.exists():
-        return None
+    path = Path(model.path) / VLLM_EVAL_JSON if model.local else None
+    if path is None or not path.exists():
+        return expected_reference(model.name, task)
     data = json.loads(path.read_text())
     if data.get("task") != task or data.get("strict_match") is None or not data.get("n"):
         return None
