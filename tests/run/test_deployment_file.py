@@ -144,7 +144,7 @@ def test_every_task_the_harness_ships_is_accepted(tmp_path):
     (changed(PROXY, pd__decode=["http://d0:8200/v1"]), "pd.decode[0]: must be the server's root URL"),
     (changed(ROUTER, task="gsm9k"),
      "task: unknown task 'gsm9k'; the harness ships gsm8k_local, gsm8k_local_shared, gsm_synth, "
-     "gsm_synth_shared, or auto"),
+     "gsm_synth_boundary, gsm_synth_shared, or auto"),
     (changed(ROUTER, timeout_s=0), "timeout_s: must be a positive number of seconds, got 0"),
     (changed(ROUTER, timeout_s=True), "timeout_s: must be a number of seconds"),
     (changed(ROUTER, model=7), "model: must be the served model name (a string)"),
