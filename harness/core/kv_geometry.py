@@ -18,13 +18,19 @@ elements, no K/V pair, no heads): 2,906 blocks x 16 tokens x 576 x 2 bytes x 2 l
 exactly the NIXL count of the random MLA cell on CPU (results/reference/cpu-mla-20261201).
 
 A model with sliding-window layers (``layer_types`` lists ``sliding_attention``) is served by
-vLLM's hybrid KV cache manager in KV cache groups of equal layer count (2 sliding + 2 full
-layers: two groups of two), and a sliding group lists only the blocks its window still reads,
-the null block (id 0) in place of the others. So each group's bytes are its real (non-null)
-block ids x block size x its layers' bytes per token: on the CPU cell of tiny-llama-swa-gsm
-(window 64, prompts of 429-485 tokens) that was 139,853,824 bytes for 200 requests, NIXL's own
-count to the byte, where counting the null ids too gives 157,286,400
-(results/reference/cpu-swa-20261202).
+vLLM's hybrid KV cache manager in KV cache groups of equal size (`kv_cache_groups`: vLLM's
+uniform-page grouping, a kind's short groups padded to the size), and a sliding group lists
+only the blocks its window still reads, the null block (id 0) in place of the others. A block
+id of any group spans one page in each of the group size's cache tensors, padding slots
+included, so each group's bytes are its real (non-null) block ids x block size x group size x
+one layer's bytes per token: on the CPU cell of tiny-llama-swa-gsm (2 sliding + 2 full layers:
+two groups of two; window 64, prompts of 429-485 tokens) that was 139,853,824 bytes for 200
+requests, NIXL's own count to the byte, where counting the null ids too gives 157,286,400
+(results/reference/cpu-swa-20261202); on the H200 cell of shape-gemma-3-4b (5 full + 29
+sliding layers: groups of 5, the sixth sliding one padded, 7 x 5 = 35 slots for 34 layers) it
+was 3,670,016,000 bytes for 50 requests, where 34 layers give 3,565,158,400
+(results/reference/gpu-h200-20261203-s16). A recurrent hybrid whose groups are padded is not
+modelled (which padding slots its state/attention registration reads was never measured).
 
 An fp8 KV cache (``--kv-cache-dtype fp8|fp8_e4m3|fp8_e5m2``, the cell's kv_cache_dtype) stores one
 byte per element in the same layout, and nothing else: vLLM's KV scales are per layer (k_scale,
@@ -46,6 +52,7 @@ than guessed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import ceil
 from typing import Any, Mapping
 
 from harness.core.model_config import decoder_config
@@ -74,6 +81,23 @@ class KvGeometry:
     draft_layers: int = 0           # of attention_layers, a draft model's (speculative decoding)
 
     @property
+    def layer_bytes_per_token(self) -> int:
+        """One attention layer's share of `attention_bytes_per_token` (every layer's page is alike)."""
+        return self.attention_bytes_per_token // max(1, self.attention_layers)
+
+    @property
+    def cache_groups(self) -> tuple["KvCacheGroup", ...]:
+        """vLLM's KV cache groups of this model (`kv_cache_groups`; kinds in a fixed order, which
+        says nothing of vLLM's: every group spans the same number of slots)."""
+        return kv_cache_groups({"full": self.attention_layers - self.sliding_layers,
+                                "sliding": self.sliding_layers, "state": self.state_layers})
+
+    @property
+    def padded(self) -> bool:
+        """Whether vLLM pads a KV cache group of this model (slots that hold no layer)."""
+        return any(g.slots > g.layers for g in self.cache_groups)
+
+    @property
     def attention_bytes_per_token(self) -> int:
         """K and V of one token in every attention layer, all KV heads (summed over TP ranks);
         for MLA the one latent vector of each layer."""
@@ -86,7 +110,44 @@ class KvGeometry:
                 "head_dim": self.head_dim, "dtype_bytes": self.dtype_bytes,
                 "state_layers": self.state_layers, "latent": self.latent,
                 "sliding_layers": self.sliding_layers, "draft_layers": self.draft_layers,
-                "attention_bytes_per_token": self.attention_bytes_per_token}
+                "attention_bytes_per_token": self.attention_bytes_per_token,
+                "kv_cache_groups": [[g.kind, g.layers, g.slots] for g in self.cache_groups]}
+
+
+@dataclass(frozen=True)
+class KvCacheGroup:
+    kind: str      # "full" | "sliding" | "state": the layers' KV cache spec
+    layers: int    # the model's layers in the group
+    slots: int     # the group size: its layers plus the padding vLLM adds
+
+
+def kv_cache_groups(counts: Mapping[str, int]) -> tuple[KvCacheGroup, ...]:
+    """The KV cache groups vLLM's hybrid KV cache manager makes of layers whose pages are alike,
+    `counts` being the layers of each kind (spec): one group when there is one kind, else
+    vLLM's uniform-page grouping (v1/core/kv_cache_utils.py,
+    _get_kv_cache_groups_uniform_page_size, the same in 0.26 and 0.32): the group size is the
+    smallest kind's layer count, or the largest's when that is under 1.5 x the smallest; a kind
+    of n layers makes ceil(n / size) groups, the i-th holding its layers i, i + groups, ...,
+    each group padded to the size. gemma-3-4b (5 full + 29 sliding): 7 groups of 5 slots."""
+    kinds = {kind: n for kind, n in counts.items() if n > 0}
+    if len(kinds) <= 1:
+        return tuple(KvCacheGroup(kind, n, n) for kind, n in kinds.items())
+    smallest, largest = min(kinds.values()), max(kinds.values())
+    size = largest if largest < smallest * 1.5 else smallest
+    groups = []
+    for kind, n in kinds.items():
+        num = ceil(n / size)
+        groups += [KvCacheGroup(kind, len(range(i, n, num)), size) for i in range(num)]
+    return tuple(groups)
+
+
+def _refuse_padded_state(geometry: KvGeometry) -> KvGeometry:
+    """`geometry`, unless it is a recurrent hybrid whose KV cache groups vLLM pads."""
+    if geometry.state_layers and geometry.padded:
+        groups = ", ".join(f"{g.kind} {g.layers}/{g.slots}" for g in geometry.cache_groups)
+        raise GeometryUnknown(f"a recurrent hybrid whose KV cache groups are padded ({groups} "
+                              f"layers/slots): the bytes of its padding slots are not modelled")
+    return geometry
 
 
 def _layer_kinds(config: Mapping[str, Any]) -> list[str] | None:
@@ -142,8 +203,8 @@ def geometry_from_config(config: Mapping[str, Any], dtype: str,
     sliding = sum(k in SLIDING_KINDS for k in kinds) if windowed else 0
     if sliding and state:
         raise GeometryUnknown("sliding-window layers in a hybrid: groups not modelled")
-    return KvGeometry(attention, kv_heads, head_dim, dtype_bytes, state_layers=state,
-                      sliding_layers=sliding)
+    return _refuse_padded_state(KvGeometry(attention, kv_heads, head_dim, dtype_bytes,
+                                           state_layers=state, sliding_layers=sliding))
 
 
 def with_draft(target: KvGeometry, draft: KvGeometry) -> KvGeometry:
@@ -155,9 +216,11 @@ def with_draft(target: KvGeometry, draft: KvGeometry) -> KvGeometry:
     if not same_page or draft.state_layers or draft.sliding_layers or target.sliding_layers:
         raise GeometryUnknown("a draft model whose KV page differs from the target's (its own "
                               "KV cache group) is not modelled")
-    return KvGeometry(target.attention_layers + draft.attention_layers, target.kv_heads,
-                      target.head_dim, target.dtype_bytes, state_layers=target.state_layers,
-                      latent=target.latent, draft_layers=draft.attention_layers)
+    return _refuse_padded_state(KvGeometry(
+        target.attention_layers + draft.attention_layers, target.kv_heads, target.head_dim,
+        target.dtype_bytes, state_layers=target.state_layers, latent=target.latent,
+        draft_layers=draft.attention_layers))
 
 
-__all__ = ["DTYPE_BYTES", "KV_CACHE_DTYPE_BYTES", "GeometryUnknown", "KvGeometry", "geometry_from_config", "with_draft"]
+__all__ = ["DTYPE_BYTES", "KV_CACHE_DTYPE_BYTES", "GeometryUnknown", "KvCacheGroup", "KvGeometry",
+           "geometry_from_config", "kv_cache_groups", "with_draft"]

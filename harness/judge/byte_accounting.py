@@ -13,7 +13,9 @@ list the same blocks; a recurrent-state group lists one, so the longest list is 
 one) plus ``state layers x state bytes per layer`` for a hybrid. Prompt tokens the decode found in
 its own prefix cache are not read, so they are taken off (whole blocks, as vLLM caches them).
 With sliding-window layers every KV cache group counts on its own: its real block ids (a sliding
-group lists the null block for blocks out of its window) x block size x its layers' bytes.
+group lists the null block for blocks out of its window) x block size x the group size (its
+layers and vLLM's padding: harness.core.kv_geometry.kv_cache_groups) x one layer's bytes; params
+listing another number of groups than the geometry's cannot be counted (GeometryUnknown).
 The geometry comes from harness.core.kv_geometry; the formula matched the NIXL connector's own
 count to the byte on every committed CPU and H200 record (see that module).
 """
@@ -22,7 +24,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
-from harness.core.kv_geometry import KvGeometry
+from harness.core.kv_geometry import GeometryUnknown, KvGeometry
 
 
 @dataclass(frozen=True)
@@ -72,8 +74,10 @@ def account(params_per_request: Iterable[dict | None], geometry: KvGeometry,
             prefill_block_size: int, actual_bytes: float, state_bytes_per_layer: int = 0,
             cache_hit_tokens: float = 0.0) -> ByteAccount:
     """The ByteAccount of one evaluation window: each request's params listing its blocks, the
-    model's geometry, the prefill server's (logical) block size, the connector's bytes delta."""
+    model's geometry, the prefill server's (logical) block size, the connector's bytes delta.
+    GeometryUnknown when the params' KV cache groups are not the geometry's."""
     per_token = geometry.attention_bytes_per_token
+    groups = geometry.cache_groups
     requests = blocks = 0
     attention = 0
     for params in params_per_request:
@@ -81,10 +85,13 @@ def account(params_per_request: Iterable[dict | None], geometry: KvGeometry,
             continue
         requests += 1
         if geometry.sliding_layers:
-            # groups of equal layer count: each real id is one block of 1/groups of the layers
-            real, groups = windowed_group_blocks(params)
+            real, listed = windowed_group_blocks(params)
+            if listed != len(groups):
+                raise GeometryUnknown(f"the params list {listed} KV cache groups, the geometry "
+                                      f"has {len(groups)}: vLLM grouped the layers otherwise")
+            # every group spans the same slots (padding included): a real id is that many pages
             blocks += real
-            attention += real * prefill_block_size * per_token // max(1, groups)
+            attention += real * prefill_block_size * groups[0].slots * geometry.layer_bytes_per_token
         else:
             listed = attention_blocks(params)
             blocks += listed

@@ -374,7 +374,9 @@ def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | N
     """The verdict at this look (cmp holds every question so far; `previous_n`: the questions
     of the look before, when it was not made at its planned stage). CONTINUE: ask more.
     `not_available`: transfer check name -> the line saying why this deployment cannot support
-    it (an external router keeps no proxy records); those checks are left out, not passed.
+    it (an external router keeps no proxy records); those checks are left out, not passed. A
+    byte account the proof could not state (its byte_account_skipped: a geometry not modelled)
+    is listed there too, with its reason.
 
     Every check of CHECKS that applies is computed, stage by stage (the record shows each); the
     first failing one in the table's order decides, with its row's status and reason. The
@@ -387,6 +389,10 @@ def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | N
         skipped.update({name: f"{name}: accounted per request by the weather ({why})"
                         for name, why in weather.accounted_checks.items()})
     na = tuple(skipped.values())
+    why_no_bytes = cmp.transfer.byte_account_skipped
+    if cmp.transfer.byte_account is None and why_no_bytes and "kv-bytes-exact" not in skipped:
+        # an expectation that cannot be exact is said, never passed (geometry not modelled)
+        na += (f"kv-bytes-exact: not available: {why_no_bytes}",)
     checks: list[Check] = []
     path: list[str] = []
     if reference is not None and cmp.n > 0:

@@ -152,8 +152,11 @@ def _byte_account(records: list[dict], delta: TransferCounters, geometry: ByteGe
         block_size = forced_block_size_from_logs(decode_logs) or block_size
     blocks = (record_connector(r).block_params(r.get("received_kv_transfer_params"),
                                                r.get("sent_kv_transfer_params")) for r in records)
-    acc = account(blocks, geometry.geometry, block_size, delta.kv_bytes, state_bytes_per_layer=state,
-                  cache_hit_tokens=delta.prompt_tokens_cache_hit)
+    try:
+        acc = account(blocks, geometry.geometry, block_size, delta.kv_bytes,
+                      state_bytes_per_layer=state, cache_hit_tokens=delta.prompt_tokens_cache_hit)
+    except GeometryUnknown as exc:
+        return None, str(exc)
     return acc.to_dict(), None
 
 

@@ -96,3 +96,55 @@ def test_a_draft_model_of_the_same_page_adds_its_layers():
     assert fp8.attention_bytes_per_token == 1536
     with pytest.raises(GeometryUnknown, match="its own KV cache group"):
         with_draft(geometry_from_config(zoo_config("tiny-mla-gsm"), "bfloat16"), draft)
+
+
+# ---- vLLM's KV cache groups (uniform page size) ---------------------------------------------
+
+def slots(groups) -> list[tuple[str, int, int]]:
+    return [(g.kind, g.layers, g.slots) for g in groups]
+
+
+def test_kv_cache_groups_copy_vllms_uniform_page_grouping():
+    from harness.core.kv_geometry import kv_cache_groups
+
+    # gemma-3-4b: 5 full + 29 sliding -> groups of 5 (the smallest kind), 6 sliding groups, the
+    # last holding layers 5, 11, 17, 23 and one padding slot: 35 slots for 34 layers
+    gemma = kv_cache_groups({"full": 5, "sliding": 29})
+    assert slots(gemma) == [("full", 5, 5)] + [("sliding", 5, 5)] * 5 + [("sliding", 4, 5)]
+    assert sum(g.slots for g in gemma) == 35
+    # tiny-llama-swa-gsm: two groups of two, nothing padded
+    assert slots(kv_cache_groups({"full": 2, "sliding": 2})) == [("full", 2, 2), ("sliding", 2, 2)]
+    # vLLM's own example (gpt-oss-20b + eagle): 13 < 1.5 x 12, so groups of 13, sliding padded
+    assert slots(kv_cache_groups({"sliding": 12, "full": 13})) == [("sliding", 12, 13), ("full", 13, 13)]
+    # 7 < 1.5 x 5: groups of 7, the full one padded; 7 >= 1.5 x 4: groups of 4, and a kind
+    # of 7 spreads its layers i::2 over two groups, 4 and 3
+    assert slots(kv_cache_groups({"full": 5, "sliding": 7})) == [("full", 5, 7), ("sliding", 7, 7)]
+    assert slots(kv_cache_groups({"full": 4, "sliding": 7}))[1:] == [("sliding", 4, 4), ("sliding", 3, 4)]
+    # one kind: one group of every layer; no layers: no group
+    assert slots(kv_cache_groups({"full": 28, "sliding": 0})) == [("full", 28, 28)]
+    assert kv_cache_groups({}) == ()
+
+
+def test_the_geometry_of_gemma_3_4b_spans_35_layer_slots():
+    g = geometry_from_config(json.loads((ZOO / "shape-gemma-3-4b" / "config.json").read_text()),
+                             "bfloat16")
+    assert (g.attention_layers, g.sliding_layers, g.layer_bytes_per_token) == (34, 29, 4096)
+    assert len(g.cache_groups) == 7 and {x.slots for x in g.cache_groups} == {5} and g.padded
+    assert not geometry_from_config(zoo_config("tiny-llama-swa-gsm"), "bfloat16").padded
+
+
+@pytest.mark.parametrize("name", ["tiny-granite-hybrid-gsm", "tiny-qwen3next-hybrid-gsm",
+                                  "shape-granite-4.0-h-tiny"])
+def test_the_recurrent_hybrids_measured_are_not_padded(name):
+    g = geometry_from_config(zoo_config(name), "bfloat16")
+    assert g.state_layers and not g.padded
+
+
+def test_a_recurrent_hybrid_with_padded_groups_is_refused():
+    """3 attention + 2 mamba layers: groups of 2, the second attention group padded; which of
+    its slots the connector reads with the state was never measured."""
+    cfg = {"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 256,
+           "num_hidden_layers": 5,
+           "layer_types": ["attention", "mamba", "attention", "mamba", "attention"]}
+    with pytest.raises(GeometryUnknown, match=r"padded \(full 2/2, full 1/2, state 2/2"):
+        geometry_from_config(cfg, "bfloat16")

@@ -1,7 +1,9 @@
 """Exact NIXL byte accounting against numbers measured on real CPU and H200 pairs."""
 from __future__ import annotations
 
-from harness.core.kv_geometry import KvGeometry
+import pytest
+
+from harness.core.kv_geometry import GeometryUnknown, KvGeometry
 from harness.judge.byte_accounting import account, attention_blocks
 
 LLAMA = KvGeometry(attention_layers=4, kv_heads=2, head_dim=64, dtype_bytes=2)
@@ -66,3 +68,24 @@ def test_a_sliding_group_counts_only_its_real_blocks():
     assert not counted_null.exact and counted_null.expected == 157_286_400
     # without the window the null id would be read as a block: the dense formula
     assert account([one_block], LLAMA, 128, 0).expected == 4 * 128 * LLAMA.attention_bytes_per_token
+
+
+GEMMA = KvGeometry(attention_layers=34, kv_heads=4, head_dim=256, dtype_bytes=2, sliding_layers=29)
+
+
+def test_a_padded_sliding_model_counts_every_slot_of_its_groups():
+    # measured (H200 vLLM 0.26, shape-gemma-3-4b, 2026-12-03, results/reference/
+    # gpu-h200-20261203-s16): 50 requests of 4 blocks in each of 7 groups; NIXL moved
+    # 3,670,016,000 = 1,400 x 128 x 5 slots x 4,096 B, where 34 layers give 3,565,158,400
+    request = {"remote_block_ids": [[4 * g + i for i in range(1, 5)] for g in range(7)]}
+    acc = account([request] * 50, GEMMA, 128, 3_670_016_000)
+    assert acc.exact and acc.attention_blocks == 1400, acc.detail()
+    assert 1400 * 128 * GEMMA.attention_bytes_per_token // 7 == 3_565_158_400   # the old count
+    # the sliding groups' null ids are still not read
+    short = {"remote_block_ids": [request["remote_block_ids"][0]] + [[0, 0, 0, 9]] * 6}
+    assert account([short], GEMMA, 128, 0).expected == (4 + 6) * 128 * 5 * 4096
+
+
+def test_params_of_other_groups_than_the_geometrys_are_not_counted():
+    with pytest.raises(GeometryUnknown, match="list 2 KV cache groups, the geometry has 7"):
+        account([{"remote_block_ids": [[1], [2]]}], GEMMA, 128, 0)

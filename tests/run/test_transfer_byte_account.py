@@ -159,3 +159,25 @@ def test_a_connector_whose_prefill_answers_nothing_counts_the_proxys_handle_and_
     assert (proof.requests_with_params, proof.requests_sent_params) == (2, 1)
     assert proof.requests_own_params == 1 and proof.params_named_by_proxy == 2
     assert proof.byte_account is None and "cannot say" in proof.byte_account_skipped
+
+
+def test_a_padded_recurrent_hybrid_or_unexpected_groups_leave_the_account_out_saying_why(tmp_path):
+    import json
+
+    model = tmp_path / "padded-hybrid"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 256,
+        "num_hidden_layers": 5,
+        "layer_types": ["attention", "mamba", "attention", "mamba", "attention"]}))
+    log = tmp_path / "decode.log"
+    log.write_text(LINE)
+    delta = TransferCounters(kv_bytes=1.0, prompt_tokens_external=900.0)
+    proof = transfer_proof([record([1, 4, 4])], delta, True, [str(log)],
+                           ByteGeometry.of_pair(str(model), "bfloat16", 128))
+    assert proof.byte_account is None and "groups are padded" in proof.byte_account_skipped
+    # a sliding model whose params list other groups than vLLM's grouping gives
+    swa = ByteGeometry.of_pair(str(ZOO / "tiny-llama-swa-gsm"), "bfloat16", 128)
+    proof = transfer_proof([record([1, 4, 4])], delta, False, [], swa)
+    assert proof.byte_account is None
+    assert proof.byte_account_skipped.startswith("the params list 3 KV cache groups")

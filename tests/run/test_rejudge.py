@@ -1,0 +1,92 @@
+"""Re-judging committed records offline (harness.run.rejudge): the H200 gemma-3-4b cell that
+FAILed on the harness's own byte geometry, a canary that must stay caught, and the records it
+refuses."""
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness.core.outcomes import CAUGHT, FAIL, INCONCLUSIVE, PASS
+from harness.judge.verdict import decide
+from harness.run.rejudge import rejudge
+
+REPO = Path(__file__).resolve().parents[2]
+S16 = REPO / "results/reference/gpu-h200-20261203-s16"
+GEMMA = S16 / ("s16b/records/20261203T200141Z-868bd2/"
+               "v1-FLASH_ATTN-p128d128-shape-gemma-3-4b-tp1x1.json")
+CANARY = S16 / ("s16/records/20261203T195245Z-911f15/"
+                "v2-FLASHINFER-p128d128-shape-qwen3-0.6b-tp1x1-fault-corrupt-block.json")
+
+
+def test_the_s16_gemma_cell_passes_its_byte_count_when_re_judged():
+    """Recorded FAIL: NIXL moved 3,670,016,000 B, the harness expected 3,565,158,400 (34 of the
+    35 layer slots of vLLM's 7 KV cache groups of 5). Re-judged with those slots: exact, PASS."""
+    rejudged = rejudge(GEMMA)
+    recorded = rejudged.record["verdict"]
+    assert recorded["status"] == FAIL and "kv-bytes-exact" in recorded["reason"]
+    assert rejudged.record["metrics"]["transfer"]["byte_account"]["expected"] == 3_565_158_400
+    account = rejudged.comparison.transfer.byte_account
+    assert (account["expected"], account["actual"], account["attention_blocks"]) == (
+        3_670_016_000, 3_670_016_000, 1400)
+    checks = {c.name: c for c in rejudged.verdict.checks}
+    assert checks["kv-bytes-exact"].passed and checks["kv-digest"].passed
+    assert rejudged.verdict.outcome == PASS, rejudged.verdict.reason
+    assert rejudged.verdict.not_available == ()
+
+
+def copy_run(record: Path, into: Path) -> Path:
+    """`record` with the files beside it that it names (run directory layout kept)."""
+    run = record.parent
+    shutil.copytree(run, into / run.name)
+    return into / run.name / record.name
+
+
+def test_the_re_judge_judges_the_rebuilt_proof_not_the_recorded_one(tmp_path):
+    path = copy_run(GEMMA, tmp_path)
+    record = json.loads(path.read_text())
+    record["metrics"]["transfer"]["kv_bytes"] = 3_565_158_400.0   # what the old count wanted
+    path.write_text(json.dumps(record))
+    rejudged = rejudge(path)
+    assert rejudged.verdict.outcome == FAIL
+    assert "kv-bytes-exact" in rejudged.verdict.reason and "short by 104,857,600" in rejudged.verdict.reason
+    # the proxy records are read as committed (gzipped); without them nothing is re-judged
+    records = path.parent / path.stem / "proxy-records.jsonl.gz"
+    with gzip.open(records, "rt") as f:
+        assert sum(1 for _ in f) == 50
+    records.unlink()
+    with pytest.raises(ValueError, match="proxy records .* are not beside the record"):
+        rejudge(path)
+
+
+def test_a_committed_canary_stays_caught():
+    rejudged = rejudge(CANARY)
+    assert rejudged.record["verdict"]["outcome"] == CAUGHT
+    assert rejudged.verdict.outcome == CAUGHT, rejudged.verdict.reason
+    assert {c.name: c.passed for c in rejudged.verdict.checks}["kv-digest"] is False
+
+
+def test_a_byte_count_that_cannot_be_exact_is_declared_not_available_never_passed():
+    """A recurrent hybrid whose KV cache groups are padded has no exact byte expectation
+    (kv_geometry refuses it): the check is listed as not available with the reason, and a
+    random-weight cell, which rests on it, is INCONCLUSIVE, not PASS."""
+    cmp = rejudge(GEMMA).comparison
+    why = ("a recurrent hybrid whose KV cache groups are padded (full 2/2, full 1/2, state 2/2 "
+           "layers/slots): the bytes of its padding slots are not modelled")
+    unknown = dataclasses.replace(cmp, transfer=dataclasses.replace(
+        cmp.transfer, byte_account=None, byte_account_skipped=why))
+    verdict = decide(unknown, random_weights=True)
+    assert verdict.status == INCONCLUSIVE and "kv-bytes-exact did not run" in verdict.reason
+    assert verdict.not_available == (f"kv-bytes-exact: not available: {why}",)
+    assert "kv-bytes-exact" not in {c.name for c in verdict.checks}
+
+
+def test_a_weather_cell_is_not_re_judged():
+    weather = REPO / ("results/reference/cpu-weather-20261203-s16/"
+                      "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-w_load.json")
+    with pytest.raises(ValueError, match="judged per request"):
+        rejudge(weather)
