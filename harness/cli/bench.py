@@ -100,6 +100,9 @@ def bench_record(run_dir: Path, wall_s: float | None = None,
         "startup_share_of_cell_time": waited / sum(groups.values()) if groups else None,
         "kv_digest_share_of_pd_eval": _digest_share(cells),
         "cpu_load": cpu_load,
+        # CPU-seconds carry across hosts where wall time does not (a busy or slower host)
+        "cpu_s_per_cell": (cpu_load["run_cpu_s"] / len(cells)
+                           if cpu_load and cpu_load.get("run_cpu_s") and cells else None),
     }
 
 
@@ -152,7 +155,9 @@ def print_bench(record: dict[str, Any]) -> None:
                   + (f"; cores busy {100 * record['host_cpu_busy_share']:.0f}%"
                      if record.get("host_cpu_busy_share") is not None else "")
                   + (f"; KV digest {100 * record['kv_digest_share_of_pd_eval']:.1f}% of P/D eval"
-                     if record.get("kv_digest_share_of_pd_eval") else ""))
+                     if record.get("kv_digest_share_of_pd_eval") else "")
+                  + (f"; CPU {record['cpu_s_per_cell']:.0f} s per cell"
+                     if record.get("cpu_s_per_cell") else ""))
 
 
 def print_cpu_load(console: Any, load: dict[str, Any]) -> None:

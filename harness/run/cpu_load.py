@@ -3,10 +3,10 @@ threads of the run's own processes were runnable.
 
 A `CpuLoadSampler` reads ``/proc`` every ``interval_s`` in a daemon thread:
 
-* host-wide: ``procs_running`` of ``/proc/stat`` (threads runnable right now, the sampler's own
-  included) and the CPU time split (user, system, steal, idle) between the first and last sample;
+* host-wide: ``procs_running`` of ``/proc/stat`` (threads runnable right now, less the sampler,
+  which is always running while it reads) and the CPU time split (user, system, steal, idle) between the first and last sample;
 * per process of the run (the root process and its descendants): how many of its threads were in
-  state R, by thread name (``comm``), its CPU seconds and context switches;
+  state R (the sampler's own thread left out), by thread name (``comm``), its CPU seconds and context switches;
 * the run queue again over the samples taken while a P/D proxy was up (``during_pd``): a P/D
   pair is evaluated then, its baseline beside it, while start-up and teardown are not. A server's processes
   (API server, engine core, worker) are named after the log their stdout goes to (``decode-0``),
@@ -149,6 +149,7 @@ class CpuLoadSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="cpu-load-sampler", daemon=True)
         self._started = 0.0
+        self._own_tid: int | None = None    # the sampler's thread: runnable only because it samples
         self.wall_s = 0.0
 
     def start(self) -> "CpuLoadSampler":
@@ -187,6 +188,7 @@ class CpuLoadSampler:
         text = _read(PROC / "stat")
         if text:
             times, running = parse_proc_stat(text)
+            running = max(0, running - 1)      # the reader itself, running while it reads
             self._stat_first = self._stat_first or times
             self._stat_last = times
             self.running.append(running)
@@ -217,6 +219,8 @@ class CpuLoadSampler:
             load = self.processes[pid] = ProcessLoad(process_label(pid), parse_task_stat(stat)[0])
         runnable = 0
         for tid in tids:
+            if self._own_tid is not None and tid == str(self._own_tid):
+                continue
             stat = _read(task_dir / tid / "stat")
             if stat:
                 comm, state, _, _ = parse_task_stat(stat)
@@ -239,6 +243,7 @@ class CpuLoadSampler:
         return runnable, load.label
 
     def _loop(self) -> None:
+        self._own_tid = threading.get_native_id()
         while not self._stop.is_set():
             self.sample()
             self._stop.wait(self.interval_s)

@@ -59,3 +59,12 @@ def test_spread_and_the_pd_window():
     with CpuLoadSampler(interval_s=0.02) as sampler:
         time.sleep(0.1)
     assert sampler.summary()["during_pd"]["samples"] == 0      # no proxy in this process tree
+
+
+def test_the_sampler_does_not_count_itself():
+    # the sampler's thread is in state R whenever it reads /proc; a sleeping process is not busy
+    sampler = CpuLoadSampler(interval_s=0.01).start()
+    time.sleep(0.3)
+    summary = sampler.stop()
+    assert summary["samples"] >= 5
+    assert summary["run_runnable_mean"] < 0.5

@@ -10,16 +10,17 @@ bench`), the threads that want that core are:
 |---|---|---|---|
 | main (`python`) | engine core, worker | vLLM's shm message queue: a reader with nothing to read calls `sched_yield()` for 1 s after its last read, on the core its writer needs | `PD_ACCURACY_MQ_SPIN_SLEEP_US=100`: sleep between checks instead (harness.serve.plugins.idle.mq_spin) |
 | NIXL/UCX progress (`python`) | worker | polls the UCX worker's event fds | 1 ms poll timeout (harness.serve.connectors.nixl_idle); left at that |
-| `gloo_tcp_loop` x13 | worker | one per torch.distributed gloo group; `epoll_wait` with gloo's fixed 10 ms timeout | not configurable (gloo); TP1 groups of size 1 are vLLM's |
+| `gloo_tcp_loop` x13 | worker | one per torch.distributed gloo group; `epoll_wait` with gloo's fixed 10 ms timeout | `PD_ACCURACY_SHARE_GLOO_GROUPS=1`: a world of one rank shares one group (harness.serve.plugins.idle.gloo_groups) |
 | OpenMP team | worker | vLLM binds one OpenMP thread per core of VLLM_CPU_OMP_THREADS_BIND | one thread per pinned core already: no team to spin, OMP_WAIT_POLICY changes nothing |
 | tokenizers, torch intra-op | API server, engine core | sized from the CPU affinity, which is the one core | 1 already |
 
-Only the first needs a setting; the rest are listed so the next reader does not re-measure them.
+The first and third need a setting; the rest are listed so the next reader does not re-measure them.
 """
 from __future__ import annotations
 
 from typing import MutableMapping
 
+from harness.serve.plugins.idle.gloo_groups import ENV as SHARE_GLOO_GROUPS_ENV
 from harness.serve.plugins.idle.mq_spin import ENV as MQ_SPIN_SLEEP_ENV
 
 # variable -> value for every CPU server (GPU servers keep vLLM's spinning: a GPU host has
@@ -27,6 +28,8 @@ from harness.serve.plugins.idle.mq_spin import ENV as MQ_SPIN_SLEEP_ENV
 CPU_SERVER_ENV = {
     # 100 us: off the run queue between checks; a CPU decode step takes milliseconds
     MQ_SPIN_SLEEP_ENV: "100",
+    # TP1 CPU servers: one gloo loop thread instead of 13 (groups of one rank need no peers)
+    SHARE_GLOO_GROUPS_ENV: "1",
 }
 
 
