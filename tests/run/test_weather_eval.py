@@ -134,6 +134,35 @@ def test_the_lease_hook_wraps_the_reaper_once(monkeypatch):
     assert not early_release.arm({})
 
 
+def test_on_vllm_026_the_lease_hook_wraps_get_finished_and_puts_cut_leases_first(monkeypatch):
+    import sys
+    import types
+
+    from harness.serve.plugins.kv_events.by_connector import nixl
+
+    class Worker:       # vLLM 0.26: the leases are reaped inline, oldest first, up to a live one
+        def get_finished(self):
+            import time
+            done, now = set(), time.perf_counter()
+            while self._reqs_to_send:
+                req_id, expires = next(iter(self._reqs_to_send.items()))
+                if now < expires:
+                    break
+                del self._reqs_to_send[req_id]
+                done.add(req_id)
+            return done, set()
+
+    module = types.ModuleType(nixl.WORKER_MODULE)
+    setattr(module, nixl.WORKER_CLASS, Worker)
+    monkeypatch.setitem(sys.modules, nixl.WORKER_MODULE, module)
+    assert nixl.hold_leases(early_release.make_cut(0.0))
+    tag = request_tag_for("early-release")
+    w = Worker()
+    w._reqs_to_send = {"x-pdacc-plain": 1e12, f"x-pdacc-{tag}1": 1e12}   # a live lease first
+    assert w.get_finished() == ({f"x-pdacc-{tag}1"}, set())
+    assert list(w._reqs_to_send) == ["x-pdacc-plain"]
+
+
 def test_preemption_shrinks_the_decode_only_and_proves_preemptions():
     from harness.run.weather.preemption import WEATHER as PREEMPTION
 

@@ -143,6 +143,9 @@ def install(connector_cls: Any) -> None:
 
 
 REAPER = "_reap_expired_send_leases"
+# vLLM 0.26 has no REAPER: get_finished checks the leases inline, oldest first, and stops at the
+# first live one, so there a cut lease must also move to the front to be reaped
+INLINE_REAPER = "get_finished"
 LEASES = "_reqs_to_send"
 _LEASE_MARK = "__pd_accuracy_nixl_leases__"
 
@@ -155,25 +158,31 @@ def hold_leases(cut: Callable[[Any, dict, float], None]) -> bool:
 
     def patch(module: Any) -> None:
         cls = getattr(module, WORKER_CLASS)
-        original = getattr(cls, REAPER, None)
+        name = REAPER if hasattr(cls, REAPER) else INLINE_REAPER
+        original = getattr(cls, name, None)
         if original is None:
-            logger.error("pd-accuracy kv-events: %s has no %s: no lease hook", WORKER_CLASS, REAPER)
+            logger.error("pd-accuracy kv-events: %s has neither %s nor %s: no lease hook",
+                         WORKER_CLASS, REAPER, INLINE_REAPER)
             return
         if getattr(original, _LEASE_MARK, False):
             return
 
         @functools.wraps(original)
-        def reap(self: Any, done_sending: Any) -> Any:
+        def reap(self: Any, *args: Any) -> Any:
             leases = getattr(self, LEASES, None)
             if leases:
                 try:
                     cut(self, leases, time.perf_counter())
+                    if name == INLINE_REAPER:
+                        ordered = sorted(leases.items(), key=lambda item: item[1])
+                        leases.clear()
+                        leases.update(ordered)
                 except Exception:  # noqa: BLE001 - a hook never takes the server down
                     logger.exception("pd-accuracy kv-events: lease hook failed")
-            return original(self, done_sending)
+            return original(self, *args)
 
         setattr(reap, _LEASE_MARK, True)
-        setattr(cls, REAPER, reap)
+        setattr(cls, name, reap)
 
     try:
         import wrapt
