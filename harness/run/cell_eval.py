@@ -184,6 +184,7 @@ class CellEvaluator:
             plan = weather_plan(plan, weather.workload.min_questions)
             policy = replace(policy, stages=plan.stages)
         started = time.monotonic()
+        pair.empty_shared_dirs()     # a pair's earlier cell saved these prompts' KV already
         try:
             with self._proxy(cell, pair, rnd, records_path,
                              weather.workload.request_tag if weather is not None else None) as proxy:

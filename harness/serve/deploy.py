@@ -191,7 +191,7 @@ class Deployment:
         """Start every server (concurrently, each in its own process group); don't wait.
         With start slots, each server starts from a thread of its own once it holds a slot."""
         self._launched_at = time.monotonic()
-        self._fresh_shared_dirs()
+        self.empty_shared_dirs()
         if self.topology is not None:
             self.topology.create()         # NetnsError (one line) when it cannot be made
         if self.start_slots is not None:
@@ -212,8 +212,10 @@ class Deployment:
         """The directories this deployment's servers share (ExampleConnector's KV files)."""
         return sorted({Path(s.kv_shared_path) for s in self.specs if s.kv_shared_path})
 
-    def _fresh_shared_dirs(self) -> None:
-        # empty at each launch: files of an earlier run would be loaded by prompt hash
+    def empty_shared_dirs(self) -> None:
+        """Empty the shared directories (at launch, and before each cell's evaluation): a file
+        an earlier run or cell saved would be found by prompt hash, and the prefill would load
+        it instead of computing and saving the prompt's KV itself."""
         for path in self.shared_dirs():
             shutil.rmtree(path, ignore_errors=True)
             path.mkdir(parents=True)

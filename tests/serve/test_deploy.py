@@ -119,7 +119,7 @@ def test_a_pair_of_a_shared_path_connector_gets_one_fresh_directory_of_its_own(t
     stale = Path(paths["decode"]) / "0123abcd"
     stale.mkdir(parents=True)
     (stale / "model.layers.0.self_attn.attn.safetensors").write_bytes(b"old KV")
-    pair._fresh_shared_dirs()       # what launch() does first
+    pair.empty_shared_dirs()        # what launch() and each cell's evaluation do first
     assert pair.shared_dirs() == [Path(paths["decode"])] and not any(Path(paths["decode"]).iterdir())
     # NIXL's pairs share nothing on disk
     assert all(s.kv_shared_path is None for s in _plan(tmp_path, Cell(model="m"))[2].specs)
