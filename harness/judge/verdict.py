@@ -175,7 +175,7 @@ CHECKS: tuple[CheckRow, ...] = (
     CheckRow("no-failed-transfers", "transfer", "the connector's failed transfers and "
              "notifications did not grow (/metrics)", "transfer proof failed [{name}]: {detail}"),
     CheckRow("kv-arrived-externally", "transfer", "prompt tokens of source external_kv_transfer "
-             "and connector bytes > 0 (/metrics)", NO_KV),
+             "and connector bytes > 0 (/metrics; bytes where the connector counts them)", NO_KV),
     CheckRow("decode-did-not-recompute", "transfer", "local_compute prompt tokens <= the "
              "design's recompute allowance (/metrics)", NO_KV),
     CheckRow("kv-bytes-exact", "transfer", "the connector's bytes == the blocks that crossed x "

@@ -387,11 +387,13 @@ def test_example_loads_are_announced_when_start_load_kv_wrote_them(events):
 
     cls = example_class()
     scheduler, worker = cls(), cls()
-    scheduler.matched = 256
+    scheduler._block_size, scheduler.matched = 128, 256
     decode = request("d1")                               # no params: it matched by prompt hash
-    scheduler.get_num_new_matched_tokens(decode, 0)
+    scheduler.get_num_new_matched_tokens(decode, 128)    # a one-block local prefix hit
+    # a synchronous load: vLLM hashed the loaded full blocks on allocation, the tail's is not
     scheduler.update_state_after_alloc(decode, types.SimpleNamespace(
-        get_unhashed_block_ids_all_groups=lambda: ([4, 5, 6],)), 256)
+        get_block_ids=lambda: ([3, 4, 5, 6],),
+        get_unhashed_block_ids_all_groups=lambda: ([6],)), 256)
     scheduler.next_meta = ExampleConnectorMetadata()
     bound = scheduler.build_connector_meta(types.SimpleNamespace(scheduled_new_reqs=[]))
     worker.register_kv_caches({})
@@ -400,7 +402,7 @@ def test_example_loads_are_announced_when_start_load_kv_wrote_them(events):
     assert events == []
     worker.start_load_kv(types.SimpleNamespace(attn_metadata={}))
     worker.start_load_kv(types.SimpleNamespace(attn_metadata={}))     # once
-    assert events == [("received", Received("d1", None, ((4, 5, 6),), 0, 256))]
+    assert events == [("received", Received("d1", None, ((4, 5, 6),), 128, 256))]
 
 
 def test_example_reads_what_vllms_example_connector_has():

@@ -16,7 +16,7 @@ before its first instance) at the interface's own methods:
   notification can free them: event ``sent``), ``get_transfer_results`` / ``get_finished``
   (``finished_recving`` less ``failed_recving``: the request's KV is in place, after the
   connector's own post-processing, before the scheduler runs its first decode step: ``received``).
-  A connector that saves and loads inside the step's forward (ExampleConnector) has its module
+  A connector that saves and loads inside the step's forward has its module
   announce both (:func:`saved` after the forward, :func:`loaded` before it reads the KV).
 
 Plugins :func:`subscribe` to those events, in an order (faults, which change the KV, before
@@ -46,7 +46,7 @@ BY_CONNECTOR = "harness.serve.plugins.kv_events.by_connector"
 # plain tuples on the metadata: it is pickled to a multiprocess worker
 SEND_ATTR = "pd_accuracy_send"    # {req_id: (block ids per group, num_tokens)}
 RECV_ATTR = "pd_accuracy_recv"    # {req_id: (remote request id, block ids, first position, count)}
-# a connector that saves a prompt's KV during the step's forward (ExampleConnector): the requests
+# a connector that saves a prompt's KV during the step's forward (by_connector/): the requests
 # it saves this step, announced once the forward wrote them (``saved``)
 SAVE_ATTR = "pd_accuracy_save"    # {req_id: (block ids per group, num_tokens)}
 EVENTS = ("registered", "sent", "arrived", "received")
@@ -198,8 +198,10 @@ def _on_matched(self, result, request, num_computed_tokens, *args, **kwargs) -> 
 def _on_alloc(self, result, request, blocks, num_external_tokens, *args, **kwargs) -> None:
     pending = state(self)["recv"].get(request.request_id)
     if pending is not None and num_external_tokens > 0:
+        own = _specific(self, "receiving_blocks")
         unhashed = getattr(blocks, "get_unhashed_block_ids_all_groups", None)
-        pending[1] = _groups(unhashed() if unhashed else blocks.get_block_ids())
+        pending[1] = _groups(own(self, blocks, pending[2]) if own else
+                             unhashed() if unhashed else blocks.get_block_ids())
 
 
 def _on_build(self, meta, scheduler_output, *args, **kwargs) -> None:

@@ -8,6 +8,8 @@ and its ``get_finished`` reports nothing (the decode loaded them already). So:
   read off the step's ``ExampleConnectorMetadata`` (its requests name no request id: they come
   in the order of ``scheduled_new_reqs``); only on a producer (a consumer also saves prompts it
   found no file for, which is not a send).
+* ``receiving_blocks`` (scheduler): the blocks a load lands in (all of the request's past its
+  local prefix hit: the synchronous load's blocks are hashed as soon as they are allocated).
 * ``install`` (worker): ``wait_for_save`` runs after the step's forward, when every layer of the
   saved requests is written (``save_kv_layer``, one file per layer): event ``sent`` there, the
   prefill's digest of the KV it saved. ``start_load_kv`` writes the files' KV into the decode's
@@ -49,6 +51,15 @@ def stores(connector: Any, meta: Any, scheduler_output: Any) -> dict[str, tuple[
         if request.is_store:
             found[new_req.req_id] = (new_req.block_ids, len(request.slot_mapping))
     return found
+
+
+def receiving_blocks(connector: Any, blocks: Any, first_position: int) -> list[list[int]]:
+    """The blocks a load lands in, from prompt position ``first_position`` (after a local
+    prefix hit) on. Its load is synchronous: the scheduler counts the loaded tokens computed at
+    once and hashes their full blocks on allocation, so "unhashed" (the interface's default)
+    would leave out all but the last; the request's blocks past the local hit are the ones."""
+    skip = first_position // int(connector._block_size)
+    return [list(group)[skip:] for group in blocks.get_block_ids()]
 
 
 def _after(original: Callable, announce: Callable[[Any, Any], None], when: Callable[..., bool]
