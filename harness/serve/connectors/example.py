@@ -34,9 +34,9 @@ NOT_AVAILABLE = {
                              "to its own prefill by the proxy's request id",
     "no-failed-transfers": "ExampleConnector counts no transfers, failed or not (no /metrics of "
                            "its own); a failed load is an exception in the decode",
-    "decode-did-not-recompute": "it loads whole blocks of the prompt less its last token: the "
-                                "decode computes the last 2 to block_size + 1 prompt tokens "
-                                "itself by design",
+    "decode-did-not-recompute": "it loads the prompt's whole blocks short of its last "
+                                "position, and the decode computes the remaining 2 to "
+                                "block_size + 1 prompt tokens itself by design",
     "kv-bytes-exact": "it counts no bytes (no /metrics of its own)",
 }
 
