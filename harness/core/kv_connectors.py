@@ -38,6 +38,9 @@ class ConnectorRow:
     package: str | None = None
     # why the harness has no module for it (rule kv-connector-driven); None with a module
     not_driven: str | None = None
+    # None: its hops carry kv_transfer_params (what the proxy's drop-transfer and foreign-params
+    # canaries edit); else how the decode finds the KV without them (rule known-fault)
+    no_params: str | None = None
 
 
 OFFLOAD_ON_GPU_ONLY = ("vLLM CPU 0.32 refuses it at start-up: 'CPU Offloading is currently only "
@@ -120,10 +123,13 @@ KV_CONNECTORS: dict[str, ConnectorRow] = {
         devices_why="AMD's MoRI-IO: ROCm GPUs only",
         package="mori (pip: 'No matching distribution found for mori')",
         not_driven="P/D over AMD's MoRI-IO (RDMA between ROCm GPUs): no ROCm machine to run it"),
+    # vLLM's teaching connector: the prefill saves each prompt's KV into files, the decode loads
+    # them by the prompt's hash (harness.serve.connectors.example)
     "example": ConnectorRow(
         "ExampleConnector", f"{_V1}.example_connector:ExampleConnector", ("cpu", "cuda"),
-        not_driven="vLLM's teaching example (KV through safetensors files in a shared "
-                   "directory, one file per layer): no harness module"),
+        module="harness.serve.connectors.example",
+        no_params="the decode finds the prompt's KV by the hash of its tokens in the shared "
+                  "directory; no kv_transfer_params cross"),
     "example-hidden-states": ConnectorRow(
         "ExampleHiddenStatesConnector",
         f"{_V1}.example_hidden_states_connector:ExampleHiddenStatesConnector", ("cpu", "cuda"),

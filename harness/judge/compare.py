@@ -44,6 +44,9 @@ class TransferProof:
     # requests whose params the proxy named itself, because the connector's prefill answers
     # none (Mooncake: a transfer id, the prefill's engine and bootstrap address)
     params_named_by_proxy: int = 0
+    # whether the connector counts the bytes it moves (False: ExampleConnector, no /metrics of
+    # its own; kv-arrived-externally then rests on vLLM's external prompt-token count)
+    kv_bytes_counted: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if k != "counters"}

@@ -13,6 +13,8 @@ from harness.matrix.rule_types import RuleContext, RuleList, blocks
 
 DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float")
 FLASHINFER_KERNEL_BLOCKS = (16, 32, 64)
+# the proxy's canaries, which act on the decode's kv_transfer_params (harness.serve.proxy.hops)
+PARAM_FAULTS = ("drop-transfer", "foreign-params")
 
 RULES = RuleList()
 rule = RULES.rule
@@ -125,9 +127,14 @@ def _boundary_blocks(cell: Cell, ctx: RuleContext) -> str | None:
 
 @rule("known-fault", "invalid")
 def _known_fault(cell: Cell, ctx: RuleContext) -> str | None:
-    """A canary's fault mode is one the fault plugin implements."""
+    """A canary's fault mode is one the fault plugin implements, and can act on the cell's
+    connector: the proxy's param canaries need a connector whose hops carry params."""
     if cell.fault is not None and cell.fault not in FAULTS:
         return f"unknown fault {cell.fault!r}; use one of {', '.join(FAULTS)}"
+    row = KV_CONNECTORS.get(cell.kv_connector)
+    if cell.fault in PARAM_FAULTS and row is not None and row.no_params:
+        return (f"fault {cell.fault} edits the kv_transfer_params the proxy sends the decode; "
+                f"kv_connector {cell.kv_connector} ({row.vllm_name}) sends none: {row.no_params}")
     return None
 
 

@@ -27,6 +27,7 @@ from harness.run.record import CellResult, Recorder
 from harness.run.stages import BaselineRound, EndpointAsker, QuestionOrder, StagedRun
 from harness.run.transfer_evidence import (ByteGeometry, DigestFiles, link_evidence, link_start,
                                            pair_counters, read_proxy_records, transfer_proof)
+from harness.serve.connectors.registry import connector_for
 from harness.serve.deploy import DeployContext, Deployment, Endpoint, ProxyDeployment
 from harness.serve.launch.server_spec import draft_model_path
 from harness.serve.plugins.faults.spec import request_tag_for
@@ -183,6 +184,7 @@ class CellEvaluator:
             plan = weather_plan(plan, weather.workload.min_questions)
             policy = replace(policy, stages=plan.stages)
         started = time.monotonic()
+        pair.empty_shared_dirs()     # a pair's earlier cell saved these prompts' KV already
         try:
             with self._proxy(cell, pair, rnd, records_path,
                              weather.workload.request_tag if weather is not None else None) as proxy:
@@ -233,6 +235,8 @@ class CellEvaluator:
                 proofs[n] = witness.proof()
 
         previous_n = None
+        # checks the cell's connector cannot be held to (no params, no counters): said, not passed
+        not_available = connector_for(cell.kv_connector).not_available_lines()
         looks: list[dict] = []
         judgement = None
         random = group.load_format == "dummy"
@@ -252,7 +256,8 @@ class CellEvaluator:
             aa = noise_floor_for_look(self.progress, rnd, ask_ahead, ahead)
             cmp = compare(base_run, pd_run, proof, baseline_aa=aa, alpha=self.policy.alpha)
             verdict = decide(cmp, policy, cell.expected_failure, reference=group.reference,
-                             previous_n=previous_n, random_weights=random, weather=judgement)
+                             previous_n=previous_n, random_weights=random, weather=judgement,
+                             not_available=not_available)
             if verdict.look is not None:
                 looks.append(verdict.look)
             if verdict.status != CONTINUE:

@@ -6,7 +6,9 @@ prefill computed? Read from the digest files the P/D servers wrote
   the kv_transfer_params the proxy *received*: the question's own prefill), or, for a connector
   whose prefill answers none (Mooncake), the one whose id carries the proxy id of the transfer
   the proxy named;
-* the decode's line is the one whose vLLM request id carries the proxy's id (``X-Request-Id``).
+* the decode's line is the one whose vLLM request id carries the proxy's id (``X-Request-Id``);
+  for a connector whose hops carry no params at all (ExampleConnector), the prefill's line is
+  found the same way: the prefill the proxy sent that request to.
 
 So a decode that read another request's blocks (foreign params) differs from its question's
 prefill even though the bytes it read were intact. Per request the two sides' digests are
@@ -23,6 +25,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterable
 
+from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR, KV_CONNECTORS
 from harness.judge.kv_digest_check import compare_digests
 from harness.serve.plugins.kv_digest.digest import KVDigest, merge_tp_ranks
 from harness.serve.plugins.kv_digest.hook import RAW_PIECE_TOKENS
@@ -155,8 +158,17 @@ def _sides(record: dict, index: tuple[dict[str, list[dict]], dict[str, list[dict
         # a connector whose prefill answers nothing (Mooncake): the prefill the proxy's
         # handle names, by the proxy id in its transfer id
         ours = by_prefill_uuid.get(_proxy_uuid(str(handle.get("transfer_id", ""))) or "-")
+    if ours is None and not received and not handle and _without_params(record):
+        # a connector whose hops carry no params (ExampleConnector: the decode loads by the
+        # prompt's hash): the prefill the proxy sent this same request to
+        ours = by_prefill_uuid.get(_proxy_uuid(record.get("request_id", "")) or "-")
     theirs = by_uuid.get(_proxy_uuid(record.get("request_id", "")) or "")
     return tuple(side_of(lines) if lines else None for lines in (ours, theirs))  # type: ignore[return-value]
+
+
+def _without_params(record: dict) -> bool:
+    row = KV_CONNECTORS.get(record.get("kv_connector") or DEFAULT_KV_CONNECTOR)
+    return row is not None and row.no_params is not None
 
 
 def request_digests(records: list[dict], prefill_files: Iterable[str],

@@ -225,6 +225,8 @@ def transfer_proof(records: list[dict], delta: TransferCounters, hybrid: bool,
                          requests_sent_params=sent,
                          byte_account=byte_account, byte_account_skipped=skipped, link=link,
                          params_named_by_proxy=named,
+                         kv_bytes_counted=all("kv_bytes" in record_connector(r).metrics.samples
+                                              .values() for r in records),
                          **_digest_fields(records, digests))
 
 

@@ -12,10 +12,11 @@ reuse one P/D pair. P/D servers write their KV digests next to their logs.
 """
 from __future__ import annotations
 
+import shutil
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -190,6 +191,7 @@ class Deployment:
         """Start every server (concurrently, each in its own process group); don't wait.
         With start slots, each server starts from a thread of its own once it holds a slot."""
         self._launched_at = time.monotonic()
+        self.empty_shared_dirs()
         if self.topology is not None:
             self.topology.create()         # NetnsError (one line) when it cannot be made
         if self.start_slots is not None:
@@ -205,6 +207,18 @@ class Deployment:
             self.stop()
             raise
         return self
+
+    def shared_dirs(self) -> list[Path]:
+        """The directories this deployment's servers share (ExampleConnector's KV files)."""
+        return sorted({Path(s.kv_shared_path) for s in self.specs if s.kv_shared_path})
+
+    def empty_shared_dirs(self) -> None:
+        """Empty the shared directories (at launch, and before each cell's evaluation): a file
+        an earlier run or cell saved would be found by prompt hash, and the prefill would load
+        it instead of computing and saving the prompt's KV itself."""
+        for path in self.shared_dirs():
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir(parents=True)
 
     def wait(self) -> "Deployment":
         """Wait until every server answers /health; the first to die (or the deadline) raises
@@ -470,6 +484,10 @@ def plan_pair(cell: Cell, ctx: DeployContext, *, model_path: str, hybrid: bool,
         cell.decode_tp, "armed" if arm_faults else "ok", *([topology.tag] if topology else ()),
         *([cell.kv_connector] if cell.kv_connector != DEFAULT_KV_CONNECTOR else ()),
         *(["w_" + cell.weather + params_token(cell.weather_params)] if cell.weather != DEFAULT_WEATHER else ())))
+    if connector_for(cell.kv_connector).shared_path_key:
+        # the pair's own directory: another pair's files would be found by prompt hash
+        shared = str(Path(ctx.log_dir) / f"{name}.kv-files")
+        specs = [replace(s, kv_shared_path=shared) for s in specs]
     return Deployment(name, specs, log_dir=ctx.log_dir, features=ctx.features,
                       startup_timeout_s=ctx.startup_timeout_s, allocator=allocator,
                       reserved_ports=reserved, start_slots=ctx.start_slots, topology=topology,

@@ -482,3 +482,55 @@ def test_baseline_near_vllm_ci_expected_value_passes_the_health_check():
     cmp = dataclasses.replace(comparison(), baseline_accuracy=0.40)   # 24/60 vs 0.41
     v = decide(cmp, reference=expected_reference("Qwen/Qwen3-0.6B", "gsm8k"))
     assert check(v, "baseline-health").passed
+
+
+# ---- a connector with no params and no counters (ExampleConnector) --------------------------
+def example_proof(n: int = N, external: float = 384.0 * N, **digest) -> TransferProof:
+    """What the proof of an ExampleConnector pair holds: no params either way, no counters of
+    its own, the decode's own external prompt-token count, its tail computed locally."""
+    return proof(n, requests_with_params=0, requests_own_params=0, requests_sent_params=0,
+                 kv_bytes_counted=False,
+                 counters={"prompt_tokens_external": external, "kv_bytes": 0.0,
+                           "kv_transfers": 0.0, "prompt_tokens_local": 20.0 * n},
+                 kv_digest=digest_summary(n, **digest))
+
+
+def test_checks_a_connector_cannot_be_held_to_are_said_not_passed():
+    from harness.serve.connectors.registry import connector_for
+
+    lines = connector_for("example").not_available_lines()
+    v = decide(comparison(transfer=example_proof()), not_available=lines)
+    assert v.status == PASS
+    names = {c.name for c in v.checks}
+    assert not names & set(lines) and {"kv-arrived-externally", "kv-digest"} <= names
+    assert sorted(v.not_available) == sorted(lines.values())
+    assert check(v, "kv-arrived-externally").detail == (
+        f"external_kv_transfer={384 * N} tokens, kv_bytes not counted by the connector")
+    # the same proof judged as a connector that owes params and counters fails
+    assert decide(comparison(transfer=example_proof())).status == FAIL
+
+
+def test_no_external_tokens_fail_a_connector_that_counts_no_bytes():
+    from harness.serve.connectors.registry import connector_for
+
+    v = decide(comparison(transfer=example_proof(external=0.0)),
+               not_available=connector_for("example").not_available_lines())
+    assert v.status == FAIL and not check(v, "kv-arrived-externally").passed
+    assert v.reason.startswith("decode recomputed the prompt: no KV crossed")
+
+
+def test_a_corrupted_block_of_a_connector_without_params_is_caught_by_the_digest():
+    from harness.serve.connectors.registry import connector_for
+
+    v = decide(comparison(pd_wrong=N // 2, transfer=example_proof(differing=N)),
+               not_available=connector_for("example").not_available_lines())
+    assert v.status == FAIL and v.reason.startswith("the decode's prompt KV is not the prefill's")
+    assert dataclasses.replace(v, canary="corrupt-block").outcome == "CAUGHT"
+
+
+def test_not_available_names_only_checks_of_the_table():
+    with pytest.raises(ValueError, match="names no transfer check"):
+        decide(comparison(), not_available={"no-such-check": "no-such-check: why"})
+    # one the proof does not compute (no byte account here) may be said not available
+    assert decide(comparison(), not_available={"kv-bytes-exact": "kv-bytes-exact: na"}
+                  ).not_available == ("kv-bytes-exact: na",)

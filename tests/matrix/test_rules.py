@@ -66,6 +66,11 @@ CASES = [
     ("known-device", cpu_cell(), cpu_cell(device="tpu"), CPU),
     ("known-kv-buffer-device", cpu_cell(), cpu_cell(kv_buffer_device="disk"), CPU),
     ("known-fault", cpu_cell(fault="drop-transfer"), cpu_cell(fault="melt-gpu"), CPU),
+    # the proxy's param canaries need params to edit: ExampleConnector's hops carry none
+    ("known-fault", cpu_cell(kv_connector="example", fault="corrupt-block"),
+     cpu_cell(kv_connector="example", fault="drop-transfer"), CPU),
+    ("known-fault", cpu_cell(kv_connector="nixl-push", fault="foreign-params"),
+     cpu_cell(kv_connector="example", fault="foreign-params"), CPU),
     ("known-compile", cpu_cell(compile="eager"), cpu_cell(compile="jit"), CPU),
     ("known-network", cpu_cell(network="netns"), cpu_cell(network="wan"), CPU),
     ("known-network", cpu_cell(network="netns"), gpu_cell(network="netns"), GPU2),
@@ -180,7 +185,7 @@ CASES = [
     # a connector vLLM CPU refuses at start-up is excluded on CPU, kept on a GPU
     ("known-kv-connector", gpu_cell(kv_connector="offloading"), cpu_cell(kv_connector="offloading"), GPU2),
     ("kv-connector-moves-kv", cpu_cell(kv_connector="nixl-push"), cpu_cell(kv_connector="decode-bench"), CPU),
-    ("kv-connector-driven", cpu_cell(kv_connector="nixl-push"), cpu_cell(kv_connector="example"), CPU),
+    ("kv-connector-driven", cpu_cell(kv_connector="example"), cpu_cell(kv_connector="flexkv"), CPU),
     ("vllm-kv-connector", gpu_cell(kv_connector="mooncake"), gpu_cell(kv_connector="mooncake"), "mooncake"),
     ("known-weather", cpu_cell(weather="load"), cpu_cell(weather="storm"), CPU),
     ("vllm-v2-ngram", gpu_cell(runner="v2", spec_decode="ngram"),
@@ -366,3 +371,17 @@ def test_a_transport_that_does_not_import_is_named_with_its_error_and_package():
     [hit] = [p for p in check_cell(gpu_cell(kv_connector="mooncake"), platform, CATALOG)
              if p.rule == "vllm-kv-connector"]
     assert "libibverbs.so.1" in hit.message and "mooncake-transfer-engine" in hit.message
+
+
+def test_the_param_canaries_are_the_proxys():
+    """rule known-fault names the proxy's canaries itself (the matrix imports nothing of serve/)."""
+    from harness.matrix.rules_cell import PARAM_FAULTS
+    from harness.serve.proxy.hops import PROXY_FAULTS
+
+    assert set(PARAM_FAULTS) == set(PROXY_FAULTS)
+
+
+def test_a_param_canary_on_a_connector_without_params_says_why():
+    bad = check_cell(cpu_cell(kv_connector="example", fault="drop-transfer"), CPU, CATALOG)
+    reason = next(p.message for p in bad if p.rule == "known-fault")
+    assert "ExampleConnector" in reason and "sends none" in reason and "hash" in reason

@@ -213,3 +213,36 @@ def test_multiconnector_alone_wraps_nixl_only_and_runs_where_nixl_runs():
         "NixlConnector"]
     assert "cpu" in connector_row("multi-nixl").devices
     assert "cpu" not in connector_row("multi-nixl-offload").devices
+
+
+EXAMPLE = connector_for("example")
+
+
+def test_example_servers_share_one_path_producer_and_consumer():
+    for role, kv_role in (("prefill", "kv_producer"), ("decode", "kv_consumer")):
+        argv = build_argv(spec(role, "example", kv_shared_path="/logs/pair-x.kv-files"), Features())
+        config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+        assert config == {"kv_connector": "ExampleConnector", "kv_role": kv_role,
+                          "kv_connector_extra_config": {
+                              "shared_storage_path": "/logs/pair-x.kv-files"}}
+        assert not {k for k in build_env(spec(role, "example"), Features(), base_env={})
+                    if "NIXL" in k or "MOONCAKE" in k}
+    # a connector that takes no shared path gets none, even when a spec carries one
+    nixl = build_argv(spec("decode", "nixl", kv_shared_path="/logs/x"), Features())
+    assert "shared_storage_path" not in nixl[nixl.index("--kv-transfer-config") + 1]
+
+
+def test_example_sends_no_params_and_cannot_be_held_to_param_or_counter_checks():
+    assert EXAMPLE.prefill_answer(None, sent={}, side="127.0.0.1:1") is None
+    assert EXAMPLE.decode_params(None) is None and EXAMPLE.decode_params(RECEIVED) is None
+    assert EXAMPLE.block_params(RECEIVED, RECEIVED) is None
+    assert not EXAMPLE.prefill_answers_params and EXAMPLE.byte_accounting is None
+    assert EXAMPLE.metrics.samples == {} and EXAMPLE.kv_digest
+    lines = EXAMPLE.not_available_lines()
+    assert set(lines) == {"prefill-returned-params", "decode-got-params",
+                          "decode-got-own-params", "no-failed-transfers",
+                          "decode-did-not-recompute", "kv-bytes-exact"}
+    assert all(line.startswith(f"{check}: not available for example: ")
+               for check, line in lines.items())
+    assert PULL.not_available_lines() == {}
+    assert connector_row("example").no_params and connector_row("nixl").no_params is None

@@ -108,3 +108,18 @@ def test_one_server_is_killed_and_relaunched_on_its_own_ports(tmp_path, monkeypa
         except RuntimeError as error:
             assert "still running" in str(error)
     assert not again.is_running() and not decode_before.is_running()
+
+
+def test_a_pair_of_a_shared_path_connector_gets_one_fresh_directory_of_its_own(tmp_path):
+    cell = Cell(model="m", kv_connector="example")
+    _, baseline, pair = _plan(tmp_path, cell)
+    paths = {s.role: s.kv_shared_path for s in pair.specs}
+    assert paths["prefill"] == paths["decode"] == str(tmp_path / f"{pair.name}.kv-files")
+    assert baseline.specs[0].kv_shared_path is None and baseline.shared_dirs() == []
+    stale = Path(paths["decode"]) / "0123abcd"
+    stale.mkdir(parents=True)
+    (stale / "model.layers.0.self_attn.attn.safetensors").write_bytes(b"old KV")
+    pair.empty_shared_dirs()        # what launch() and each cell's evaluation do first
+    assert pair.shared_dirs() == [Path(paths["decode"])] and not any(Path(paths["decode"]).iterdir())
+    # NIXL's pairs share nothing on disk
+    assert all(s.kv_shared_path is None for s in _plan(tmp_path, Cell(model="m"))[2].specs)

@@ -370,3 +370,19 @@ def test_a_tp2_decode_is_merged_across_its_ranks_before_it_is_compared(tmp_path,
     (tmp_path / "d.jsonl").write_text(lines[1][1] + "\n")
     passed, line = describe(digest_evidence(records, *files, 64))
     assert not passed and "K head 0 tokens 0-31" in line
+
+
+def test_a_connector_without_params_joins_the_prefill_the_proxy_sent_the_request_to(tmp_path, kv):
+    """ExampleConnector: no params either way; the decode's prompt KV is compared with that of
+    the prefill the proxy sent the same request to. A connector that owes params does not get
+    this join: without them its prefill side is missing."""
+    _, p_path, d_path = run_pair(tmp_path, kv, p_bs=64, d_bs=64)
+    files = [str(p_path)], [str(d_path)]
+    example = [{"request_id": PROXY_ID, "kv_connector": "example",
+                "received_kv_transfer_params": None, "kv_transfer_handle": None}]
+    assert describe(digest_evidence(example, *files, 64)) == (True, "identical on 1/1 requests")
+    other = [{**example[0], "request_id": "pdacc-" + "cd" * 16}]   # another request: no join
+    assert not describe(digest_evidence(other, *files, 64))[0]
+    nixl = [{**example[0], "kv_connector": "nixl"}]
+    passed, line = describe(digest_evidence(nixl, *files, 64))
+    assert not passed and "compared on 0/1 requests only" in line

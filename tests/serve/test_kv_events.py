@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.serve.plugins.kv_events import interface
-from harness.serve.plugins.kv_events.by_connector import mooncake, nixl
+from harness.serve.plugins.kv_events.by_connector import example, mooncake, nixl
 from harness.serve.plugins.kv_events.interface import KVView, Received, Sent
 
 PLUGINS = Path(interface.__file__).resolve().parents[1]
@@ -68,8 +68,8 @@ def test_the_table_serves_each_nixl_class_and_its_subclasses_and_nothing_else():
         assert interface.specifics_for(type(name, (), {})) is nixl
     subclass = type("MyConnector", (type("NixlPushConnector", (), {}),), {})
     assert interface.specifics_for(subclass) is nixl
-    for name in ("LMCacheConnectorV1", "ExampleConnector"):
-        assert interface.specifics_for(type(name, (), {})) is None
+    assert interface.specifics_for(type("LMCacheConnectorV1", (), {})) is None
+    assert interface.specifics_for(type("ExampleConnector", (), {})) is example
     assert interface.specifics_for(type("MooncakeConnector", (), {})) is mooncake
 
 
@@ -316,3 +316,102 @@ def test_a_wrapper_or_an_offloader_is_left_unhooked(name):
     interface.patch_connector_class(cls)
     assert cls.request_finished is original
     assert interface.specifics_for(cls).UNHOOKED
+
+
+# ---------------------------------------------------------------- ExampleConnector (files)
+
+def example_class():
+    """A stand-in ExampleConnector: its step's metadata is vLLM's own ExampleConnectorMetadata,
+    bound on the worker and read back through ``_get_connector_metadata``."""
+    def bind(self, metadata):
+        self.bound = metadata
+
+    return connector_class(
+        "ExampleConnector", bind_connector_metadata=bind,
+        _get_connector_metadata=lambda self: self.bound,
+        build_connector_meta=lambda self, scheduler_output: self.next_meta,
+        get_num_new_matched_tokens=lambda self, request, n: (self.matched, False),
+        wait_for_save=lambda self: None,
+        start_load_kv=lambda self, forward_context, **kw: None)
+
+
+def new_req(req_id, tokens, blocks):
+    return types.SimpleNamespace(req_id=req_id, prompt_token_ids=tokens, block_ids=(blocks,))
+
+
+def test_example_saves_are_announced_after_the_forward_with_the_requests_they_save(events):
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import (
+        ExampleConnectorMetadata)
+
+    cls = example_class()
+    scheduler, worker = cls(), cls()
+    scheduler._kv_transfer_config = types.SimpleNamespace(is_kv_producer=True)
+    meta = ExampleConnectorMetadata()
+    # vLLM's build_connector_meta: p1 saved, p2 found already (nothing added), p3 saved
+    first, third = list(range(300)), list(range(1000, 1130))
+    meta.add_request(first, [4, 5, 6], 128, is_store=True, mm_hashes=[])
+    meta.add_request(third, [9, 10], 128, is_store=True, mm_hashes=[])
+    scheduler.next_meta = meta
+    bound = scheduler.build_connector_meta(types.SimpleNamespace(scheduled_new_reqs=[
+        new_req("p1", first, [4, 5, 6]), new_req("p2", list(range(500, 700)), [7, 8]),
+        new_req("p3", third, [9, 10])]))
+    worker.register_kv_caches({})
+    worker.bind_connector_metadata(bound)
+    worker.start_load_kv(types.SimpleNamespace(attn_metadata={}))
+    assert events == []                                 # not before the forward wrote them
+    worker.wait_for_save()
+    assert events == [("sent", Sent("p1", ((4, 5, 6),), 256)),   # whole blocks of the prompt
+                      ("sent", Sent("p3", ((9, 10),), 128))]
+
+
+def test_example_saves_on_a_consumer_are_not_sends(events):
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import (
+        ExampleConnectorMetadata)
+
+    cls = example_class()
+    decode = cls()
+    decode._kv_transfer_config = types.SimpleNamespace(is_kv_producer=False)
+    meta = ExampleConnectorMetadata()
+    meta.add_request(list(range(300)), [1, 2, 3], 128, is_store=True, mm_hashes=[])
+    decode.next_meta = meta
+    decode.bind_connector_metadata(decode.build_connector_meta(types.SimpleNamespace(
+        scheduled_new_reqs=[new_req("d1", list(range(300)), [1, 2, 3])])))
+    decode.register_kv_caches({})
+    decode.wait_for_save()
+    assert events == []
+
+
+def test_example_loads_are_announced_when_start_load_kv_wrote_them(events):
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import (
+        ExampleConnectorMetadata)
+
+    cls = example_class()
+    scheduler, worker = cls(), cls()
+    scheduler._block_size, scheduler.matched = 128, 256
+    decode = request("d1")                               # no params: it matched by prompt hash
+    scheduler.get_num_new_matched_tokens(decode, 128)    # a one-block local prefix hit
+    # a synchronous load: vLLM hashed the loaded full blocks on allocation, the tail's is not
+    scheduler.update_state_after_alloc(decode, types.SimpleNamespace(
+        get_block_ids=lambda: ([3, 4, 5, 6],),
+        get_unhashed_block_ids_all_groups=lambda: ([6],)), 256)
+    scheduler.next_meta = ExampleConnectorMetadata()
+    bound = scheduler.build_connector_meta(types.SimpleNamespace(scheduled_new_reqs=[]))
+    worker.register_kv_caches({})
+    worker.bind_connector_metadata(bound)
+    worker.start_load_kv(types.SimpleNamespace(attn_metadata=None))   # vLLM loads nothing then
+    assert events == []
+    worker.start_load_kv(types.SimpleNamespace(attn_metadata={}))
+    worker.start_load_kv(types.SimpleNamespace(attn_metadata={}))     # once
+    assert events == [("received", Received("d1", None, ((4, 5, 6),), 128, 256))]
+
+
+def test_example_reads_what_vllms_example_connector_has():
+    """The names by_connector/example reads exist in the installed vLLM's connector."""
+    from vllm.distributed.kv_transfer.kv_connector.v1 import example_connector as upstream
+
+    for name in ("wait_for_save", "start_load_kv", "build_connector_meta",
+                 "_get_connector_metadata"):
+        assert callable(getattr(upstream.ExampleConnector, name)), name
+    meta = upstream.ReqMeta.make_meta(list(range(300)), [1, 2, 3], 128, True, [])
+    assert (len(meta.token_ids), len(meta.slot_mapping), meta.is_store) == (256, 256, True)
+    assert interface.gives_arrival(type("ExampleConnector", (), {})()) is False

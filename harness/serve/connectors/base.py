@@ -70,6 +70,12 @@ class KvConnector:
     # whether the prefill answers the params the decode needs (NIXL); False: it answers none and
     # the proxy names the transfer itself (Mooncake: a transfer id on both hops)
     prefill_answers_params: bool = True
+    # the kv_connector_extra_config key that takes a directory both servers of a pair share
+    # (the deployment makes a fresh one per pair); None: the connector needs none
+    shared_path_key: str | None = None
+    # verdict check -> why this connector cannot be held to it: the record says "not available
+    # for <value>: why", never a pass (harness.run.cell_eval)
+    not_available: Mapping[str, str] = field(default_factory=dict)
 
     # ---- servers ------------------------------------------------------------------------
     def kv_transfer_config(self, role: str, *, kv_role: str, kv_buffer_device: str,
@@ -84,6 +90,12 @@ class KvConnector:
                    side_port: int | None) -> dict[str, str]:
         """Environment a P/D server needs (``side_port``: the first of its reserved ports)."""
         return {}
+
+    def not_available_lines(self) -> dict[str, str]:
+        """``not_available`` as the verdict's lines: check -> "<check>: not available for
+        <value>: <why>"."""
+        return {check: f"{check}: not available for {self.value}: {why}"
+                for check, why in self.not_available.items()}
 
     # ---- proxy --------------------------------------------------------------------------
     def prefill_params_for(self, request_id: str) -> dict[str, Any]:

@@ -105,6 +105,7 @@ class ServerSpec:
     kv_buffer_device: str = "cpu"
     kv_connector: str = DEFAULT_KV_CONNECTOR   # harness.core.kv_connectors key (prefill/decode)
     side_channel_port: int | None = None      # the connector's first reserved port (its handshake)
+    kv_shared_path: str | None = None         # a directory the pair shares (ExampleConnector's files)
     internal_port: int | None = None          # VLLM_PORT: first of the ports vLLM binds inside
     kv_cache_bytes: int | None = DEFAULT_CPU_KV_CACHE_BYTES
     cpu_cores: str | None = None               # VLLM_CPU_OMP_THREADS_BIND, e.g. "0" or "0-1"
@@ -172,9 +173,13 @@ def engine_settings(cell: Cell, role: str) -> dict[str, Any]:
 def kv_transfer_config(spec: ServerSpec, features: Features) -> dict | None:
     if spec.role == "baseline":
         return None
-    config = connector_for(spec.kv_connector).kv_transfer_config(
+    connector = connector_for(spec.kv_connector)
+    config = connector.kv_transfer_config(
         spec.role, kv_role=features.kv_role(spec.role), kv_buffer_device=spec.kv_buffer_device,
         kv_layout=spec.kv_layout, side_port=spec.side_channel_port)
+    if connector.shared_path_key and spec.kv_shared_path:
+        config["kv_connector_extra_config"] = {**config.get("kv_connector_extra_config", {}),
+                                               connector.shared_path_key: spec.kv_shared_path}
     config.update(dict(spec.weather.kv_transfer))
     if spec.weather.kv_connector_extra:
         config["kv_connector_extra_config"] = {**config.get("kv_connector_extra_config", {}),

@@ -16,6 +16,8 @@ before its first instance) at the interface's own methods:
   notification can free them: event ``sent``), ``get_transfer_results`` / ``get_finished``
   (``finished_recving`` less ``failed_recving``: the request's KV is in place, after the
   connector's own post-processing, before the scheduler runs its first decode step: ``received``).
+  A connector that saves and loads inside the step's forward has its module
+  announce both (:func:`saved` after the forward, :func:`loaded` before it reads the KV).
 
 Plugins :func:`subscribe` to those events, in an order (faults, which change the KV, before
 digests, which read it). What a connector does its own way (its clipped block lists, a host
@@ -44,6 +46,9 @@ BY_CONNECTOR = "harness.serve.plugins.kv_events.by_connector"
 # plain tuples on the metadata: it is pickled to a multiprocess worker
 SEND_ATTR = "pd_accuracy_send"    # {req_id: (block ids per group, num_tokens)}
 RECV_ATTR = "pd_accuracy_recv"    # {req_id: (remote request id, block ids, first position, count)}
+# a connector that saves a prompt's KV during the step's forward (by_connector/): the requests
+# it saves this step, announced once the forward wrote them (``saved``)
+SAVE_ATTR = "pd_accuracy_save"    # {req_id: (block ids per group, num_tokens)}
 EVENTS = ("registered", "sent", "arrived", "received")
 _MARK = "__pd_accuracy_kv_events__"
 _STATE = "_pd_accuracy_kv_events"
@@ -193,8 +198,10 @@ def _on_matched(self, result, request, num_computed_tokens, *args, **kwargs) -> 
 def _on_alloc(self, result, request, blocks, num_external_tokens, *args, **kwargs) -> None:
     pending = state(self)["recv"].get(request.request_id)
     if pending is not None and num_external_tokens > 0:
+        own = _specific(self, "receiving_blocks")
         unhashed = getattr(blocks, "get_unhashed_block_ids_all_groups", None)
-        pending[1] = _groups(unhashed() if unhashed else blocks.get_block_ids())
+        pending[1] = _groups(own(self, blocks, pending[2]) if own else
+                             unhashed() if unhashed else blocks.get_block_ids())
 
 
 def _on_build(self, meta, scheduler_output, *args, **kwargs) -> None:
@@ -207,6 +214,10 @@ def _on_build(self, meta, scheduler_output, *args, **kwargs) -> None:
         r for r, pending in own["recv"].items() if pending[1]}
     setattr(meta, RECV_ATTR, {r: tuple(own["recv"].pop(r)) for r in list(own["recv"])
                               if r in wanted})
+    stores = _specific(self, "stores")
+    if stores:
+        setattr(meta, SAVE_ATTR, {r: (_groups(blocks), int(num_tokens)) for r, (blocks, num_tokens)
+                                  in stores(self, meta, scheduler_output).items()})
 
 
 # -- worker side ----------------------------------------------------------------------------
@@ -244,6 +255,22 @@ def arrived(connector: Any, done: Any, failed: set, fail: Callable[[str], None])
     for request_id in sorted((set(done or ()) - set(failed)) & own["plans"].keys()):
         _dispatch("arrived", connector, own["view"], own["plans"][request_id],
                   functools.partial(fail, request_id))
+
+
+def saved(connector: Any, metadata: Any) -> None:
+    """What a connector's module calls once the step's forward wrote the KV its connector saves
+    in that step (``SAVE_ATTR``): event ``sent`` per request, the KV still in its blocks."""
+    view = state(connector)["view"]
+    for request_id, (block_ids, num_tokens) in (getattr(metadata, SAVE_ATTR, None) or {}).items():
+        _dispatch("sent", connector, view, Sent(request_id, block_ids, num_tokens))
+
+
+def loaded(connector: Any, metadata: Any) -> None:
+    """What a connector's module calls once it loaded this step's KV synchronously, before the
+    forward reads it: event ``received`` for each request the step's metadata receives."""
+    own = state(connector)
+    for request_id in sorted(set(getattr(metadata, RECV_ATTR, None) or {}) & own["plans"].keys()):
+        _dispatch("received", connector, own["view"], own["plans"].pop(request_id))
 
 
 def received_request_ids(results: Any) -> set[str]:
@@ -318,8 +345,11 @@ def hold_leases(cut: Callable[[Any, dict, float], None]) -> bool:
 
 
 def gives_arrival(connector: Any) -> bool:
-    """Whether this connector's module gives the ``arrived`` event (its read poll)."""
-    return _specific_install(type(connector)) is not None
+    """Whether this connector's module gives the ``arrived`` event (its read poll; a module
+    whose ``install`` hooks other moments says ``GIVES_ARRIVAL = False``)."""
+    module = specifics_for(type(connector))
+    return (_specific_install(type(connector)) is not None
+            and getattr(module, "GIVES_ARRIVAL", True))
 
 
 def _specific_install(cls: type) -> Callable | None:
