@@ -52,7 +52,7 @@ def test_register_asks_once_and_never_raises(monkeypatch):
 
     cpu = FakeCpu(tiles=True)
     monkeypatch.setattr(torch, "cpu", cpu)
-    monkeypatch.setattr(cpu_amx, "_asked", None)
+    monkeypatch.setattr(cpu_amx.register, "done", False)
     monkeypatch.delenv(cpu_amx.ENV, raising=False)
     cpu_amx.register()
     cpu_amx.register()
@@ -64,7 +64,7 @@ def test_register_switched_off_does_not_ask(monkeypatch):
 
     cpu = FakeCpu(tiles=True)
     monkeypatch.setattr(torch, "cpu", cpu)
-    monkeypatch.setattr(cpu_amx, "_asked", None)
+    monkeypatch.setattr(cpu_amx.register, "done", False)
     monkeypatch.setenv(cpu_amx.ENV, "0")
     cpu_amx.register()
     assert cpu.asked == 0

@@ -200,7 +200,7 @@ def test_register_arms_the_hooks_of_the_mode(monkeypatch, mode, kv_hooks, fail_h
     hooks: list[str] = []
     monkeypatch.setattr(wrapt, "register_post_import_hook", lambda hook, name: hooks.append(name))
     monkeypatch.setattr(interface, "_installed", False)
-    monkeypatch.setattr(faults, "_registered", False)
+    monkeypatch.setattr(faults.register, "done", False)
     monkeypatch.setenv(fault_spec.FAULT_ENV, mode)
     faults.register()
     assert hooks == [interface.FACTORY_MODULE]

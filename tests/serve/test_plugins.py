@@ -87,7 +87,7 @@ def test_patch_nixl_api_leaves_an_unknown_module_alone(caplog):
 def test_nixl_idle_register_patches_on_import_and_is_idempotent(monkeypatch):
     api, built = make_fake_api()
     hooks = []
-    monkeypatch.setattr(nixl_idle, "_registered", False)
+    monkeypatch.setattr(nixl_idle.register, "done", False)
     monkeypatch.setattr(nixl_idle.wrapt, "register_post_import_hook",
                         lambda hook, name: hooks.append((name, hook)))
     monkeypatch.setenv(nixl_idle.DELAY_ENV, "3000")
@@ -104,7 +104,7 @@ def test_nixl_idle_register_is_a_no_op_when_disabled_or_env_is_bad(monkeypatch):
     monkeypatch.setattr(nixl_idle.wrapt, "register_post_import_hook",
                         lambda hook, name: hooks.append(name))
     for value in ("0", "not-a-number"):
-        monkeypatch.setattr(nixl_idle, "_registered", False)
+        monkeypatch.setattr(nixl_idle.register, "done", False)
         monkeypatch.setenv(nixl_idle.DELAY_ENV, value)
         nixl_idle.register()  # must not raise
     assert hooks == []
@@ -403,16 +403,16 @@ def test_faults_register_is_a_no_op_without_env_and_idempotent(monkeypatch, no_l
     monkeypatch.setattr(interface, "_installed", False)
     monkeypatch.setattr(wrapt, "register_post_import_hook", lambda hook, name: hooks.append(name))
     monkeypatch.delenv(fault_spec.FAULT_ENV, raising=False)
-    monkeypatch.setattr(faults, "_registered", False)
+    monkeypatch.setattr(faults.register, "done", False)
     faults.register()
     assert hooks == [] and not interface._listeners["received"]
     monkeypatch.setenv(fault_spec.FAULT_ENV, "swap-blocks")
-    monkeypatch.setattr(faults, "_registered", False)
+    monkeypatch.setattr(faults.register, "done", False)
     faults.register()
     faults.register()
     assert hooks == [interface.FACTORY_MODULE] and len(interface._listeners["received"]) == 1
     monkeypatch.setenv(fault_spec.FAULT_ENV, "melt-gpu")
-    monkeypatch.setattr(faults, "_registered", False)
+    monkeypatch.setattr(faults.register, "done", False)
     faults.register()  # a bad value is logged, never raised into vLLM
     assert hooks == [interface.FACTORY_MODULE]
 

@@ -29,6 +29,7 @@ import os
 from typing import Any, Mapping
 
 import wrapt
+from harness.serve.plugins.entry import vllm_plugin
 
 
 # Child of vLLM's "vllm" logger so lines carry vLLM's format and reach the server log.
@@ -41,7 +42,6 @@ DEFAULT_PTHR_DELAY_US = 1000
 # imports directly). Hooking them rather than `nixl` also covers code importing them directly.
 NIXL_API_MODULES = ("nixl_cu12._api", "nixl_cu13._api", "nixl_rocm._api")
 
-_registered = False
 
 
 def parse_delay_us(env: Mapping[str, str]) -> int:
@@ -125,19 +125,13 @@ def _make_hook(delay_us: int):
     return hook
 
 
+@vllm_plugin(logger, "pd-accuracy nixl_idle: register() failed; NIXL left as is")
 def register() -> None:
-    """vLLM ``general_plugins`` entry point. Cheap, idempotent, never raises."""
-    global _registered
-    if _registered:
+    """vLLM ``general_plugins`` entry point (harness.serve.plugins.entry)."""
+    delay_us = parse_delay_us(os.environ)
+    if delay_us == 0:
         return
-    _registered = True
-    try:
-        delay_us = parse_delay_us(os.environ)
-        if delay_us == 0:
-            return
-        if importlib.util.find_spec("nixl") is None:
-            return
-        for name in NIXL_API_MODULES:
-            wrapt.register_post_import_hook(_make_hook(delay_us), name)
-    except Exception:
-        logger.exception("pd-accuracy nixl_idle: register() failed; NIXL left as is")
+    if importlib.util.find_spec("nixl") is None:
+        return
+    for name in NIXL_API_MODULES:
+        wrapt.register_post_import_hook(_make_hook(delay_us), name)

@@ -39,6 +39,7 @@ from harness.serve.plugins.faults.spec import (
     perturb_scale,
     select_block_positions,
 )
+from harness.serve.plugins.entry import vllm_plugin
 
 if TYPE_CHECKING:
     import torch
@@ -54,7 +55,6 @@ try:
 except ValueError:  # reported by parse-time validation in the harness; never raise in vLLM
     PERTURB_SCALE = DEFAULT_PERTURB_SCALE
 
-_registered = False
 
 
 def block_dim(cache: "torch.Tensor", num_blocks: int | None) -> int:
@@ -250,6 +250,7 @@ def arm(spec: FaultSpec) -> None:
                    ARMED_PREFIX, spec.kind, spec.block, spec.value, os.getpid())
 
 
+@vllm_plugin(logger, f"{ARMED_PREFIX} register() failed; no fault injected")
 def register() -> None:
     """vLLM ``general_plugins`` entry point: a no-op unless PD_ACCURACY_FAULT is set.
 
@@ -258,19 +259,12 @@ def register() -> None:
     The KV faults act on the ``received`` event (this module); fail-transfer on ``arrived``
     (:mod:`harness.serve.plugins.faults.fail_transfer`); by-request arms both.
     """
-    global _registered
-    if _registered:
+    early_release.arm()     # a prefill's fault (PD_ACCURACY_PREFILL_FAULT); no-op elsewhere
+    spec = parse_fault_env(os.environ)
+    if spec is None:
         return
-    _registered = True
-    try:
-        early_release.arm()     # a prefill's fault (PD_ACCURACY_PREFILL_FAULT); no-op elsewhere
-        spec = parse_fault_env(os.environ)
-        if spec is None:
-            return
-        if spec.kind in KV_FAULT_KINDS or spec.kind == BY_REQUEST:
-            arm(spec)
-        fail_transfer.arm(spec)
-        if spec.kind == BY_REQUEST:
-            late_read.arm()     # weather: a tagged request's read starts late
-    except Exception:
-        logger.exception("%s register() failed; no fault injected", ARMED_PREFIX)
+    if spec.kind in KV_FAULT_KINDS or spec.kind == BY_REQUEST:
+        arm(spec)
+    fail_transfer.arm(spec)
+    if spec.kind == BY_REQUEST:
+        late_read.arm()     # weather: a tagged request's read starts late

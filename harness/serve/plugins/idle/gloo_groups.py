@@ -22,12 +22,13 @@ import logging
 import os
 from typing import Any
 
+from harness.serve.plugins.entry import vllm_plugin
+
 logger = logging.getLogger("vllm.pd_accuracy.gloo_groups")
 
 ENV = "PD_ACCURACY_SHARE_GLOO_GROUPS"
 _SHAREABLE_KWARGS = {"timeout", "group_desc"}   # what does not change a group of one rank
 
-_registered = False
 
 
 def _is_gloo(backend: Any) -> bool:
@@ -69,19 +70,12 @@ def patch_new_group(dist: Any) -> bool:
     return True
 
 
+@vllm_plugin(logger, "pd-accuracy gloo_groups: register() failed; vLLM left as is",
+             wanted=lambda: os.environ.get(ENV, "").strip() == "1")
 def register() -> None:
-    """vLLM ``general_plugins`` entry point. Cheap, idempotent, never raises."""
-    global _registered
-    if _registered:
-        return
-    _registered = True
-    try:
-        if os.environ.get(ENV, "").strip() != "1":
-            return
-        import torch.distributed as dist    # vLLM imported torch already; this costs nothing
+    """vLLM ``general_plugins`` entry point (harness.serve.plugins.entry)."""
+    import torch.distributed as dist    # vLLM imported torch already; this costs nothing
 
-        if patch_new_group(dist):
-            # WARNING, like mq_spin: INFO of a plugin loaded this early is dropped
-            logger.warning("pd-accuracy gloo_groups: a world of one rank shares one gloo group")
-    except Exception:
-        logger.exception("pd-accuracy gloo_groups: register() failed; vLLM left as is")
+    if patch_new_group(dist):
+        # WARNING, like mq_spin: INFO of a plugin loaded this early is dropped
+        logger.warning("pd-accuracy gloo_groups: a world of one rank shares one gloo group")

@@ -29,12 +29,13 @@ from typing import Any, Mapping
 
 import wrapt
 
+from harness.serve.plugins.entry import vllm_plugin
+
 logger = logging.getLogger("vllm.pd_accuracy.mq_spin")
 
 ENV = "PD_ACCURACY_MQ_SPIN_SLEEP_US"
 SHM_BROADCAST = "vllm.distributed.device_communicators.shm_broadcast"
 
-_registered = False
 
 
 def parse_sleep_us(env: Mapping[str, str]) -> int | None:
@@ -77,26 +78,20 @@ def patch_spin_condition(module: Any, sleep_us: int) -> bool:
     return True
 
 
+@vllm_plugin(logger, "pd-accuracy mq_spin: register() failed; vLLM left as is")
 def register() -> None:
-    """vLLM ``general_plugins`` entry point. Cheap, idempotent, never raises."""
-    global _registered
-    if _registered:
+    """vLLM ``general_plugins`` entry point (harness.serve.plugins.entry)."""
+    sleep_us = parse_sleep_us(os.environ)
+    if sleep_us is None:
         return
-    _registered = True
-    try:
-        sleep_us = parse_sleep_us(os.environ)
-        if sleep_us is None:
-            return
 
-        def hook(module: Any) -> None:
-            try:
-                if patch_spin_condition(module, sleep_us):
-                    # WARNING, like kv-digest-setup: INFO of a plugin loaded this early is dropped
-                    logger.warning("pd-accuracy mq_spin: message-queue readers sleep %d us "
-                                   "between checks", sleep_us)
-            except Exception:
-                logger.exception("pd-accuracy mq_spin: patching %s failed", module.__name__)
+    def hook(module: Any) -> None:
+        try:
+            if patch_spin_condition(module, sleep_us):
+                # WARNING, like kv-digest-setup: INFO of a plugin loaded this early is dropped
+                logger.warning("pd-accuracy mq_spin: message-queue readers sleep %d us "
+                               "between checks", sleep_us)
+        except Exception:
+            logger.exception("pd-accuracy mq_spin: patching %s failed", module.__name__)
 
-        wrapt.register_post_import_hook(hook, SHM_BROADCAST)
-    except Exception:
-        logger.exception("pd-accuracy mq_spin: register() failed; vLLM left as is")
+    wrapt.register_post_import_hook(hook, SHM_BROADCAST)

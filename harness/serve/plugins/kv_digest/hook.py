@@ -35,6 +35,7 @@ from harness.serve.plugins.kv_events import interface
 from harness.serve.plugins.kv_events.interface import KVView, Received, Sent
 from harness.serve.plugins.kv_events.view import is_attention_layer
 from harness.serve.plugins.kv_digest.layout import KVLayout, kernel_block_ids, layout_from_shape, to_numpy
+from harness.serve.plugins.entry import vllm_plugin
 
 logger = logging.getLogger("vllm.pd_accuracy.kv_digest")
 
@@ -45,7 +46,6 @@ RAW_PIECE_TOKENS = 16     # raw-byte pieces: a 16-token share of a block's bytes
                           # multiples of 16), so P64 blocks line up with D128 block halves
 SETUP_PREFIX = "pd-accuracy kv-digest-setup:"
 _write_lock = threading.Lock()
-_registered = False
 
 
 def record_line(side: str, request_id: str, *, remote_request_id: str | None, token_offset: int,
@@ -239,20 +239,14 @@ def on_received(path: str, connector: Any, view: KVView | None, request: Receive
 DIGEST_ORDER = 90     # after the canary faults (order 10): their damage is in the digest
 
 
+@vllm_plugin(logger, f"{SETUP_PREFIX} register() failed; no digests")
 def register() -> None:
     """vLLM ``general_plugins`` entry point: a no-op unless PD_ACCURACY_KV_DIGEST_FILE is set."""
-    global _registered
-    if _registered:
-        return
-    _registered = True
     path = os.environ.get(DIGEST_FILE_ENV, "").strip()
     if not path:
         return
-    try:
-        interface.subscribe("sent", functools.partial(on_sent, path), DIGEST_ORDER)
-        interface.subscribe("arrived", on_arrived, DIGEST_ORDER)
-        interface.subscribe("received", functools.partial(on_received, path), DIGEST_ORDER)
-        interface.install()
-        logger.warning("%s digests to %s (pid %d)", SETUP_PREFIX, path, os.getpid())
-    except Exception:  # noqa: BLE001
-        logger.exception("%s register() failed; no digests", SETUP_PREFIX)
+    interface.subscribe("sent", functools.partial(on_sent, path), DIGEST_ORDER)
+    interface.subscribe("arrived", on_arrived, DIGEST_ORDER)
+    interface.subscribe("received", functools.partial(on_received, path), DIGEST_ORDER)
+    interface.install()
+    logger.warning("%s digests to %s (pid %d)", SETUP_PREFIX, path, os.getpid())

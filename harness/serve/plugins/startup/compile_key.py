@@ -21,6 +21,7 @@ import os
 from typing import Any, Callable, Mapping
 
 from harness.serve.plugins.kv_events.interface import per_server_env
+from harness.serve.plugins.entry import vllm_plugin
 
 logger = logging.getLogger("vllm.pd_accuracy.compile_key")
 
@@ -28,7 +29,6 @@ ENV = "PD_ACCURACY_SHARED_COMPILE_CACHE"
 # vLLM variables the harness sets per server that never reach a compiled graph
 PER_SERVER_FACTORS = per_server_env()
 _MARK = "_pd_accuracy_compile_key"
-_registered = False
 
 
 def without_per_server(factors: Mapping[str, Any]) -> dict[str, Any]:
@@ -53,23 +53,18 @@ def patch_envs(envs_module: Any) -> bool:
     return True
 
 
+@vllm_plugin(logger, "pd-accuracy compile-key: patch failed; cache key unchanged",
+             wanted=lambda: os.environ.get(ENV) == "1")
 def register() -> None:
-    """vLLM ``general_plugins`` entry point: cheap, idempotent, never raises."""
-    global _registered
-    if _registered or os.environ.get(ENV) != "1":
-        return
-    _registered = True
-    try:
-        import vllm.envs
+    """vLLM ``general_plugins`` entry point (harness.serve.plugins.entry)."""
+    import vllm.envs
 
-        if patch_envs(vllm.envs):
-            logger.info("pd-accuracy compile-key: %s left out of the torch.compile cache key",
-                        ", ".join(PER_SERVER_FACTORS))
-        else:
-            logger.warning("pd-accuracy compile-key: vllm.envs has no compile_factors; "
-                           "cache key unchanged")
-    except Exception:  # noqa: BLE001 - never stop vLLM from starting
-        logger.exception("pd-accuracy compile-key: patch failed; cache key unchanged")
+    if patch_envs(vllm.envs):
+        logger.info("pd-accuracy compile-key: %s left out of the torch.compile cache key",
+                    ", ".join(PER_SERVER_FACTORS))
+    else:
+        logger.warning("pd-accuracy compile-key: vllm.envs has no compile_factors; "
+                       "cache key unchanged")
 
 
 __all__ = ["ENV", "PER_SERVER_FACTORS", "patch_envs", "register", "without_per_server"]

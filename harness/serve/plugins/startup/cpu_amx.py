@@ -25,11 +25,12 @@ import logging
 import os
 from typing import Any, Callable, Mapping
 
+from harness.serve.plugins.entry import vllm_plugin
+
 logger = logging.getLogger("vllm.pd_accuracy.cpu_amx")
 
 ENV = "PD_ACCURACY_AMX_PERMISSION"
 
-_asked: bool | None = None
 
 
 def wanted(env: Mapping[str, str]) -> bool:
@@ -47,18 +48,11 @@ def ask_for_amx(cpu: Any) -> bool:
     return bool(init())
 
 
+@vllm_plugin(logger, "pd-accuracy: could not ask for AMX tile state; vLLM left as is",
+             wanted=lambda: wanted(os.environ))
 def register() -> None:
-    """vLLM ``general_plugins`` entry point: cheap, idempotent, never raises."""
-    global _asked
-    if _asked is not None or not wanted(os.environ):
-        return
-    _asked = False
-    try:
-        import torch
+    """vLLM ``general_plugins`` entry point (harness.serve.plugins.entry)."""
+    import torch
 
-        _asked = ask_for_amx(torch.cpu)
-    except Exception as exc:  # noqa: BLE001 - a server without it is vLLM's own behaviour
-        logger.warning("pd-accuracy: could not ask for AMX tile state: %s", exc)
-        return
-    if _asked:   # a warning: vLLM's INFO handler is not set up yet when plugins load
+    if ask_for_amx(torch.cpu):   # a warning: vLLM's INFO handler is not set up yet
         logger.warning("pd-accuracy cpu_amx: AMX tile state granted to process %d", os.getpid())

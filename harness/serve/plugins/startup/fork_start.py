@@ -24,13 +24,13 @@ import functools
 import logging
 import os
 from typing import Any
+from harness.serve.plugins.entry import vllm_plugin
 
 logger = logging.getLogger("vllm.pd_accuracy.fork_start")
 
 ENV = "PD_ACCURACY_FORK_START"
 METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
 _MARK = "_pd_accuracy_fork_start"
-_registered = False
 
 
 def patch_platform(platform_cls: Any) -> bool:
@@ -55,19 +55,14 @@ def patch_platform(platform_cls: Any) -> bool:
     return True
 
 
+@vllm_plugin(logger, "pd-accuracy fork-start: patch failed; vLLM spawns as usual",
+             wanted=lambda: os.environ.get(ENV) == "1")
 def register() -> None:
-    """vLLM ``general_plugins`` entry point: cheap, idempotent, never raises."""
-    global _registered
-    if _registered or os.environ.get(ENV) != "1":
-        return
-    _registered = True
-    try:
-        from vllm.platforms.cpu import CpuPlatform
+    """vLLM ``general_plugins`` entry point (harness.serve.plugins.entry)."""
+    from vllm.platforms.cpu import CpuPlatform
 
-        if patch_platform(CpuPlatform):
-            logger.info("pd-accuracy fork-start: engine core and workers fork (CPU platform)")
-    except Exception:  # noqa: BLE001 - never stop vLLM from starting
-        logger.exception("pd-accuracy fork-start: patch failed; vLLM spawns as usual")
+    if patch_platform(CpuPlatform):
+        logger.info("pd-accuracy fork-start: engine core and workers fork (CPU platform)")
 
 
 __all__ = ["ENV", "METHOD_ENV", "patch_platform", "register"]
