@@ -188,7 +188,11 @@ def print_cpu_load(console: Any, load: dict[str, Any]) -> None:
     if pd.get("samples"):
         console.print(f"while a P/D pair was evaluated ({pd['samples']} samples): run queue mean "
                       f"{pd['run_queue_mean']:.1f}, p95 {pd['run_queue_p95']}; the run's threads "
-                      f"runnable mean {pd['run_runnable_mean']:.1f}, p95 {pd['run_runnable_p95']}")
+                      f"runnable mean {pd['run_runnable_mean']:.1f}, p95 {pd['run_runnable_p95']}"
+                      + (f"; less the yielding start-ups' threads (nice > 0): run queue mean "
+                         f"{pd['contending_run_queue_mean']:.1f}, p95 "
+                         f"{pd['contending_run_queue_p95']}"
+                         if pd.get("contending_run_queue_mean") is not None else ""))
 
 
 def bench(args: argparse.Namespace) -> int:

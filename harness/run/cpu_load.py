@@ -8,7 +8,10 @@ A `CpuLoadSampler` reads ``/proc`` every ``interval_s`` in a daemon thread:
 * per process of the run (the root process and its descendants): how many of its threads were in
   state R (the sampler's own thread left out), by thread name (``comm``), its CPU seconds and context switches;
 * the run queue again over the samples taken while a P/D proxy was up (``during_pd``): a P/D
-  pair is evaluated then, its baseline beside it, while start-up and teardown are not. A server's processes
+  pair is evaluated then, its baseline beside it, while start-up and teardown are not; and
+  that run queue less the runnable threads of servers whose autogroup yields (nice > 0: a
+  server started ahead that nobody waits for yet, harness.serve.supervision.autogroup), which
+  run only on what the others leave idle and so do not fight for the cores. A server's processes
   (API server, engine core, worker) are named after the log their stdout goes to (``decode-0``),
   because a forked server keeps its template's command line.
 
@@ -23,6 +26,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from harness.serve.supervision.autogroup import autogroup_nice
 
 PROC = Path("/proc")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -112,12 +117,16 @@ class ProcessLoad:
     first_ticks: int | None = None
     last_ticks: int = 0
     switches: tuple[int, int] = (0, 0)
+    autogroup_nice: int = 0
+    yielding_runnable: int = 0             # runnable threads summed over samples while nice > 0
 
     def summary(self, total_samples: int) -> dict[str, Any]:
         return {"process": self.label, "comm": self.comm, "samples": self.samples,
                 "runnable_mean": self.runnable / total_samples if total_samples else 0.0,
                 "runnable_peak": self.peak_runnable, "threads_peak": self.threads_peak,
                 "cpu_s": (self.last_ticks - (self.first_ticks or 0)) / CLOCK_TICKS,
+                "yielding_runnable_mean": (self.yielding_runnable / total_samples
+                                           if total_samples else 0.0),
                 "voluntary_switches": self.switches[0],
                 "involuntary_switches": self.switches[1],
                 "runnable_threads": {name: n / total_samples
@@ -143,6 +152,7 @@ class CpuLoadSampler:
         self.running: list[int] = []        # procs_running per sample
         self.running_pd: list[int] = []     # procs_running per sample taken while a proxy was up
         self.runnable_pd: list[int] = []    # the run's runnable threads, same samples
+        self.contending_pd: list[int] = []  # procs_running less the yielding servers' threads
         self.processes: dict[int, ProcessLoad] = {}
         self._stat_first: dict[str, int] = {}
         self._stat_last: dict[str, int] = {}
@@ -193,16 +203,18 @@ class CpuLoadSampler:
             self._stat_last = times
             self.running.append(running)
         self.samples += 1
-        runnable = 0
+        runnable = yielding = 0
         proxy_up = False
         for pid in self._descendants():
             load = self._sample_process(pid)
             if load is not None:
                 runnable += load[0]
+                yielding += load[0] if self.processes[pid].autogroup_nice > 0 else 0
                 proxy_up = proxy_up or load[1].startswith(PROXY_LABEL)
         if proxy_up and text:
             self.running_pd.append(running)
             self.runnable_pd.append(runnable)
+            self.contending_pd.append(max(0, running - yielding))
 
     def _sample_process(self, pid: int) -> tuple[int, str] | None:
         """(runnable threads, label) of `pid` now; None when it is gone."""
@@ -236,8 +248,10 @@ class CpuLoadSampler:
             load.switches = context_switches(pid)
             # a server forked from the template points fd 1 at its own log only after the fork
             load.label = process_label(pid)
+        load.autogroup_nice = autogroup_nice(pid) or 0   # a waited-for server's changes at once
         load.samples += 1
         load.runnable += runnable
+        load.yielding_runnable += runnable if load.autogroup_nice > 0 else 0
         load.peak_runnable = max(load.peak_runnable, runnable)
         load.threads_peak = max(load.threads_peak, len(tids))
         return runnable, load.label
@@ -253,7 +267,9 @@ class CpuLoadSampler:
         procs = sorted((p.summary(self.samples) for p in self.processes.values()),
                        key=lambda s: (s["process"], s["comm"]))
         during_pd = {**spread("run_queue", self.running_pd),
-                     **spread("run_runnable", self.runnable_pd), "samples": len(self.running_pd)}
+                     **spread("run_runnable", self.runnable_pd),
+                     **spread("contending_run_queue", self.contending_pd),
+                     "samples": len(self.running_pd)}
         return {"interval_s": self.interval_s, "samples": self.samples, "wall_s": self.wall_s,
                 "cores": os.cpu_count(), **spread("run_queue", self.running),
                 "during_pd": during_pd,

@@ -27,6 +27,7 @@ from harness.serve.connectors.registry import connector_for
 from harness.serve.net.netns import TopologyLedger, TwoHostTopology
 from harness.serve.launch.placement import Placement
 from harness.serve.host.ports import PortAllocator
+from harness.serve.supervision import autogroup
 from harness.serve.supervision.process import ManagedProcess, ServerStartTimeout
 from harness.serve.plugins.faults.spec import BY_REQUEST
 from harness.serve.plugins.kv_digest.hook import DIGEST_FILE_ENV
@@ -200,9 +201,13 @@ class Deployment:
             for starter in self._starters:
                 starter.thread.start()
             return self
+        yielding = autogroup.enabled()
         try:
             for spec in self.specs:
-                self.processes[spec.name] = self._process(spec).start()
+                self.processes[spec.name] = process = self._process(spec).start()
+                # on CPU a server yields its cores until someone waits for it (wait())
+                if yielding and cpu_affinity(spec) is not None and process.pid is not None:
+                    autogroup.set_autogroup_nice(process.pid, autogroup.YIELD_NICE)
         except BaseException:
             self.stop()
             raise
@@ -225,6 +230,10 @@ class Deployment:
         ManagedProcessError naming it and its decisive log line. Servers stay up on error."""
         if self.start_slots is not None:
             return self._wait_for_starters()
+        for spec in self.specs:    # waited for: what the run waits on gets the cores first
+            pid = self.processes[spec.name].pid
+            if pid is not None and autogroup.autogroup_nice(pid):
+                autogroup.set_autogroup_nice(pid, 0)
         pending = list(self.specs)
         while pending:
             # poll every server in turn, so the first one to die fails the wait at once

@@ -1,0 +1,86 @@
+"""A yielding server's autogroup, on real processes and the kernel's scheduler: at nice 19 a
+busy session gets almost none of a core another busy session wants; at nice 0 again, its half."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness.run.cpu_load import CpuLoadSampler
+from harness.serve.supervision import autogroup
+
+pytestmark = pytest.mark.skipif(not autogroup.enabled(),
+                                reason="this kernel schedules no autogroups")
+
+SPIN = "import os; os.sched_setaffinity(0, {0}); exec('while True: pass')"
+
+
+def spinner() -> subprocess.Popen:
+    """A busy process on core 0, in a session (so an autogroup) of its own."""
+    return subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True)
+
+
+def cpu_s(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def shares(a: subprocess.Popen, b: subprocess.Popen, seconds: float = 1.0) -> tuple[float, float]:
+    before = cpu_s(a.pid), cpu_s(b.pid)
+    time.sleep(seconds)
+    return cpu_s(a.pid) - before[0], cpu_s(b.pid) - before[1]
+
+
+def test_a_yielding_session_runs_only_on_what_the_other_leaves():
+    starting, serving = spinner(), spinner()
+    try:
+        time.sleep(0.3)
+        assert autogroup.set_autogroup_nice(starting.pid, autogroup.YIELD_NICE)
+        assert autogroup.autogroup_nice(starting.pid) == autogroup.YIELD_NICE
+        assert autogroup.autogroup_nice(serving.pid) == 0
+        yielded, served = shares(starting, serving)
+        assert yielded < 0.1 * served, (yielded, served)     # weight 15 against 1024
+        assert autogroup.set_autogroup_nice(starting.pid, 0)   # no privilege needed for 0
+        time.sleep(0.2)
+        equal_a, equal_b = shares(starting, serving)
+        assert equal_a > 0.5 * equal_b, (equal_a, equal_b)
+    finally:
+        for p in (starting, serving):
+            p.kill()
+            p.wait()
+
+
+def test_a_process_in_the_callers_session_is_left_alone():
+    own = autogroup.autogroup_nice(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        assert not autogroup.set_autogroup_nice(child.pid, autogroup.YIELD_NICE,
+                                                session_wait_s=0.05)
+        assert autogroup.autogroup_nice(os.getpid()) == own
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_the_sampler_takes_yielding_threads_out_of_the_contending_run_queue(tmp_path):
+    starting = spinner()
+    with open(tmp_path / "proxy-1.log", "w") as log:   # a "proxy" up: the P/D window's samples
+        serving = subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True,
+                                   stdout=log)
+    try:
+        assert autogroup.set_autogroup_nice(starting.pid, autogroup.YIELD_NICE)
+        with CpuLoadSampler(interval_s=0.02) as sampler:
+            time.sleep(0.6)
+    finally:
+        for p in (starting, serving):
+            p.kill()
+            p.wait()
+    pd = sampler.summary()["during_pd"]
+    assert pd["samples"] >= 5
+    # the starved spinner is runnable all along, and only its thread is taken out
+    assert 0.5 < pd["run_queue_mean"] - pd["contending_run_queue_mean"] <= 1.0 + 1e-9, pd
+    yielding = [p for p in sampler.processes.values() if p.autogroup_nice == autogroup.YIELD_NICE]
+    assert len(yielding) == 1 and yielding[0].yielding_runnable > 0
