@@ -230,15 +230,16 @@ class Deployment:
         ManagedProcessError naming it and its decisive log line. Servers stay up on error."""
         if self.start_slots is not None:
             return self._wait_for_starters()
-        for spec in self.specs:    # waited for: what the run waits on gets the cores first
-            pid = self.processes[spec.name].pid
-            if pid is not None and autogroup.autogroup_nice(pid):
-                autogroup.set_autogroup_nice(pid, 0)
+        deadline_from = self._launched_at
+        # waited for: what the run waits on gets the cores first, and its deadline counts from
+        # now (while it yielded, it got only idle cores)
+        if autogroup.claim([self.processes[s.name].pid for s in self.specs]):
+            deadline_from = time.monotonic()
         pending = list(self.specs)
         while pending:
             # poll every server in turn, so the first one to die fails the wait at once
             for spec in list(pending):
-                remaining = self.startup_timeout_s - (time.monotonic() - self._launched_at)
+                remaining = self.startup_timeout_s - (time.monotonic() - deadline_from)
                 try:
                     self.processes[spec.name].wait_healthy(
                         f"{spec.base_url}/health", deadline_s=max(0.5, min(1.0, remaining)),

@@ -53,6 +53,20 @@ def test_a_yielding_session_runs_only_on_what_the_other_leaves():
             p.wait()
 
 
+def test_claiming_sets_yielding_servers_back_and_says_whether_any_yielded():
+    a, b = spinner(), spinner()
+    try:
+        assert not autogroup.claim([a.pid, b.pid, None])   # nothing yielded: deadline unchanged
+        assert autogroup.set_autogroup_nice(a.pid, autogroup.YIELD_NICE)
+        assert autogroup.claim([a.pid, b.pid])
+        assert autogroup.autogroup_nice(a.pid) == 0
+        assert not autogroup.claim([a.pid, b.pid])
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
+
+
 def test_a_process_in_the_callers_session_is_left_alone():
     own = autogroup.autogroup_nice(os.getpid())
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])

@@ -77,4 +77,14 @@ def set_autogroup_nice(pid: int, nice: int, session_wait_s: float = SESSION_WAIT
     return False
 
 
-__all__ = ["SWITCH_ENV", "YIELD_NICE", "autogroup_nice", "enabled", "set_autogroup_nice"]
+def claim(pids: list[int | None]) -> bool:
+    """Set every yielding process of `pids` back to nice 0; whether any was yielding."""
+    claimed = False
+    for pid in pids:
+        if pid is not None and autogroup_nice(pid):
+            claimed = set_autogroup_nice(pid, 0) or claimed
+    return claimed
+
+
+__all__ = ["SWITCH_ENV", "YIELD_NICE", "autogroup_nice", "claim", "enabled",
+           "set_autogroup_nice"]
