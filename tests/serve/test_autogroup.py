@@ -12,8 +12,8 @@ import pytest
 from harness.run.cpu_load import CpuLoadSampler
 from harness.serve.supervision import autogroup
 
-pytestmark = pytest.mark.skipif(not autogroup.enabled(),
-                                reason="this kernel schedules no autogroups")
+needs_autogroups = pytest.mark.skipif(not autogroup.enabled(),
+                                reason="no autogroups in force here (kernel or CPU cgroup)")
 
 SPIN = "import os; os.sched_setaffinity(0, {0}); exec('while True: pass')"
 
@@ -34,6 +34,7 @@ def shares(a: subprocess.Popen, b: subprocess.Popen, seconds: float = 1.0) -> tu
     return cpu_s(a.pid) - before[0], cpu_s(b.pid) - before[1]
 
 
+@needs_autogroups
 def test_a_yielding_session_runs_only_on_what_the_other_leaves():
     starting, serving = spinner(), spinner()
     try:
@@ -53,6 +54,7 @@ def test_a_yielding_session_runs_only_on_what_the_other_leaves():
             p.wait()
 
 
+@needs_autogroups
 def test_claiming_sets_yielding_servers_back_and_says_whether_any_yielded():
     a, b = spinner(), spinner()
     try:
@@ -67,6 +69,15 @@ def test_claiming_sets_yielding_servers_back_and_says_whether_any_yielded():
             p.wait()
 
 
+def test_autogroups_are_in_force_only_in_the_root_cpu_cgroup():
+    assert autogroup.in_root_cpu_group("4:memory:/x\n1:cpu:/\n0::/\n")
+    assert autogroup.in_root_cpu_group("2:cpu,cpuacct:/\n0::/\n")
+    assert not autogroup.in_root_cpu_group("2:cpu,cpuacct:/docker/abc\n0::/\n")
+    assert autogroup.in_root_cpu_group("0::/\n")                          # v2 only
+    assert not autogroup.in_root_cpu_group("0::/user.slice/session-1.scope\n")
+
+
+@needs_autogroups
 def test_a_process_in_the_callers_session_is_left_alone():
     own = autogroup.autogroup_nice(os.getpid())
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
@@ -79,6 +90,7 @@ def test_a_process_in_the_callers_session_is_left_alone():
         child.wait()
 
 
+@needs_autogroups
 def test_the_sampler_takes_yielding_threads_out_of_the_contending_run_queue(tmp_path):
     starting = spinner()
     with open(tmp_path / "proxy-1.log", "w") as log:   # a "proxy" up: the P/D window's samples

@@ -29,12 +29,26 @@ RATE_LIMIT_RETRIES = 20
 SESSION_WAIT_S = 2.0
 
 
+def in_root_cpu_group(cgroup_text: str) -> bool:
+    """Whether a /proc/PID/cgroup text puts the process in the root CPU cgroup: the kernel
+    schedules by autogroup only there (a container's or a systemd slice's CPU group bypasses it;
+    one behind a private cgroup namespace also reads "/" and cannot be told apart)."""
+    cpu_paths = [line.split(":", 2)[2] for line in cgroup_text.splitlines()
+                 if line.count(":") >= 2 and "cpu" in line.split(":", 2)[1].split(",")]
+    if cpu_paths:                       # cgroup v1: the cpu controller's hierarchy
+        return all(path == "/" for path in cpu_paths)
+    return all(line.split(":", 2)[2] == "/" for line in cgroup_text.splitlines()
+               if line.startswith("0::"))
+
+
 def enabled() -> bool:
-    """Whether start-ups yield on this host: autogroups on, and not switched off."""
+    """Whether start-ups yield on this host: autogroups on and in force for this process's
+    servers, and not switched off."""
     if os.environ.get(SWITCH_ENV, "1") == "0":
         return False
     try:
-        return (PROC / "sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+        return ((PROC / "sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+                and in_root_cpu_group((PROC / "self/cgroup").read_text()))
     except OSError:
         return False
 
