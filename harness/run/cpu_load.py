@@ -206,18 +206,19 @@ class CpuLoadSampler:
         runnable = yielding = 0
         proxy_up = False
         for pid in self._descendants():
-            load = self._sample_process(pid)
-            if load is not None:
-                runnable += load[0]
-                yielding += load[0] if self.processes[pid].autogroup_nice > 0 else 0
-                proxy_up = proxy_up or load[1].startswith(PROXY_LABEL)
+            sampled = self._sample_process(pid)
+            if sampled is not None:
+                load, now = sampled
+                runnable += now
+                yielding += now if load.autogroup_nice > 0 else 0
+                proxy_up = proxy_up or load.label.startswith(PROXY_LABEL)
         if proxy_up and text:
             self.running_pd.append(running)
             self.runnable_pd.append(runnable)
             self.contending_pd.append(max(0, running - yielding))
 
-    def _sample_process(self, pid: int) -> tuple[int, str] | None:
-        """(runnable threads, label) of `pid` now; None when it is gone."""
+    def _sample_process(self, pid: int) -> tuple[ProcessLoad, int] | None:
+        """(`pid`'s load with this sample in it, its runnable threads now); None when it is gone."""
         task_dir = PROC / str(pid) / "task"
         try:
             tids = os.listdir(task_dir)
@@ -254,7 +255,7 @@ class CpuLoadSampler:
         load.yielding_runnable += runnable if load.autogroup_nice > 0 else 0
         load.peak_runnable = max(load.peak_runnable, runnable)
         load.threads_peak = max(load.threads_peak, len(tids))
-        return runnable, load.label
+        return load, runnable
 
     def _loop(self) -> None:
         self._own_tid = threading.get_native_id()
