@@ -2,10 +2,12 @@
 busy session gets almost none of a core another busy session wants; at nice 0 again, its half."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from typing import Iterator
 
 import pytest
 
@@ -18,9 +20,20 @@ needs_autogroups = pytest.mark.skipif(not autogroup.enabled(),
 SPIN = "import os; os.sched_setaffinity(0, {0}); exec('while True: pass')"
 
 
-def spinner() -> subprocess.Popen:
-    """A busy process on core 0, in a session (so an autogroup) of its own."""
-    return subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True)
+@contextlib.contextmanager
+def spinners(*stdouts) -> Iterator[list[subprocess.Popen]]:
+    """Busy processes on core 0 (one per `stdouts` entry, None: inherited), each in a session
+    (so an autogroup) of its own; killed on the way out."""
+    procs: list[subprocess.Popen] = []
+    try:
+        for out in stdouts:
+            procs.append(subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True,
+                                          stdout=out))
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def cpu_s(pid: int) -> float:
@@ -36,8 +49,7 @@ def shares(a: subprocess.Popen, b: subprocess.Popen, seconds: float = 1.0) -> tu
 
 @needs_autogroups
 def test_a_yielding_session_runs_only_on_what_the_other_leaves():
-    starting, serving = spinner(), spinner()
-    try:
+    with spinners(None, None) as (starting, serving):
         time.sleep(0.3)
         assert autogroup.set_autogroup_nice(starting.pid, autogroup.YIELD_NICE)
         assert autogroup.autogroup_nice(starting.pid) == autogroup.YIELD_NICE
@@ -48,25 +60,16 @@ def test_a_yielding_session_runs_only_on_what_the_other_leaves():
         time.sleep(0.2)
         equal_a, equal_b = shares(starting, serving)
         assert equal_a > 0.5 * equal_b, (equal_a, equal_b)
-    finally:
-        for p in (starting, serving):
-            p.kill()
-            p.wait()
 
 
 @needs_autogroups
 def test_claiming_sets_yielding_servers_back_and_says_whether_any_yielded():
-    a, b = spinner(), spinner()
-    try:
+    with spinners(None, None) as (a, b):
         assert not autogroup.claim([a.pid, b.pid, None])   # nothing yielded: deadline unchanged
         assert autogroup.set_autogroup_nice(a.pid, autogroup.YIELD_NICE)
         assert autogroup.claim([a.pid, b.pid])
         assert autogroup.autogroup_nice(a.pid) == 0
         assert not autogroup.claim([a.pid, b.pid])
-    finally:
-        for p in (a, b):
-            p.kill()
-            p.wait()
 
 
 def test_autogroups_are_in_force_only_in_the_root_cpu_cgroup():
@@ -92,18 +95,11 @@ def test_a_process_in_the_callers_session_is_left_alone():
 
 @needs_autogroups
 def test_the_sampler_takes_yielding_threads_out_of_the_contending_run_queue(tmp_path):
-    starting = spinner()
-    with open(tmp_path / "proxy-1.log", "w") as log:   # a "proxy" up: the P/D window's samples
-        serving = subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True,
-                                   stdout=log)
-    try:
+    with open(tmp_path / "proxy-1.log", "w") as log, \
+            spinners(None, log) as (starting, _):   # a "proxy" up: the P/D window's samples
         assert autogroup.set_autogroup_nice(starting.pid, autogroup.YIELD_NICE)
         with CpuLoadSampler(interval_s=0.02) as sampler:
             time.sleep(0.6)
-    finally:
-        for p in (starting, serving):
-            p.kill()
-            p.wait()
     pd = sampler.summary()["during_pd"]
     assert pd["samples"] >= 5
     # the starved spinner is runnable all along, and only its thread is taken out
