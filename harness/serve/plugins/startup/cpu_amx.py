@@ -32,7 +32,6 @@ logger = logging.getLogger("vllm.pd_accuracy.cpu_amx")
 ENV = "PD_ACCURACY_AMX_PERMISSION"
 
 
-
 def wanted(env: Mapping[str, str]) -> bool:
     """On unless PD_ACCURACY_AMX_PERMISSION is 0 (or false/off/no)."""
     return env.get(ENV, "1").strip().lower() not in ("0", "false", "off", "no")
