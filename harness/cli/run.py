@@ -143,6 +143,13 @@ def _add_output(p: argparse.ArgumentParser) -> None:
                           "interpreter per run and core set that imported vLLM already; auto: "
                           "template for pinned TP1 CPU servers, exec for the rest (default: "
                           "$PD_ACCURACY_SERVER_START, else auto)")
+    out.add_argument("--parallel-groups", default=None, metavar="N|auto",
+                     help="on GPUs: baseline groups run at once, each its own process on the "
+                          "GPUs the packer gives it (auto: as many as the GPUs' free memory and "
+                          "the cores allow; 1: one after another). Default: "
+                          "$PD_ACCURACY_PARALLEL_GROUPS, else auto. CPU runs keep one group and "
+                          "start the next ahead")
+    out.add_argument("--run-id", default=None, help=argparse.SUPPRESS)   # a packed run's child
     out.add_argument("--gpu-layout", choices=GPU_LAYOUTS, default=_OPT.gpu_layout,
                      help="cuda: all servers from the first visible GPU, or prefill then decode GPUs")
     out.add_argument("--kv-cache-bytes", type=int, default=None,
@@ -357,13 +364,21 @@ def run_command(args: argparse.Namespace, on_runner=None) -> int:
     from harness.serve.supervision.process import install_signal_handlers
     from harness.run.runner import Runner
     install_signal_handlers()
+    try:
+        parallel = parallel_groups(args)
+    except UsageError as exc:
+        run_checks.print_problems([str(exc)], sys.stderr)
+        return EXIT_USAGE
+    if parallel != 1 and packs(cells, parallel):
+        from harness.cli.run_packed import packed_command
+        return packed_command(args, cells, options, parallel, finish)
     from harness.serve.launch.server_spec import Features
 
     features = Features.detect()
     policy = Policy.from_options(options)
     started = time.monotonic()
     runner = Runner(options, policy, features=features, progress=lambda m: print(redact(m), flush=True),
-                    hybrid_models=hybrid_models)
+                    hybrid_models=hybrid_models, run_id=args.run_id)
     if on_runner is not None:
         on_runner(runner)
     print(f"run {runner.run_id}: {len(cells)} cell(s), results in {runner.run_dir}", flush=True)
@@ -372,6 +387,34 @@ def run_command(args: argparse.Namespace, on_runner=None) -> int:
     finally:
         runner.close()
     return finish(results, args, runner, started)
+
+
+def parallel_groups(args: argparse.Namespace) -> int | None:
+    """`--parallel-groups` (or $PD_ACCURACY_PARALLEL_GROUPS): a count, or None for auto."""
+    raw = str(args.parallel_groups or os.environ.get("PD_ACCURACY_PARALLEL_GROUPS") or "auto")
+    if raw.strip().lower() == "auto":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise UsageError(f"--parallel-groups must be a number >= 1 or auto, got {raw!r}")
+    return value
+
+
+def packs(cells: Sequence[Cell], parallel: int | None) -> bool:
+    """Whether the run packs its groups, each its own process: CUDA cells of more than one
+    baseline group on a machine that has GPUs; CPU cells only when `--parallel-groups N` asks
+    (a CPU run otherwise keeps one group in process and starts the next ahead)."""
+    if not cells or len({c.baseline_key for c in cells}) < 2:
+        return False
+    if all(c.device == "cpu" for c in cells):
+        return parallel is not None and parallel > 1
+    if any(c.device != "cuda" for c in cells):
+        return False
+    from harness.core.platform import detect_gpus
+    return bool(detect_gpus())
 
 
 def deployment_command(args: argparse.Namespace, on_runner=None) -> int:

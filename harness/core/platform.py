@@ -106,6 +106,29 @@ def query_nvidia_smi(smi: str | None = None) -> list[GpuDevice] | None:
     return parse_nvidia_smi_csv(out)
 
 
+def query_gpu_used_bytes(smi: str | None = None) -> dict[int, int]:
+    """Memory in use now per physical GPU index, as nvidia-smi says ({} when it cannot)."""
+    smi = smi or shutil.which("nvidia-smi")
+    if not smi:
+        return {}
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    used = {}
+    for line in out.strip().splitlines():
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit():
+            try:
+                used[int(parts[0])] = int(float(parts[1])) * 1024 * 1024
+            except ValueError:
+                continue
+    return used
+
+
 def parse_nvidia_smi_csv(text: str) -> list[GpuDevice]:
     """Parse `index, name, memory.total [MiB]` rows."""
     devices = []

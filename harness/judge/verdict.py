@@ -104,6 +104,18 @@ class Verdict:
     def exit_code(self) -> int:
         return EXIT_CODES[self.outcome]
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Verdict":
+        """The verdict a record holds (`to_dict`'s output; the derived fields are recomputed)."""
+        return cls(status=data["status"], reason=data.get("reason", ""),
+                   checks=tuple(Check(c["name"], bool(c["passed"]), c.get("detail", ""))
+                                for c in data.get("checks") or ()),
+                   expected_failure=data.get("expected_failure"),
+                   decision_path=tuple(data.get("decision_path") or ()),
+                   canary=data.get("canary"), look=data.get("look"),
+                   expected_failure_match=data.get("expected_failure_match"),
+                   not_available=tuple(data.get("not_available") or ()))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "status": self.status,
