@@ -29,9 +29,17 @@ from harness.core.outcomes import EXIT_OK, EXIT_USAGE
 
 
 def server_logs(run_dir: Path) -> list[Path]:
-    """vLLM server logs of a run (the proxy's logs have no start-up to read)."""
-    logs = sorted((run_dir / "logs").glob("*.log")) + sorted((run_dir / "logs").glob("*.log.gz"))
+    """vLLM server logs of a run, or of every group of a packed run (the proxy's logs have no
+    start-up to read)."""
+    logs = [p for pattern in ("logs/*.log", "logs/*.log.gz", "*/logs/*.log", "*/logs/*.log.gz")
+            for p in sorted(run_dir.glob(pattern))]
     return [p for p in logs if "proxy" not in p.name]
+
+
+def packing_of(run_dir: Path) -> dict[str, Any] | None:
+    """A packed run's packing.json (harness.run.packed): groups at once, GPUs, wall time."""
+    path = run_dir / "packing.json"
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def _baseline_key(record: dict) -> str:
@@ -78,6 +86,9 @@ def bench_record(run_dir: Path, wall_s: float | None = None,
 
     servers = [s for s in parse_logs(server_logs(run_dir)) if s.phases]
     cells = cell_rows(run_dir)
+    packing = packing_of(run_dir)
+    if packing and wall_s is None:
+        wall_s = packing.get("wall_s")
     ready = sorted(s.total_s for s in servers if s.total_s is not None)
     # wall time: each baseline group once; start-up: what the run sat waiting for servers
     groups = {c["group"]: c["group_total_s"] for c in cells if c["group_total_s"]}
@@ -103,6 +114,13 @@ def bench_record(run_dir: Path, wall_s: float | None = None,
         # CPU-seconds carry across hosts where wall time does not (a busy or slower host)
         "cpu_s_per_cell": (cpu_load["run_cpu_s"] / len(cells)
                            if cpu_load and cpu_load.get("run_cpu_s") and cells else None),
+        # a packed run (GPU): groups at once, and each cell's share of the GPUs' time
+        "packing": ({k: packing.get(k) for k in ("max_groups", "peak_concurrent_groups",
+                                                 "started_while_another_ran", "gpus",
+                                                 "gpu_names", "cores", "max_starting")}
+                    if packing else None),
+        "gpu_s_per_cell": (wall_s * packing["gpus"] / len(cells)
+                           if packing and packing.get("gpus") and wall_s and cells else None),
     }
 
 
@@ -199,7 +217,7 @@ def bench(args: argparse.Namespace) -> int:
     wall = rss = busy = load = None
     if args.from_dir:
         run_dir = Path(args.from_dir)
-        if not (run_dir / "logs").is_dir():
+        if not ((run_dir / "logs").is_dir() or (run_dir / "packing.json").is_file()):
             print(f"pd-accuracy: error: {run_dir} has no logs/ (not a run directory)")
             return EXIT_USAGE
     else:

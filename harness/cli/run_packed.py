@@ -26,6 +26,7 @@ class _RunPlace:
 
     run_dir: Path
     run_id: str
+    peak_rss_bytes: int | None = None   # each group's servers are its child's to measure
 
 
 def child_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
@@ -49,8 +50,10 @@ def child_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 
 
 def packed_command(args: argparse.Namespace, cells: Sequence[Cell], options: RunOptions,
-                   parallel: int | None, finish: Callable) -> int:
-    """Plan the groups, run them packed, collect every record, print and exit as `run` does."""
+                   parallel: int | None, finish: Callable, on_runner: Callable | None = None
+                   ) -> int:
+    """Plan the groups, run them packed, collect every record, print and exit as `run` does.
+    `on_runner` gets what `bench` reads of a runner (the run directory)."""
     from harness.cli.run import run_parser
     from harness.core.platform import detect_gpus, query_gpu_used_bytes
     from harness.judge.verdict import Policy
@@ -97,6 +100,8 @@ def packed_command(args: argparse.Namespace, cells: Sequence[Cell], options: Run
     print(f"run {run_id}: {len(cells)} cell(s) in {len(jobs)} baseline groups on "
           f"{where}, up to {max_groups} groups at once and {starting or 'any number of'} "
           f"servers starting at once; results in {run_dir}", flush=True)
+    if on_runner is not None:
+        on_runner(_RunPlace(run_dir, run_id))
     started = time.monotonic()
     packed = PackedRun(jobs, packer, argv_of, env_of, run_dir,
                        progress=lambda m: print(redact(m), flush=True))

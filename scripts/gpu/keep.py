@@ -31,17 +31,19 @@ def _gzip_to(src: Path, dst: Path) -> None:
 def keep(run: Path, dest: Path, samples_glob: str | None) -> list[str]:
     kept = []
     dest.mkdir(parents=True, exist_ok=True)
-    for name in ("cells.json", "groups.txt"):
+    for name in ("cells.json", "groups.txt", "packing.json", "bench.json"):
         if (run / name).exists():
             shutil.copy2(run / name, dest / name)
     if (run / "console").is_dir():
         shutil.copytree(run / "console", dest / "console", dirs_exist_ok=True)
-    for rec_path in sorted(run.glob("records/*/*.json")):
+    # run_profile.sh's records/<run>/, or a packed run's <group run>/ (harness.run.packed)
+    pattern = "records/*/*.json" if (run / "records").is_dir() else "*/*.json"
+    for rec_path in sorted(run.glob(pattern)):
         rec = json.loads(rec_path.read_text())
         if "verdict" not in rec:
             continue
         run_dir, cell_id = rec_path.parent, rec["cell"]["id"]
-        out_dir = dest / "records" / run_dir.name
+        out_dir = dest / ("records" if pattern.startswith("records") else ".") / run_dir.name
         out_dir.mkdir(parents=True, exist_ok=True)
         shutil.copy2(rec_path, out_dir / rec_path.name)
         failed = outcome_of(rec) != "PASS"
@@ -69,8 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("dest", type=Path)
     ap.add_argument("--samples", metavar="GLOB", help="also keep the answers of these passing cells")
     args = ap.parse_args(argv)
-    if not (args.run / "cells.json").exists():
-        print(f"error: {args.run} is not a run_profile.sh run (no cells.json)", file=sys.stderr)
+    if not ((args.run / "cells.json").exists() or (args.run / "packing.json").exists()):
+        print(f"error: {args.run} is neither a run_profile.sh run (cells.json) nor a packed "
+              f"run (packing.json)", file=sys.stderr)
         return 2
     for line in keep(args.run, args.dest, args.samples):
         print(line)
