@@ -128,7 +128,13 @@ class Farm:
     def __init__(self, *, gpus: int | str | Sequence[str] = "auto", cpu_slots: int = 1,
                  workdir: str | os.PathLike[str] = ".",
                  log_dir: str | os.PathLike[str] = "results/farm",
-                 env: Mapping[str, str] | None = None, console: Any = None):
+                 env: Mapping[str, str] | None = None, console: Any = None,
+                 step_peak_bytes: Mapping[str, int] | None = None,
+                 gpu_bytes: Sequence[int] | None = None, max_gpu_jobs: int | None = None):
+        """`step_peak_bytes`: the GPU memory a one-group step's job holds at its peak
+        (harness.run.packing); such jobs share GPUs by memory (`gpu_bytes`: each GPU's free
+        bytes, in `gpus` order), at most `max_gpu_jobs` at once. Other GPU jobs (a shard that
+        packs its own groups) get their GPUs to themselves."""
         if gpus == "auto":
             self.gpu_ids = [str(gpu.index) for gpu in detect_gpus()]
         elif isinstance(gpus, (list, tuple)):
@@ -149,8 +155,32 @@ class Farm:
 
             console = Console(stderr=True)
         self.console = console
+        self.step_peak_bytes = dict(step_peak_bytes or {})
+        self.packer = self._packer(gpu_bytes, max_gpu_jobs)
         self._procs: dict[int, ManagedProcess] = {}
         self._lock = threading.Lock()
+
+    def _packer(self, gpu_bytes: Sequence[int] | None, max_gpu_jobs: int | None):
+        """The GPU packer of harness.run.packing over this farm's GPUs."""
+        from harness.run.packing import GpuRoom, Packer, max_parallel_groups
+
+        sizes = list(gpu_bytes or [])
+        if len(sizes) != self.total_gpus or not self.step_peak_bytes:
+            sizes = [1] * self.total_gpus     # no memory known: every GPU job alone on its GPUs
+        rooms = [GpuRoom(i, size, size) for i, size in enumerate(sizes)]
+        cap = max_gpu_jobs or max_parallel_groups(os.cpu_count() or 1, self.total_gpus)
+        return Packer(rooms, max(cap, self.total_gpus))
+
+    def _gpu_job(self, job: _Job) -> Any:
+        """`job` as the packer sees it: its peak bytes when it is one group, else all of each
+        GPU it asks for."""
+        from harness.run.packing import GroupJob
+
+        peak = self.step_peak_bytes.get(job.step.key) if job.step.parallelism == 1 else None
+        if peak is None:
+            peak = max((r.usable_bytes for r in self.packer.rooms), default=0) or 1 << 62
+        return GroupJob(index=id(job), baseline_key=job.step.key, cell_ids=(), gpus=job.step.gpus,
+                        peak_bytes=peak, servers_at_peak=0, warm_key=(), start_weight=0.0)
 
     # -- public ---------------------------------------------------------------------------------
     def run(self, steps: Sequence[FarmStep]) -> FarmResult:
@@ -166,8 +196,8 @@ class Farm:
         results: dict[int, JobResult] = {}
         pending = list(jobs)
         running: dict[Future, tuple[_Job, list[str]]] = {}
-        free_gpus = list(self.gpu_ids)
         free_cpu = self.cpu_slots
+        placed: dict[int, Any] = {}   # id(job) -> its GroupJob in the packer
         self.console.log(f"farm: {len(jobs)} jobs from {len(steps)} steps; "
                          f"{self.total_gpus} GPUs, {self.cpu_slots} CPU slot(s)")
 
@@ -178,7 +208,8 @@ class Farm:
             return FAILED if any(s in HARD_FAILURES + (NOT_RUN,) for s in states) else PASSED
 
         with tempfile.TemporaryDirectory(prefix="pd-farm-bin-") as shim_dir, \
-                ThreadPoolExecutor(max_workers=max(1, self.total_gpus + self.cpu_slots)) as pool:
+                ThreadPoolExecutor(max_workers=max(1, self.packer.max_groups
+                                                   + self.cpu_slots)) as pool:
             shim = Path(shim_dir) / "buildkite-agent"
             shim.write_text(_AGENT_SHIM)
             shim.chmod(0o755)
@@ -204,9 +235,12 @@ class Farm:
                             free_cpu -= 1
                             held: list[str] = []
                         else:
-                            if len(free_gpus) < job.step.gpus:
+                            gpu_job = self._gpu_job(job)
+                            where = self.packer.place(gpu_job)
+                            if where is None:
                                 continue
-                            held, free_gpus = free_gpus[:job.step.gpus], free_gpus[job.step.gpus:]
+                            placed[id(job)] = gpu_job
+                            held = [self.gpu_ids[i] for i in where]
                         pending.remove(job)
                         running[pool.submit(self._run_job, job, held, shim_dir)] = (job, held)
                     if not running:
@@ -221,7 +255,7 @@ class Farm:
                         job, held = running.pop(future)
                         results[id(job)] = future.result()
                         if held:
-                            free_gpus = [g for g in self.gpu_ids if g in free_gpus or g in held]
+                            self.packer.release(placed.pop(id(job)))
                         else:
                             free_cpu += 1
             except BaseException:
@@ -393,8 +427,37 @@ def run_farm(profile: str, *, matrix_path: str | None = None, parallelism: int =
             print(pipeline_yaml(doc))
         return EXIT_OK
     steps = farm_steps(docs, queues)
-    farm = Farm(gpus=gpus, cpu_slots=cpu_slots, workdir=workdir, log_dir=log_dir, console=console)
+    peaks, gpu_bytes = _gpu_packing(cells, queues, parallelism, run_args, gpus)
+    farm = Farm(gpus=gpus, cpu_slots=cpu_slots, workdir=workdir, log_dir=log_dir, console=console,
+                step_peak_bytes=peaks, gpu_bytes=gpu_bytes)
     return farm.run(steps).exit_code
+
+
+def _gpu_packing(cells: Sequence[Any], queues: Mapping[int, str] | None, parallelism: int,
+                 run_args: Sequence[str], gpus: int | str | Sequence[str]
+                 ) -> tuple[dict[str, int], list[int] | None]:
+    """Each one-group GPU step's peak memory (harness.run.packing, as `run` plans it) and the
+    free bytes of the GPUs the farm uses: one-group steps then share GPUs by memory."""
+    from harness.ci.pipeline import DEFAULT_QUEUES, layout_of, normalize_queues, plan_batches
+    from harness.cli.run_packed import kv_cache_bytes, weight_bytes
+    from harness.core.options import RunOptions
+    from harness.core.platform import query_gpu_used_bytes
+    from harness.run.packing import group_jobs, read_gpu_rooms
+
+    layout = layout_of(run_args)
+    options = RunOptions()
+    peaks = {}
+    for batch in plan_batches(cells, normalize_queues(queues or DEFAULT_QUEUES), parallelism,
+                              layout):
+        if batch.gpus and batch.parallelism == 1 and batch.baseline_groups == 1:
+            (job,) = group_jobs(batch.cells, kv_cache_bytes=lambda c: kv_cache_bytes(c, options),
+                                weight_bytes=weight_bytes, layout=layout)
+            peaks[batch.key] = job.peak_bytes
+    devices = detect_gpus()
+    if gpus != "auto" and not isinstance(gpus, (list, tuple)):
+        devices = devices[:int(gpus)]
+    rooms = read_gpu_rooms(devices, query_gpu_used_bytes())
+    return peaks, [r.free_bytes for r in rooms] or None
 
 
 __all__ = ["Farm", "FarmResult", "JobResult", "run_farm"]

@@ -110,8 +110,26 @@ def _group_of(cell: Cell) -> tuple[str, str]:
     return key, f"{cell.model_short} / {cell.backend}"
 
 
+def step_gpus(cell: Cell, layout: str = "shared") -> int:
+    """GPUs a step running `cell` asks its agent for: with the shared layout (`run`'s default)
+    every server of a group sits on the GPUs of its widest server, so a TP1 cell asks for one
+    GPU; with `--gpu-layout split` prefill and decode have GPUs of their own."""
+    return cell.gpus_needed["total" if layout == "split" else "min_shared"]
+
+
+def layout_of(run_args: Sequence[str]) -> str:
+    """The `--gpu-layout` the steps' run commands are given (`run`'s default: shared)."""
+    args = list(run_args)
+    for i, arg in enumerate(args):
+        if arg == "--gpu-layout" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--gpu-layout="):
+            return arg.split("=", 1)[1]
+    return "shared"
+
+
 def plan_batches(cells: Iterable[Cell], queues: Mapping[int, str] = DEFAULT_QUEUES,
-                 parallelism: int = 1) -> list[Batch]:
+                 parallelism: int = 1, layout: str = "shared") -> list[Batch]:
     """Split `cells` into command steps (see module docstring), in first-seen order."""
     cells = list(cells)
     ids = [c.cell_id for c in cells]
@@ -122,7 +140,7 @@ def plan_batches(cells: Iterable[Cell], queues: Mapping[int, str] = DEFAULT_QUEU
     for cell in cells:
         xfail = cell.expected_failure is not None
         if parallelism > 1:
-            bucket = (queue_for(cell.gpus_needed["total"], queues)[0], xfail)
+            bucket = (queue_for(step_gpus(cell, layout), queues)[0], xfail)
         else:
             bucket = (cell.baseline_key, xfail)
         buckets.setdefault(bucket, []).append(cell)
@@ -130,7 +148,7 @@ def plan_batches(cells: Iterable[Cell], queues: Mapping[int, str] = DEFAULT_QUEU
     batches = []
     for bucket, members in buckets.items():
         xfail = bucket[1]
-        gpus, queue = queue_for(max(c.gpus_needed["total"] for c in members), queues)
+        gpus, queue = queue_for(max(step_gpus(c, layout) for c in members), queues)
         suffix = "-xfail" if xfail else ""
         if parallelism > 1:
             groups = len({c.baseline_key for c in members})
@@ -237,7 +255,8 @@ def generate_pipeline(cells: Iterable[Cell], *, profile: str,
     steps = StepSettings(profile=profile, results_dir=results_dir, junit_dir=junit_dir,
                          matrix_path=matrix_path, run_args=tuple(run_args),
                          timeout_minutes=timeout_minutes, retry_limit=retry_limit)
-    docs, group_keys = pack_groups(plan_batches(cells, queues, parallelism), steps, max_steps)
+    docs, group_keys = pack_groups(plan_batches(cells, queues, parallelism, layout_of(run_args)),
+                                   steps, max_steps)
     annotate = CommandStep(
         label="P/D accuracy annotation",
         key=ANNOTATE_KEY,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Sequence
 
 from harness.ci.pipeline import (DEFAULT_JUNIT_DIR, DEFAULT_QUEUES, DEFAULT_RESULTS_DIR,
-                                 DEFAULT_TIMEOUT_MINUTES, normalize_queues, plan_batches,
+                                 DEFAULT_TIMEOUT_MINUTES, layout_of, normalize_queues, plan_batches,
                                  run_command, step_timeout)
 from harness.core.cell import Cell
 
@@ -48,7 +48,7 @@ def export_test_areas(cells: Iterable[Cell], *, profile: str,
     """
     queues = normalize_queues(queues or DEFAULT_QUEUES)
     steps = []
-    for batch in plan_batches(cells, queues, parallelism):
+    for batch in plan_batches(cells, queues, parallelism, layout_of(run_args)):
         step: dict[str, Any] = {
             "label": f"PD accuracy: {batch.label}",
             "key": batch.key,

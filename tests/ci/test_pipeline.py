@@ -131,7 +131,11 @@ def test_pr_style_pipeline_shape():
             assert step["soft_fail"] == [{"exit_status": 1}]
             assert only_ids(step) == [gpu_cells()[-1].cell_id]
     queues = {s["agents"]["queue"] for s in by_key.values()}
-    assert queues == {"cpu", "gpu-2", "gpu-4"}     # 1+1 GPUs -> gpu-2; 1+2 -> gpu-4
+    # run's shared layout: a TP1 cell's servers share one GPU, a TP2 decode needs two
+    assert queues == {"cpu", "gpu-1", "gpu-2"}
+    (split,) = generate_pipeline(cells, profile="pr", run_args=["--gpu-layout", "split"])
+    # prefill and decode on GPUs of their own: 1+1 GPUs -> gpu-2; 1+2 -> gpu-4
+    assert {s["agents"]["queue"] for s in cell_steps([split])} == {"cpu", "gpu-2", "gpu-4"}
     annotate = doc["steps"][-1]
     assert annotate["key"] == ANNOTATE_KEY
     assert annotate["allow_dependency_failure"] is True
@@ -156,10 +160,14 @@ def test_long_model_names_still_give_valid_keys():
 
 def test_custom_queues_pick_smallest_fitting_queue():
     cells = gpu_cells()
-    docs = generate_pipeline(cells, profile="pr", queues={"0": "c", "8": "big", "2": "pair"})
-    assert {s["agents"]["queue"] for s in cell_steps(docs)} == {"pair", "big"}
+    queues = {"0": "c", "8": "big", "2": "pair"}
+    docs = generate_pipeline(cells, profile="pr", queues=queues)
+    assert {s["agents"]["queue"] for s in cell_steps(docs)} == {"pair"}
+    split = generate_pipeline(cells, profile="pr", queues=queues, run_args=["--gpu-layout=split"])
+    assert {s["agents"]["queue"] for s in cell_steps(split)} == {"pair", "big"}
     with pytest.raises(ValueError, match="no agent queue"):
-        generate_pipeline(cells, profile="pr", queues={0: "cpu", 2: "gpu-2"})
+        generate_pipeline(cells, profile="pr", queues={0: "cpu", 2: "gpu-2"},
+                          run_args=["--gpu-layout", "split"])
 
 
 def test_600_cells_split_into_valid_uploads():
@@ -189,7 +197,14 @@ def test_a_group_larger_than_an_upload_is_split_into_parts():
 
 def test_parallelism_shards_with_escaped_job_variables():
     cells = cpu_cells() + gpu_cells()
-    (doc,) = generate_pipeline(cells, profile="nightly", parallelism=4)
+    (shared,) = generate_pipeline(cells, profile="nightly", parallelism=4)
+    validate_pipeline(shared)
+    # the shared layout: every TP1 cell in one 1-GPU class, each job packs its shard's groups
+    shared_steps = {s["key"]: s for s in cell_steps([shared])}
+    assert shared_steps["pd-shards-gpu1"]["parallelism"] == 4
+    assert shared_steps["pd-shards-gpu1"]["agents"]["queue"] == "gpu-1"
+    (doc,) = generate_pipeline(cells, profile="nightly", parallelism=4,
+                               run_args=["--gpu-layout", "split"])
     validate_pipeline(doc)
     steps = {s["key"]: s for s in cell_steps([doc])}
     cpu = steps["pd-shards-gpu0"]
@@ -239,8 +254,11 @@ def test_matrix_profiles_give_valid_pipelines(profile, parallelism):
     by_id = {c.cell_id: c for c in cells}
     for step in steps:
         members = [by_id[i] for i in only_ids(step)]
-        gpus = max(c.gpus_needed["total"] for c in members)
+        gpus = max(c.gpus_needed["min_shared"] for c in members)
         assert int(step["env"]["PD_ACCURACY_GPUS"]) >= gpus
+        # no TP1 cell on a queue of two GPUs (run packs a TP1 group on one GPU)
+        if all(c.gpus_needed["min_shared"] <= 1 for c in members):
+            assert int(step["env"]["PD_ACCURACY_GPUS"]) <= 1
         assert ("soft_fail" in step) == all(c.expected_failure for c in members)
         if parallelism == 1:
             assert len({c.baseline_key for c in members}) == 1
@@ -305,14 +323,14 @@ def test_cli_pipeline_options(tmp_path, capsys):
 
     out_dir = tmp_path / "gen"
     assert main(["pipeline", "--profile", "nightly", "--max-steps", "40", "--limit", "10",
-                 "--queues", '{"0": "cpu", "2": "h200-2", "4": "h200-4"}',
+                 "--queues", '{"0": "cpu", "1": "h200-1", "2": "h200-2", "4": "h200-4"}',
                  "--out-dir", str(out_dir)]) == 0
     files = sorted(out_dir.glob("pipeline-*.yml"))
     assert len(files) > 1 and capsys.readouterr().out.split() == [str(f) for f in files]
     docs = [yaml.safe_load(f.read_text()) for f in files]
     validate_uploads(docs, max_steps=40)
     steps = cell_steps(docs)
-    assert {s["agents"]["queue"] for s in steps} == {"h200-2", "h200-4"}
+    assert {s["agents"]["queue"] for s in steps} == {"h200-1", "h200-2"}
     assert all(" --limit 10 " in s["commands"][0] for s in steps)
     # too many steps for one upload on stdout: refused, nothing printed
     assert main(["pipeline", "--profile", "pr", "--max-steps", "20"]) == 2
@@ -320,7 +338,7 @@ def test_cli_pipeline_options(tmp_path, capsys):
     assert capsys.readouterr().out == ""
     assert main(["pipeline", "--profile", "nosuch"]) == 2
     assert main(["pipeline", "--profile", "pr", "--queues", "[1]"]) == 2
-    assert main(["pipeline", "--profile", "pr", "--queues", '{"0": "cpu", "1": "g"}']) == 2
+    assert main(["pipeline", "--profile", "pr", "--queues", '{"0": "cpu"}']) == 2   # no GPU queue
     out = tmp_path / "areas.yaml"
     assert main(["pipeline", "--profile", "pr", "--format", "test-areas", "--device", "h200",
                  "--out", str(out)]) == 0
@@ -383,7 +401,7 @@ def test_test_areas_export_matches_the_vllm_format():
     gpu = [s for s in steps if "num_devices" in s]
     assert cpu and gpu and all(s["device"] == "h200" for s in gpu)
     assert all("num_devices" not in s for s in cpu)
-    assert {s["num_devices"] for s in gpu} == {2, 4}
+    assert {s["num_devices"] for s in gpu} == {1, 2}
     assert [s.get("soft_fail") for s in steps if s["key"].endswith("-xfail")] == [True]
     # the same keys as the Buildkite pipeline, so history and dashboards line up
     keys = {s["key"] for s in cell_steps(generate_pipeline(cpu_cells() + gpu_cells(),
