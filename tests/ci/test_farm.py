@@ -251,3 +251,26 @@ def test_cli_farm_needs_local_and_a_known_profile(tmp_path, monkeypatch, capsys)
     assert main(["farm", "--local", "--profile", "nosuch"]) == 2
     assert main(["farm", "--local", "--profile", "smoke", "--dry-run"]) == 0
     assert "pd-accuracy run --profile smoke" in capsys.readouterr().out
+
+
+def test_one_group_gpu_steps_share_a_gpu_by_memory(tmp_path):
+    """Three one-group steps on one GPU: two fit its memory together, the third waits for one of
+    them; a job of unknown size (a shard) waits for the GPU to be empty."""
+    # each job notes when it started and ended, then sleeps: overlaps show in the times
+    note = ("import os, time, pathlib; k = os.environ['BUILDKITE_STEP_KEY']; "
+            "p = pathlib.Path(f'span-{k}.txt'); s = time.monotonic(); time.sleep(0.8); "
+            "p.write_text(f'{s} {time.monotonic()} {os.environ[\"CUDA_VISIBLE_DEVICES\"]}')")
+    gpu = {"PD_ACCURACY_GPUS": "1"}
+    steps = farm_steps([doc(*({"key": k, "command": py(note), "env": gpu}
+                              for k in ("g1", "g2", "g3", "shard")))])
+    gib = 1 << 30
+    farm, _ = make_farm(tmp_path, gpus=1, gpu_bytes=[100 * gib], max_gpu_jobs=8,
+                        step_peak_bytes={"g1": 40 * gib, "g2": 40 * gib, "g3": 40 * gib})
+    assert {j.state for j in farm.run(steps).jobs} == {PASSED}
+    span = {k: [float(x) for x in (tmp_path / f"span-{k}.txt").read_text().split()[:2]]
+            for k in ("g1", "g2", "g3", "shard")}
+    assert span["g2"][0] < span["g1"][1] and span["g1"][0] < span["g2"][1]   # together
+    assert span["g3"][0] >= min(span["g1"][1], span["g2"][1]) - 0.05      # after one ended
+    others = [v for k, v in span.items() if k != "shard"]
+    assert all(span["shard"][0] >= end - 0.05 or span["shard"][1] <= start + 0.05
+               for start, end in others)                                   # alone
