@@ -86,6 +86,38 @@ _RUN_ID = pytest.StashKey[str]()
 
 
 @pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """`-n auto` on a GPU machine: one worker per baseline group that the GPU packer
+    (harness.run.packing, as `pd-accuracy run` plans) lets run at once for --pd-profile, by the
+    GPUs' free memory and the cores; elsewhere xdist's own count (None)."""
+    from harness.core.platform import detect_gpus
+
+    if not detect_gpus():
+        return None
+    return gpu_workers(config)
+
+
+def gpu_workers(config: pytest.Config) -> int:
+    """The packer's groups at once for this session's profile on this machine's GPUs."""
+    import os
+
+    from harness import matrix
+    from harness.cli.run_packed import kv_cache_bytes, weight_bytes
+    from harness.core.options import RunOptions
+    from harness.core.platform import PlatformInfo, detect_gpus, query_gpu_used_bytes
+    from harness.run.packing import group_jobs, groups_at_once, max_parallel_groups, read_gpu_rooms
+
+    devices = detect_gpus()
+    cells = matrix.expand(matrix.load_matrix(config.getoption("pd_matrix")),
+                          config.getoption("pd_profile"), PlatformInfo.from_devices(devices)).cells
+    options = RunOptions()
+    jobs = group_jobs([c for c in cells if c.device == "cuda"],
+                      kv_cache_bytes=lambda c: kv_cache_bytes(c, options), weight_bytes=weight_bytes)
+    rooms = read_gpu_rooms(devices, query_gpu_used_bytes())
+    return groups_at_once(jobs, rooms, max_parallel_groups(os.cpu_count() or 1, len(devices)))
+
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
     """xdist controller: every worker writes into the same run directory, and knows whether
     tests are distributed by group."""

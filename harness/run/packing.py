@@ -208,6 +208,18 @@ class Packer:
             self.held[g] -= job.peak_bytes
 
 
+def groups_at_once(jobs: Sequence[GroupJob], rooms: Sequence[GpuRoom], max_groups: int) -> int:
+    """How many of `jobs`, taken in order, the packer runs together on `rooms` (at least one):
+    what `-n auto` gives the pytest plugin's workers on a GPU machine."""
+    packer = Packer(rooms, max_groups)
+    placed = 0
+    for job in jobs:
+        if packer.place(job) is None:
+            break
+        placed += 1
+    return max(1, placed)
+
+
 def read_gpu_rooms(devices: Iterable, used_bytes: Mapping[int, int] | None = None) -> list[GpuRoom]:
     """GpuRoom per visible device (index = its position in CUDA_VISIBLE_DEVICES order), free =
     total less what nvidia-smi says is used now."""
@@ -223,7 +235,7 @@ def plan_json(jobs: Sequence[GroupJob]) -> str:
                                  "servers_at_peak": j.servers_at_peak}) for j in jobs)
 
 
-__all__ = ["GIB", "GpuRoom", "GroupJob", "Packer", "STARTING_PER_GPU", "group_jobs",
+__all__ = ["GIB", "GpuRoom", "GroupJob", "Packer", "STARTING_PER_GPU", "group_jobs", "groups_at_once",
            "max_parallel_groups", "model_weight_bytes", "read_gpu_rooms", "server_bytes",
            "warm_key"]
 

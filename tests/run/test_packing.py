@@ -182,3 +182,31 @@ def test_a_packed_run_admits_groups_as_others_end_and_collects_every_cell(tmp_pa
     assert outcomes[lost_cell] == "ERROR"
     assert "exited 3 without a record" in next(r for r in results if r.cell.cell_id == lost_cell).verdict.reason
     assert [o for c, o in outcomes.items() if c != lost_cell] == ["PASS", "PASS"]
+
+
+def test_groups_at_once_is_what_the_packer_admits_in_order():
+    jobs = jobs_of([cuda(block=b, runner=r) for b in (16, 64, 128) for r in ("v1", "v2")],
+                   kv=int(10.5 * GIB))   # 37.5 GiB a group
+    from harness.run.packing import groups_at_once
+    assert groups_at_once(jobs, [GpuRoom(0, 100 * GIB, 100 * GIB)], 8) == 2
+    assert groups_at_once(jobs, [GpuRoom(0, 100 * GIB, 100 * GIB)], 1) == 1
+    assert groups_at_once(jobs, [GpuRoom(0, 200 * GIB, 200 * GIB)] * 1, 8) == 5
+
+
+def test_the_plugin_asks_the_packer_for_its_gpu_workers(pytestconfig, monkeypatch):
+    """-n auto on a (pretended) 1-GPU machine of 80 GiB: the pr profile's tiny groups are
+    bounded by the cores the packer allows, not by xdist's CPU count."""
+    from harness import pytest_plugin
+    from harness.core import platform
+    monkeypatch.setattr(platform, "detect_gpus",
+                        lambda: [platform.GpuDevice(0, "H100", 80 * GIB)])
+    monkeypatch.setattr(platform, "query_gpu_used_bytes", lambda: {})
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+
+    class Config:
+        def getoption(self, name):
+            return {"pd_matrix": None, "pd_profile": "pr"}[name]
+    assert pytest_plugin.pytest_xdist_auto_num_workers(Config()) == 8
+    monkeypatch.setattr("os.cpu_count", lambda: 64)
+    # 32 cores' worth of groups, but 80 GiB hold fewer of the pr groups' peaks
+    assert 8 < pytest_plugin.pytest_xdist_auto_num_workers(Config()) < 32
