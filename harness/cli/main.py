@@ -6,10 +6,10 @@ import argparse
 import sys
 
 import harness
-from harness.cli import bench, calibration, ci, matrix, run, zoo
+from harness.cli import bench, calibration, ci, matrix, run, warm, zoo
 from harness.core.outcomes import EXIT_USAGE
 
-COMMAND_MODULES = (run, matrix, bench, calibration, ci, zoo)
+COMMAND_MODULES = (run, warm, matrix, bench, calibration, ci, zoo)
 
 
 class OneLineParser(argparse.ArgumentParser):
