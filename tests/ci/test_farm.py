@@ -164,15 +164,20 @@ def test_agent_shim_downloads_nothing_and_writes_annotations(tmp_path):
     assert (tmp_path / "farm-logs" / "annotation-pd-accuracy.md").read_text() == "hello\n"
 
 
-def _fake_pd_accuracy(bin_dir: Path, calls: Path) -> None:
+def _fake_pd_accuracy(bin_dir: Path, calls: Path, sleep_s: float = 0.0) -> None:
     """A `pd-accuracy` that logs its argv and fails (exit 1) the runs whose --only list
-    contains $FAKE_FAIL (default: p32)."""
+    contains $FAKE_FAIL (default: p32); a run sleeps `sleep_s` and notes its span in
+    spans.txt (monotonic start and end)."""
     script = bin_dir / "pd-accuracy"
     script.write_text(
         f"#!{PY}\n"
-        "import json, os, sys\n"
+        "import json, os, sys, time\n"
         f"open({str(calls)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
         "args = sys.argv[1:]\n"
+        "start = time.monotonic()\n"
+        f"time.sleep({sleep_s} if args[0] == 'run' else 0)\n"
+        f"if args[0] == 'run' and {sleep_s}:\n"
+        "    open('spans.txt', 'a').write(f'{start} {time.monotonic()}\\n')\n"
         "if args[0] == 'run' and os.environ.get('FAKE_FAIL', 'p32') in args[args.index('--only') + 1]:\n"
         "    sys.exit(1)\n"
     )
@@ -274,3 +279,40 @@ def test_one_group_gpu_steps_share_a_gpu_by_memory(tmp_path):
     others = [v for k, v in span.items() if k != "shard"]
     assert all(span["shard"][0] >= end - 0.05 or span["shard"][1] <= start + 0.05
                for start, end in others)                                   # alone
+
+
+def test_farm_runs_the_pr_profile_on_one_gpu_with_groups_side_by_side(tmp_path, monkeypatch):
+    """`farm --local --gpus 1 --profile pr` on a (pretended) one-H200 machine, `pd-accuracy`
+    faked: every pr cell runs, every GPU step on GPU 0, and several at once."""
+    import json
+
+    from harness import matrix
+    from harness.ci import farm as farm_module
+    from harness.cli.main import main
+    from harness.core import platform
+
+    h200 = [platform.GpuDevice(0, "NVIDIA H200", 141 << 30)]
+    monkeypatch.setattr(platform, "detect_gpus", lambda: h200)
+    monkeypatch.setattr(farm_module, "detect_gpus", lambda: h200)
+    monkeypatch.setattr(platform, "query_gpu_used_bytes", lambda: {})
+    monkeypatch.setattr(platform, "netns_unavailable_reason", lambda: None)
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    calls = tmp_path / "calls.jsonl"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake_pd_accuracy(bin_dir, calls, sleep_s=0.4)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("BUILDKITE", raising=False)
+    monkeypatch.setenv("FAKE_FAIL", "no-cell-has-this")
+    monkeypatch.chdir(tmp_path)
+    assert main(["farm", "--local", "--profile", "pr", "--gpus", "1", "--log-dir", "logs"]) == 0
+    runs = [a for a in map(json.loads, calls.read_text().splitlines()) if a[0] == "run"]
+    cells = matrix.expand(matrix.load_matrix(), "pr", platform.PlatformInfo.from_devices(h200)).cells
+    assert len(cells) == 27
+    assert sorted(i for a in runs for i in a[a.index("--only") + 1].split(",")) == \
+        sorted(c.cell_id for c in cells)
+    log = "\n".join(p.read_text() for p in (tmp_path / "logs").glob("*.log"))
+    assert "needs 2 GPUs" not in log
+    spans = sorted((float(s), float(e)) for s, e in
+                   (line.split() for line in (tmp_path / "spans.txt").read_text().splitlines()))
+    assert max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans) > 1   # side by side
