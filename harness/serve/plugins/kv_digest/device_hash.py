@@ -21,6 +21,7 @@ uniform 64-bit values).
 """
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -67,26 +68,30 @@ def fmix64_(x: Any) -> Any:
     return x
 
 
-def as_words(tensor: Any) -> Any:
+def as_words(tensor: Any) -> tuple[Any, int]:
     """``tensor``'s bytes along its last axis as int64 words ``[..., W]`` (last axis zero-padded
-    to whole words): any dtype, bits kept (bfloat16, fp8, -0.0 vs 0.0 all differ)."""
+    to whole words), and the unpadded bytes per row: any dtype, bits kept (bfloat16, fp8,
+    -0.0 vs 0.0 all differ)."""
     import torch
 
     data = tensor.contiguous()
     if data.dim() == 0:
         data = data.reshape(1)
     raw = data.view(torch.uint8)
-    pad = -raw.shape[-1] % 8
+    width = int(raw.shape[-1])
+    pad = -width % 8
     if pad:
         raw = torch.nn.functional.pad(raw, (0, pad))
-    return raw.view(torch.int64)
+    return raw.view(torch.int64), width
 
 
-def keys(start: int, count: int, device: Any) -> Any:
-    """``key(i)`` for word positions ``start .. start + count - 1``."""
+def keys(start: int, count: int, device: Any, row_bytes: int) -> Any:
+    """``key(i)`` for word positions ``start .. start + count - 1`` of rows of ``row_bytes``
+    bytes: the row length is in the key, so zero padding never makes two lengths alike."""
     import torch
 
     positions = torch.arange(start, start + count, dtype=torch.int64, device=device)
+    positions += row_bytes << 40        # positions stay far below 2**40 (a 1 TiB stream)
     return fmix64_(positions ^ _signed(SEED))
 
 
@@ -101,11 +106,12 @@ def chunk_hashes(canonical: Any, token_offset: int, token_chunk: int) -> Any:
     absolute prompt positions (the first chunk may be short), position keys absolute."""
     import torch
 
-    words = as_words(canonical.reshape(*canonical.shape[:-2], canonical.shape[-2], -1))
+    words, width = as_words(canonical.reshape(*canonical.shape[:-2], canonical.shape[-2], -1))
     tokens, per_token = words.shape[-2], words.shape[-1]
     if tokens == 0:
         return words.new_zeros((*words.shape[:-2], 0))
-    key = keys(token_offset * per_token, tokens * per_token, words.device).view(tokens, per_token)
+    key = keys(token_offset * per_token, tokens * per_token, words.device, width).view(
+        tokens, per_token)
     per_token_sum = mixed_sum(words, key, dims=-1)
     front = token_offset % token_chunk
     back = -(front + tokens) % token_chunk
@@ -117,9 +123,8 @@ def chunk_hashes(canonical: Any, token_offset: int, token_chunk: int) -> Any:
 def row_hashes(rows: Any) -> Any:
     """Hash of each row's bytes of ``rows`` ``[N, ...]`` (keys by word index within the row):
     int64 ``[N]``; a row's hash depends on its bytes only, not on where it sits."""
-    words = as_words(rows.reshape(rows.shape[0], -1)) if rows.dim() > 1 else as_words(
-        rows.reshape(rows.shape[0], 1))
-    return mixed_sum(words, keys(0, words.shape[-1], words.device), dims=-1)
+    words, width = as_words(rows.reshape(rows.shape[0], -1))
+    return mixed_sum(words, keys(0, words.shape[-1], words.device, width), dims=-1)
 
 
 def to_hex(value: int) -> str:
@@ -138,6 +143,19 @@ def as_tensor(array: Any) -> Any:
     if data.dtype.byteorder == ">":
         data = data.astype(data.dtype.newbyteorder("<"))
     return torch.from_numpy(data)
+
+
+@functools.lru_cache(maxsize=None)
+def dtype_name(dtype: Any) -> str:
+    """The dtype a digest line names: numpy's, or the same-width integer the blake2b path reads
+    a dtype numpy lacks as (bfloat16 -> int16, fp8 -> uint8), so both paths name it alike."""
+    import torch
+
+    empty = torch.empty(0, dtype=dtype)
+    try:
+        return empty.numpy().dtype.name
+    except TypeError:
+        return {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}[empty.element_size()]
 
 
 class Batch:

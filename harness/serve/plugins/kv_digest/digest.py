@@ -90,15 +90,15 @@ def chunk_bounds(offset: int, num_tokens: int, token_chunk: int) -> list[tuple[i
 
 
 def digest(canonical: Any, token_chunk: int = DEFAULT_TOKEN_CHUNK, head_offset: int = 0,
-           token_offset: int = 0, function: str = "blake2b") -> KVDigest:
+           token_offset: int = 0, function: str | None = None) -> KVDigest:
     """Hash each ``[kv, head, token chunk]`` slice of a canonical ``[2, H, T, D]`` array;
     ``head_offset`` is the global index of its first head (a TP rank's first KV head),
     ``token_offset`` the prompt position of its first token; ``function``: ``blake2b`` or
-    ``device`` (device_hash.HASH_FUNCTIONS).
+    ``device`` (device_hash.HASH_FUNCTIONS; default: PD_ACCURACY_KV_DIGEST_HASH's).
     """
     if token_chunk < 1:
         raise ValueError(f"token_chunk must be >= 1, got {token_chunk}")
-    if function != "blake2b":
+    if (function or device_hash.hash_choice()) != "blake2b":
         hasher = DeviceHasher()
         result = hasher.canonical(device_hash.as_tensor(canonical), token_chunk, head_offset,
                                   token_offset)
@@ -120,21 +120,21 @@ def digest(canonical: Any, token_chunk: int = DEFAULT_TOKEN_CHUNK, head_offset: 
 
 def digest_layer(cache: Any, block_ids: Sequence[int], num_tokens: int, layout: KVLayout, *,
                  token_chunk: int = DEFAULT_TOKEN_CHUNK, head_offset: int = 0,
-                 token_offset: int = 0, function: str = "blake2b") -> KVDigest:
+                 token_offset: int = 0, function: str | None = None) -> KVDigest:
     """``digest(canonical_kv(...))`` for one layer: ``block_ids`` hold prompt positions
     ``token_offset .. token_offset + num_tokens - 1`` (the offset is a block boundary)."""
     if function != "blake2b":
         return digest(canonical_kv_tensor(cache, block_ids, num_tokens, layout), token_chunk,
                       head_offset, token_offset, function)
     return digest(canonical_kv(cache, block_ids, num_tokens, layout), token_chunk, head_offset,
-                  token_offset)
+                  token_offset, function)
 
 
 def digest_state(state: Any, block_ids: Sequence[int] | None = None,
-                 function: str = "blake2b") -> str:
+                 function: str | None = None) -> str:
     """Hash a hybrid model's conv / SSM state's bytes (C order, little-endian): with
     ``block_ids``, those rows of dim 0 (the state cache's block axis), in that order."""
-    if function != "blake2b":
+    if (function or device_hash.hash_choice()) != "blake2b":
         hasher = DeviceHasher()
         result = hasher.state([state], block_ids)
         hasher.start()
@@ -199,11 +199,12 @@ class Blake2bHasher:
     def layer(self, cache: Any, block_ids: Sequence[int], num_tokens: int, layout: KVLayout,
               token_chunk: int, head_offset: int, token_offset: int) -> Result:
         value = digest_layer(cache, block_ids, num_tokens, layout, token_chunk=token_chunk,
-                             head_offset=head_offset, token_offset=token_offset)
+                             head_offset=head_offset, token_offset=token_offset,
+                             function="blake2b")
         return lambda: value
 
     def state(self, parts: Sequence[Any], block_ids: Sequence[int] | None) -> Result:
-        value = "+".join(digest_state(part, block_ids) for part in parts)
+        value = "+".join(digest_state(part, block_ids, "blake2b") for part in parts)
         return lambda: value
 
     def raw(self, blocks: Any, pieces: int) -> Result:
@@ -319,7 +320,7 @@ class DeviceHasher:
             hashes = tuple(tuple(tuple(device_hash.to_hex(v) for v in per_chunk)
                                  for per_chunk in per_head) for per_head in values)
             self._digests.append(KVDigest(head_offset, int(canonical.shape[2]), chunk,
-                                          str(canonical.dtype).replace("torch.", ""), hashes,
+                                          device_hash.dtype_name(canonical.dtype), hashes,
                                           offset))
         self._layers = []
         self._row_values = [self.batch.values(handle)[low:high]

@@ -103,10 +103,10 @@ def raw_blocks(cache: Any, kernel_ids: Any, tokens_per_block: int) -> Any:
 
 
 def raw_pieces(cache: Any, kernel_ids: Any, tokens_per_block: int,
-               function: str = "blake2b") -> list[str]:
+               function: str | None = None) -> list[str]:
     """Hashes of the physical bytes of blocks ``kernel_ids`` of ``cache``, in order, cut in
     pieces of RAW_PIECE_TOKENS tokens' share (``function``: ``blake2b`` or ``device``)."""
-    hasher = make_hasher(function)
+    hasher = make_hasher(function or hash_choice())
     result = hasher.raw(raw_blocks(cache, kernel_ids, tokens_per_block),
                         tokens_per_block // RAW_PIECE_TOKENS)
     hasher.start()
@@ -136,10 +136,10 @@ def _layout(shape: tuple[int, ...], dtype: Any, backend: str, kernel: int, logic
     return layout_from_shape(shape, backend, kernel, logical, isa)
 
 
-def state_digest(cache: Any, block_ids: Any, function: str = "blake2b") -> str:
+def state_digest(cache: Any, block_ids: Any, function: str | None = None) -> str:
     """One recurrent layer's state for a request: the bytes of its state slot(s) (rows
     ``block_ids`` of dim 0), of each state tensor where the layer holds several (conv, SSM)."""
-    hasher = make_hasher(function)
+    hasher = make_hasher(function or hash_choice())
     result = _state(hasher, cache, block_ids)
     hasher.start()
     hasher.wait()
