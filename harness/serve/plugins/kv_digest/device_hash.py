@@ -85,9 +85,11 @@ def as_words(tensor: Any) -> tuple[Any, int]:
     return raw.view(torch.int64), width
 
 
+@functools.lru_cache(maxsize=32)
 def keys(start: int, count: int, device: Any, row_bytes: int) -> Any:
     """``key(i)`` for word positions ``start .. start + count - 1`` of rows of ``row_bytes``
-    bytes: the row length is in the key, so zero padding never makes two lengths alike."""
+    bytes: the row length is in the key, so zero padding never makes two lengths alike. Kept
+    for the next layers and requests of the same length (read only: callers xor into a copy)."""
     import torch
 
     positions = torch.arange(start, start + count, dtype=torch.int64, device=device)
@@ -95,9 +97,23 @@ def keys(start: int, count: int, device: Any, row_bytes: int) -> Any:
     return fmix64_(positions ^ _signed(SEED))
 
 
-def mixed_sum(words: Any, key: Any, dims: Any) -> Any:
-    """``sum fmix64(words ^ key)`` over ``dims`` (key broadcast against words), int64."""
-    return fmix64_(words ^ key).sum(dim=dims)
+CPU_TILE_WORDS = 1 << 16   # 512 KiB: the eleven passes of fmix64 stay in a core's L2 cache
+
+
+def mixed_sum(words: Any, key: Any) -> Any:
+    """``sum fmix64(words ^ key)`` over the last axis, ``key`` broadcast against the trailing
+    axes of ``words``: int64 ``words.shape[:-1]``. On a CPU the leading slices go through in
+    cache-sized tiles (one pass over memory, not eleven); a GPU takes them in one pass."""
+    import torch
+
+    if words.device.type != "cpu" or words.numel() <= CPU_TILE_WORDS:
+        return fmix64_(words ^ key).sum(dim=-1)
+    lead = words.shape[:words.dim() - key.dim()]
+    flat = words.reshape(-1, *key.shape)
+    step = max(1, CPU_TILE_WORDS // max(1, key.numel()))
+    parts = [fmix64_(flat[start:start + step] ^ key).sum(dim=-1)
+             for start in range(0, flat.shape[0], step)]
+    return torch.cat(parts).reshape(*lead, *key.shape[:-1])
 
 
 def chunk_hashes(canonical: Any, token_offset: int, token_chunk: int) -> Any:
@@ -112,7 +128,7 @@ def chunk_hashes(canonical: Any, token_offset: int, token_chunk: int) -> Any:
         return words.new_zeros((*words.shape[:-2], 0))
     key = keys(token_offset * per_token, tokens * per_token, words.device, width).view(
         tokens, per_token)
-    per_token_sum = mixed_sum(words, key, dims=-1)
+    per_token_sum = mixed_sum(words, key)
     front = token_offset % token_chunk
     back = -(front + tokens) % token_chunk
     # zeros add nothing to a sum: pad the per-token sums out to whole aligned chunks
@@ -124,12 +140,32 @@ def row_hashes(rows: Any) -> Any:
     """Hash of each row's bytes of ``rows`` ``[N, ...]`` (keys by word index within the row):
     int64 ``[N]``; a row's hash depends on its bytes only, not on where it sits."""
     words, width = as_words(rows.reshape(rows.shape[0], -1))
-    return mixed_sum(words, keys(0, words.shape[-1], words.device, width), dims=-1)
+    return mixed_sum(words, keys(0, words.shape[-1], words.device, width))
 
 
 def to_hex(value: int) -> str:
     """One hash as the 16 hex digits a digest line holds (the width blake2b-64 writes)."""
     return f"{int(value) & _MASK64:016x}"
+
+
+def hex_list(values: Any) -> list[str]:
+    """:func:`to_hex` of every value of an int64 numpy array, in C order (one conversion)."""
+    import numpy as np
+
+    text = np.ascontiguousarray(values, dtype=np.int64).astype(">u8").tobytes().hex()
+    return [text[start:start + 16] for start in range(0, len(text), 16)]
+
+
+def index_tensor(ids: Any, device: Any) -> Any:
+    """Block ids as a long tensor on ``device``. To a GPU through pinned memory, non-blocking:
+    a plain host-to-device copy would wait for the stream, stalling the step per layer."""
+    import numpy as np
+    import torch
+
+    host = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64).reshape(-1))
+    if getattr(device, "type", "cpu") != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def as_tensor(array: Any) -> Any:

@@ -266,13 +266,10 @@ class DeviceHasher:
         for part in parts:
             tensor = device_hash.as_tensor(part)
             if block_ids is not None:
-                import torch
-
-                index = torch.as_tensor(np.asarray(block_ids, dtype=np.int64).reshape(-1),
-                                        device=tensor.device)
-                tensor = tensor.index_select(0, index)
+                tensor = tensor.index_select(0, device_hash.index_tensor(block_ids,
+                                                                         tensor.device))
             handles.append(self.batch.add(device_hash.row_hashes(tensor.reshape(1, -1))))
-        return lambda: "+".join(device_hash.to_hex(self.batch.values(h)[0]) for h in handles)
+        return lambda: "+".join(device_hash.hex_list(self.batch.values(h))[0] for h in handles)
 
     def raw(self, blocks: Any, pieces: int) -> Result:
         import torch
@@ -282,7 +279,7 @@ class DeviceHasher:
             tensor.shape[0] * pieces, -1)
         slot = len(self._rows)
         self._rows.append(rows)
-        return lambda: [device_hash.to_hex(v) for v in self._row_values[slot]]
+        return lambda: device_hash.hex_list(self._row_values[slot])
 
     def start(self) -> None:
         """Hash every layer collected (layers of one shape stacked: one pass), then begin the
@@ -293,13 +290,20 @@ class DeviceHasher:
         for slot, (canonical, chunk, _, offset) in enumerate(self._layers):
             key = (tuple(canonical.shape), canonical.dtype, canonical.device, chunk, offset)
             groups.setdefault(key, []).append(slot)
-        for (_, _, _, chunk, offset), slots in groups.items():
+        for (_, _, device, chunk, offset), slots in groups.items():
+            if device.type == "cpu":     # no launches to save: skip the copy a stack makes
+                for slot in slots:
+                    handle = self.batch.add(device_hash.chunk_hashes(
+                        self._layers[slot][0][None], offset, chunk))
+                    self._handles[slot] = (handle, 0)
+                continue
             stacked = torch.stack([self._layers[slot][0] for slot in slots])
             handle = self.batch.add(device_hash.chunk_hashes(stacked, offset, chunk))
             self._handles.update((slot, (handle, index)) for index, slot in enumerate(slots))
         by_width: dict[tuple, list[int]] = {}
-        for slot, rows in enumerate(self._rows):
-            by_width.setdefault((rows.shape[1], rows.device), []).append(slot)
+        for slot, rows in enumerate(self._rows):   # on a CPU, per layer: no copy to a cat
+            by_width.setdefault((rows.shape[1], rows.device,
+                                 slot if rows.device.type == "cpu" else None), []).append(slot)
         self._row_handles = [(0, 0, 0)] * len(self._rows)
         for slots in by_width.values():   # every layer's pieces of one width: one pass
             handle = self.batch.add(device_hash.row_hashes(
@@ -316,9 +320,12 @@ class DeviceHasher:
         self._digests = []
         for slot, (canonical, chunk, head_offset, offset) in enumerate(self._layers):
             handle, index = self._handles[slot]
-            values = self.batch.values(handle)[index]
-            hashes = tuple(tuple(tuple(device_hash.to_hex(v) for v in per_chunk)
-                                 for per_chunk in per_head) for per_head in values)
+            values = self.batch.values(handle)[index]          # [2, H, C]
+            flat = device_hash.hex_list(values)
+            chunks, heads = values.shape[2], values.shape[1]
+            hashes = tuple(tuple(tuple(flat[(kv * heads + head) * chunks:
+                                            (kv * heads + head + 1) * chunks])
+                                 for head in range(heads)) for kv in range(2))
             self._digests.append(KVDigest(head_offset, int(canonical.shape[2]), chunk,
                                           device_hash.dtype_name(canonical.dtype), hashes,
                                           offset))

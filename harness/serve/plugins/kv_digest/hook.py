@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Any, Mapping
 
-from harness.serve.plugins.kv_digest.device_hash import HASH_FUNCTIONS, hash_choice
+from harness.serve.plugins.kv_digest.device_hash import HASH_FUNCTIONS, hash_choice, index_tensor
 from harness.serve.plugins.kv_digest.digest import KVDigest, make_hasher
 from harness.serve.plugins.kv_events import interface
 from harness.serve.plugins.kv_events.interface import KVView, Received, Sent
@@ -95,10 +95,7 @@ def raw_blocks(cache: Any, kernel_ids: Any, tokens_per_block: int) -> Any:
         raise ValueError(f"blocks are not outermost in memory (strides {list(strides)})")
     ids = np.asarray(kernel_ids, dtype=np.int64)
     if hasattr(cache, "index_select"):
-        import torch
-
-        index = torch.as_tensor(ids, dtype=torch.long, device=cache.device)
-        return cache.detach().permute(*order).index_select(0, index)
+        return cache.detach().permute(*order).index_select(0, index_tensor(ids, cache.device))
     return np.transpose(cache, order)[ids]
 
 

@@ -187,13 +187,10 @@ class _TorchOps:
 
     @staticmethod
     def take(cache: Any, ids: np.ndarray, axis: int) -> Any:
-        import torch
-
-        from harness.serve.plugins.kv_digest.device_hash import as_tensor
+        from harness.serve.plugins.kv_digest.device_hash import as_tensor, index_tensor
 
         tensor = as_tensor(cache)
-        return tensor.index_select(axis, torch.as_tensor(ids, dtype=torch.long,
-                                                         device=tensor.device))
+        return tensor.index_select(axis, index_tensor(ids, tensor.device))
 
     @staticmethod
     def stack(parts: Sequence[Any]) -> Any:
