@@ -33,6 +33,9 @@ from harness.serve.plugins.kv_digest.hook import RAW_PIECE_TOKENS
 
 _UUID = re.compile(r"[0-9a-f]{32}")
 LEGACY_HASH = HASH_FUNCTIONS["blake2b"]     # lines written before they named their hash
+# what a line's elapsed_s is made of (harness.serve.plugins.kv_digest.hook.record_line): on the
+# engine's step, GPU time of the hash kernels and copies, and resolving the digests off the step
+COST_PARTS = ("step_s", "device_s", "resolve_s")
 
 
 def hash_difference(ours: dict, theirs: dict) -> str | None:
@@ -129,6 +132,8 @@ def side_of(lines: list[dict]) -> dict:
     return {"num_tokens": first.get("num_tokens"), "token_offset": first.get("token_offset"),
             "hash": first.get("hash") or LEGACY_HASH,
             "elapsed_s": sum(float(line.get("elapsed_s") or 0) for line in ordered),
+            "parts_s": {part: sum(float(line.get(part) or 0) for line in ordered)
+                        for part in COST_PARTS},
             "skipped": skipped, "error": error,
             "digests": digests, "raw": first.get("raw") if len(ordered) == 1 else {},
             "host_digests": (_layers({"layers": first["host_layers"]})
@@ -226,6 +231,8 @@ def digest_evidence(records: list[dict], prefill_files: Iterable[str],
     skipped: Counter = Counter()
     first: dict | None = None
     cost = {"prefill_s": 0.0, "decode_s": 0.0}
+    parts = dict.fromkeys(COST_PARTS, 0.0)
+    functions: Counter = Counter()
     for record in records:
         counts["requests"] += 1
         ours, theirs = _sides(record, index)
@@ -237,6 +244,10 @@ def digest_evidence(records: list[dict], prefill_files: Iterable[str],
             continue
         cost["prefill_s"] += float(ours.get("elapsed_s") or 0)
         cost["decode_s"] += float(theirs.get("elapsed_s") or 0)
+        for side in (ours, theirs):
+            functions[side["hash"]] += 1
+            for part in COST_PARTS:
+                parts[part] += side["parts_s"][part]
         for side in (ours, theirs):
             skipped.update(set(side["skipped"].values()))
             if side["error"]:
@@ -277,7 +288,9 @@ def digest_evidence(records: list[dict], prefill_files: Iterable[str],
                                       "raw_identical", "raw_differing", "raw_unknown",
                                       "host_copy_differing")},
             "first_mismatch": first, "skipped_layers": dict(skipped),
-            "cost_s": {k: round(v, 4) for k, v in cost.items()}}
+            "cost_s": {k: round(v, 4) for k, v in cost.items()},
+            "cost_parts_s": {k: round(v, 4) for k, v in parts.items()},
+            "hash_functions": dict(functions)}
 
 
 __all__ = ["digest_evidence", "read_digest_lines", "request_digests"]

@@ -86,6 +86,13 @@ def make_connector(w):
     return connector
 
 
+@pytest.fixture(autouse=True, params=["device", "blake2b"])
+def hash_function(request, monkeypatch):
+    """Every flow here runs with both hashes (PD_ACCURACY_KV_DIGEST_HASH)."""
+    monkeypatch.setenv("PD_ACCURACY_KV_DIGEST_HASH", request.param)
+    return request.param
+
+
 @pytest.fixture(autouse=True)
 def digest_listeners(monkeypatch):
     """The digest plugin's listeners, each side writing to its own file (one process here)."""
@@ -248,6 +255,26 @@ def test_no_decode_digest_fails_the_check(tmp_path, kv):
     evidence = digest_evidence(records, [str(tmp_path / "p.jsonl")], [str(d_path)], 64)
     passed, line = describe(evidence)
     assert not passed and "compared on 0/1 requests only" in line and "from decode on 1" in line
+
+
+def test_a_line_names_its_hash_and_the_parts_of_its_cost(tmp_path, kv, hash_function):
+    evidence, p_path, d_path = run_pair(tmp_path, kv)
+    for path in (p_path, d_path):
+        line = json.loads(path.read_text())
+        assert line["hash"] == {"device": "fmix64-sum", "blake2b": "blake2b-64"}[hash_function]
+        assert line["elapsed_s"] >= line["step_s"] > 0 and line["device_s"] == 0.0
+    assert evidence["hash_functions"] == {line["hash"]: 2}
+    assert set(evidence["cost_parts_s"]) == {"step_s", "device_s", "resolve_s"}
+
+
+def test_sides_that_hashed_with_different_functions_are_not_compared(tmp_path, kv, monkeypatch,
+                                                                     hash_function):
+    other = "blake2b" if hash_function == "device" else "device"
+    flip = lambda d: monkeypatch.setenv("PD_ACCURACY_KV_DIGEST_HASH", other)  # noqa: E731
+    evidence, _, _ = run_pair(tmp_path, kv, post_process=flip)   # the decode hashes with other
+    passed, line = describe(evidence)
+    assert not passed and evidence["differing"] == 0 and evidence["not_digested"] == 1
+    assert "compared on 0/1 requests only" in line and "set PD_ACCURACY_KV_DIGEST_HASH alike" in line
 
 
 def test_patching_twice_wraps_once():
