@@ -300,6 +300,9 @@ class DeviceHasher:
             stacked = torch.stack([self._layers[slot][0] for slot in slots])
             handle = self.batch.add(device_hash.chunk_hashes(stacked, offset, chunk))
             self._handles.update((slot, (handle, index)) for index, slot in enumerate(slots))
+        # keep what the lines need, not the canonical copies (device memory until resolved)
+        self._layers = [(_Shape(int(canonical.shape[2]), canonical.dtype), chunk, head, offset)
+                        for canonical, chunk, head, offset in self._layers]
         by_width: dict[tuple, list[int]] = {}
         for slot, rows in enumerate(self._rows):   # on a CPU, per layer: no copy to a cat
             by_width.setdefault((rows.shape[1], rows.device,
@@ -326,12 +329,20 @@ class DeviceHasher:
             hashes = tuple(tuple(tuple(flat[(kv * heads + head) * chunks:
                                             (kv * heads + head + 1) * chunks])
                                  for head in range(heads)) for kv in range(2))
-            self._digests.append(KVDigest(head_offset, int(canonical.shape[2]), chunk,
+            self._digests.append(KVDigest(head_offset, canonical.tokens, chunk,
                                           device_hash.dtype_name(canonical.dtype), hashes,
                                           offset))
         self._layers = []
         self._row_values = [self.batch.values(handle)[low:high]
                             for handle, low, high in self._row_handles]
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What a resolved layer digest needs of its canonical KV once the hashes are taken."""
+
+    tokens: int
+    dtype: Any
 
 
 def make_hasher(function: str, device: Any = None) -> Blake2bHasher | DeviceHasher:
