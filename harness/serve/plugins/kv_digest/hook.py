@@ -15,7 +15,9 @@ connector that moves KV:
 Both sides read each attention layer's cache through the layout its tensor shape shows
 (:func:`harness.serve.plugins.kv_digest.layout.layout_from_shape`) and hash the canonical KV per
 (K/V, head, 32-token range) (:mod:`harness.serve.plugins.kv_digest.digest`); a recurrent (SSM / GDN)
-layer's state slot is hashed whole. Where the connector's own module gives the moment its bytes
+layer's state slot is hashed whole. With the device hash (the default; PD_ACCURACY_KV_DIGEST_HASH)
+the work is queued on the step's stream where the KV lives and, on a GPU, the line is written by
+a daemon thread once the digests' host copy lands, so the step never waits for it. Where the connector's own module gives the moment its bytes
 arrive before post-processing (event ``arrived``), the decode also keeps the raw bytes then, to
 tell the transfer from what follows it. Never raises into vLLM: a request it cannot digest gets
 a line saying why.

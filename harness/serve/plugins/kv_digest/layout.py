@@ -7,8 +7,10 @@ holding the request's prompt tokens only (never the unused tail of the last bloc
 sides of a P/D transfer may differ in physical layout, block size, block ids and TP head split;
 both read their cache through a KVLayout, so equal KV gives equal canonical arrays
 (harness.serve.plugins.kv_digest.digest hashes them). Pure: numpy at import time; a torch cache is
-gathered with torch (on its device, only the request's blocks) and read as same-width raw bits
-where numpy lacks the dtype (bfloat16 -> int16, fp8 -> uint8). vLLM is never imported.
+gathered with torch (on its device, only the request's blocks): :func:`canonical_kv_tensor`
+leaves the result there for the device hash, :func:`canonical_kv` reads it to numpy as
+same-width raw bits where numpy lacks the dtype (bfloat16 -> int16, fp8 -> uint8) for blake2b.
+Both run the same gathering steps. vLLM is never imported.
 """
 from __future__ import annotations
 
