@@ -413,3 +413,14 @@ def test_a_connector_without_params_joins_the_prefill_the_proxy_sent_the_request
     nixl = [{**example[0], "kv_connector": "nixl"}]
     passed, line = describe(digest_evidence(nixl, *files, 64))
     assert not passed and "compared on 0/1 requests only" in line
+
+
+def test_a_server_with_an_unknown_hash_says_so_and_digests_nothing(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv(kv_digest_hook.DIGEST_FILE_ENV, str(tmp_path / "d.jsonl"))
+    monkeypatch.setenv("PD_ACCURACY_KV_DIGEST_HASH", "md5")
+    monkeypatch.setattr(kv_digest_hook.register, "done", False)
+    before = {event: list(found) for event, found in interface._listeners.items()}
+    with caplog.at_level("ERROR", logger="vllm.pd_accuracy.kv_digest"):
+        kv_digest_hook.register()
+    assert interface._listeners == before
+    assert "register() failed; no digests" in caplog.text and "must be one of" in caplog.text

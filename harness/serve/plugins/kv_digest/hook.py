@@ -375,8 +375,10 @@ def register() -> None:
     path = os.environ.get(DIGEST_FILE_ENV, "").strip()
     if not path:
         return
+    function = hash_choice()     # a bad PD_ACCURACY_KV_DIGEST_HASH: one line, no digests
     interface.subscribe("sent", functools.partial(on_sent, path), DIGEST_ORDER)
     interface.subscribe("arrived", on_arrived, DIGEST_ORDER)
     interface.subscribe("received", functools.partial(on_received, path), DIGEST_ORDER)
     interface.install()
-    logger.warning("%s digests to %s (pid %d)", SETUP_PREFIX, path, os.getpid())
+    logger.warning("%s digests to %s with %s (pid %d)", SETUP_PREFIX, path,
+                   HASH_FUNCTIONS[function], os.getpid())
