@@ -190,3 +190,9 @@ def test_the_hash_choice_is_read_from_the_environment():
     assert device_hash.hash_choice({device_hash.HASH_ENV: " BLAKE2B "}) == "blake2b"
     with pytest.raises(ValueError, match="must be one of blake2b, device"):
         device_hash.hash_choice({device_hash.HASH_ENV: "md5"})
+
+
+def test_a_view_starting_mid_word_hashes_as_its_copy():
+    rows = torch.randn(3, 8).to(torch.bfloat16).reshape(-1)[1:17].reshape(2, 8)
+    assert rows.storage_offset() == 1
+    assert torch.equal(device_hash.row_hashes(rows), device_hash.row_hashes(rows.clone()))

@@ -82,6 +82,8 @@ def as_words(tensor: Any) -> tuple[Any, int]:
     pad = -width % 8
     if pad:
         raw = torch.nn.functional.pad(raw, (0, pad))
+    elif raw.storage_offset() % 8:    # a view starting mid-word cannot be read as int64
+        raw = raw.clone()
     return raw.view(torch.int64), width
 
 
