@@ -424,3 +424,24 @@ def test_a_server_with_an_unknown_hash_says_so_and_digests_nothing(tmp_path, mon
         kv_digest_hook.register()
     assert interface._listeners == before
     assert "register() failed; no digests" in caplog.text and "must be one of" in caplog.text
+
+
+@pytest.mark.parametrize("hash_function", ["device"], indirect=True)   # blake2b: no thread
+def test_lines_waiting_for_a_gpu_copy_are_written_off_the_step(tmp_path, kv, monkeypatch,
+                                                               hash_function):
+    """On a GPU the line is written by the digest's thread once the copy lands (here the copy
+    is a CPU one, told to take the GPU's way); the judge reads the same lines."""
+    from harness.serve.plugins.kv_digest.digest import DeviceHasher
+
+    monkeypatch.setattr(DeviceHasher, "on_gpu", property(lambda self: True))
+    submitted = []
+    real_submit = kv_digest_hook._writer.submit
+    monkeypatch.setattr(kv_digest_hook._writer, "submit",
+                        lambda job: (submitted.append(job), real_submit(job)))
+    _, p_path, d_path = run_pair(tmp_path, kv)
+    kv_digest_hook._writer.drain()
+    assert len(submitted) == 2
+    records = [{"request_id": PROXY_ID, "received_kv_transfer_params": {
+        "remote_request_id": json.loads(p_path.read_text())["request_id"]}}]
+    evidence = digest_evidence(records, [str(p_path)], [str(d_path)], 64)
+    assert describe(evidence) == (True, "identical on 1/1 requests")
