@@ -445,3 +445,18 @@ def test_lines_waiting_for_a_gpu_copy_are_written_off_the_step(tmp_path, kv, mon
         "remote_request_id": json.loads(p_path.read_text())["request_id"]}}]
     evidence = digest_evidence(records, [str(p_path)], [str(d_path)], 64)
     assert describe(evidence) == (True, "identical on 1/1 requests")
+
+
+@pytest.mark.parametrize("hash_function", ["device"], indirect=True)
+def test_a_hash_that_fails_on_the_step_gives_a_line_saying_why(tmp_path, kv, monkeypatch,
+                                                               hash_function):
+    from harness.serve.plugins.kv_digest.digest import DeviceHasher
+
+    def broken(self):
+        raise RuntimeError("no device memory")
+
+    monkeypatch.setattr(DeviceHasher, "start", broken)
+    evidence, p_path, _ = run_pair(tmp_path, kv)
+    line = json.loads(p_path.read_text())
+    assert line["error"] == "RuntimeError: no device memory" and not line["layers"]
+    assert not describe(evidence)[0] and evidence["not_digested"] == 1

@@ -322,6 +322,8 @@ class DeviceHasher:
         self.batch.wait()
         self._digests = []
         for slot, (canonical, chunk, head_offset, offset) in enumerate(self._layers):
+            if slot not in self._handles:       # start() did not get to it
+                raise RuntimeError("the digest was not started")
             handle, index = self._handles[slot]
             values = self.batch.values(handle)[index]          # [2, H, C]
             flat = device_hash.hex_list(values)

@@ -278,11 +278,12 @@ _writer = _Writer()
 def _finish(path: str, line_of: Any, hashers: list, pending: tuple, step_s: float,
             spent_s: float) -> None:
     """Wait for the hashes, resolve them and write the line."""
-    for hasher in hashers:
-        hasher.wait()
     started = time.perf_counter()
     error = None
     try:
+        for hasher in hashers:
+            hasher.wait()
+        started = time.perf_counter()
         resolved = tuple(resolve(part) if part else part for part in pending)
     except Exception as exc:  # noqa: BLE001 - never raise into vLLM: the line says why
         resolved, error = ({}, {}, {}, {}), f"{type(exc).__name__}: {str(exc)[:300]}"
