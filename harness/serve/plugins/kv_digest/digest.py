@@ -24,7 +24,7 @@ import numpy as np
 
 from harness.serve.plugins.kv_digest import device_hash
 from harness.serve.plugins.kv_digest.layout import (KVLayout, canonical_kv, canonical_kv_tensor,
-                                                    gather_rows, kernel_block_ids, to_numpy)
+                                                    gather_rows, to_numpy)
 
 KV_NAMES = ("K", "V")
 STATE = "state"
@@ -123,6 +123,7 @@ def digest_layer(cache: Any, block_ids: Sequence[int], num_tokens: int, layout: 
                  token_offset: int = 0, function: str | None = None) -> KVDigest:
     """``digest(canonical_kv(...))`` for one layer: ``block_ids`` hold prompt positions
     ``token_offset .. token_offset + num_tokens - 1`` (the offset is a block boundary)."""
+    function = function or device_hash.hash_choice()
     if function != "blake2b":
         return digest(canonical_kv_tensor(cache, block_ids, num_tokens, layout), token_chunk,
                       head_offset, token_offset, function)
