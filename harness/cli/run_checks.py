@@ -150,6 +150,7 @@ def argument_problems(args: argparse.Namespace) -> list[str]:
     add(_number(args.margin, "--margin", low=0, high=100, low_open=True))
     problems += fault_problems(args)
     add(platform_problem(getattr(args, "platform", None)))
+    add(kv_digest_hash_problem())
     keyword = getattr(args, "keyword", None)
     if keyword is not None and len(keyword) > MAX_KEYWORD_CHARS:
         add(f"-k expression of {len(keyword)} characters; at most {MAX_KEYWORD_CHARS}")
@@ -165,6 +166,17 @@ def argument_problems(args: argparse.Namespace) -> list[str]:
         if not ENV_NAME.fullmatch(name):
             add(f"--allow-auth-env {name[:40]!r} is not an environment variable name")
     return problems
+
+
+def kv_digest_hash_problem() -> str | None:
+    """PD_ACCURACY_KV_DIGEST_HASH names a hash the digest plugin has (the servers inherit it)."""
+    from harness.serve.plugins.kv_digest.device_hash import hash_choice
+
+    try:
+        hash_choice()
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def cell_problems(cells: Iterable) -> list[str]:

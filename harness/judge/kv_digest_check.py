@@ -37,8 +37,11 @@ def describe(evidence: dict) -> tuple[bool, str]:
                        f"{f['request_id']}, {f['differing_entries']}/{f['entries']} entries "
                        f"differ; {entered(e, f)}{missing}")
     if compared == 0 or compared < n:
+        why = max((e.get("skipped_layers") or {}).items(), key=lambda item: item[1],
+                  default=(None, 0))[0]
         return False, (f"KV digests compared on {compared}/{n} requests only{missing}"
-                       + (f"; not digested: {e['not_digested']}" if e["not_digested"] else ""))
+                       + (f"; not digested: {e['not_digested']}" if e["not_digested"] else "")
+                       + (f" ({why})" if e["not_digested"] and why else ""))
     return True, f"identical on {compared}/{n} requests"
 
 

@@ -27,10 +27,24 @@ from typing import Iterable
 
 from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR, KV_CONNECTORS
 from harness.judge.kv_digest_check import compare_digests
+from harness.serve.plugins.kv_digest.device_hash import HASH_ENV, HASH_FUNCTIONS
 from harness.serve.plugins.kv_digest.digest import KVDigest, merge_tp_ranks
 from harness.serve.plugins.kv_digest.hook import RAW_PIECE_TOKENS
 
 _UUID = re.compile(r"[0-9a-f]{32}")
+LEGACY_HASH = HASH_FUNCTIONS["blake2b"]     # lines written before they named their hash
+# what a line's elapsed_s is made of (harness.serve.plugins.kv_digest.hook.record_line): on the
+# engine's step, GPU time of the hash kernels and copies, and resolving the digests off the step
+COST_PARTS = ("step_s", "device_s", "resolve_s")
+
+
+def hash_difference(ours: dict, theirs: dict) -> str | None:
+    """Why two sides' digests cannot be compared: they hashed with different functions (a
+    different hash is no evidence the bytes differ), else None."""
+    if ours["hash"] == theirs["hash"]:
+        return None
+    return (f"the prefill hashed with {ours['hash']}, the decode with {theirs['hash']}: "
+            f"set {HASH_ENV} alike on both")
 
 
 def read_digest_lines(paths: Iterable[str]) -> list[dict]:
@@ -116,7 +130,10 @@ def side_of(lines: list[dict]) -> dict:
     except ValueError as exc:      # a rank's line is missing, or ranks disagree on tokens
         digests, error = {}, f"TP ranks' digests do not merge: {exc}"
     return {"num_tokens": first.get("num_tokens"), "token_offset": first.get("token_offset"),
+            "hash": first.get("hash") or LEGACY_HASH,
             "elapsed_s": sum(float(line.get("elapsed_s") or 0) for line in ordered),
+            "parts_s": {part: sum(float(line.get(part) or 0) for line in ordered)
+                        for part in COST_PARTS},
             "skipped": skipped, "error": error,
             "digests": digests, "raw": first.get("raw") if len(ordered) == 1 else {},
             "host_digests": (_layers({"layers": first["host_layers"]})
@@ -186,8 +203,9 @@ def request_digests(records: list[dict], prefill_files: Iterable[str],
                                    if got is None)
             out[rid] = ("missing", f"no {missing} digest")
             continue
-        if not ours["digests"] or not theirs["digests"]:
-            out[rid] = ("not-digested", ours["error"] or theirs["error"] or "no layer digested")
+        if not ours["digests"] or not theirs["digests"] or hash_difference(ours, theirs):
+            out[rid] = ("not-digested", hash_difference(ours, theirs) or ours["error"]
+                        or theirs["error"] or "no layer digested")
             continue
         mismatch = compare_digests(ours["digests"], theirs["digests"], received_only=True)
         offset = int(theirs.get("token_offset") or 0)
@@ -213,6 +231,8 @@ def digest_evidence(records: list[dict], prefill_files: Iterable[str],
     skipped: Counter = Counter()
     first: dict | None = None
     cost = {"prefill_s": 0.0, "decode_s": 0.0}
+    parts = dict.fromkeys(COST_PARTS, 0.0)
+    functions: Counter = Counter()
     for record in records:
         counts["requests"] += 1
         ours, theirs = _sides(record, index)
@@ -225,11 +245,17 @@ def digest_evidence(records: list[dict], prefill_files: Iterable[str],
         cost["prefill_s"] += float(ours.get("elapsed_s") or 0)
         cost["decode_s"] += float(theirs.get("elapsed_s") or 0)
         for side in (ours, theirs):
+            functions[side["hash"]] += 1
+            for part in COST_PARTS:
+                parts[part] += side["parts_s"][part]
+        for side in (ours, theirs):
             skipped.update(set(side["skipped"].values()))
             if side["error"]:
                 skipped[side["error"]] += 1
         p_layers, d_layers = ours["digests"], theirs["digests"]
-        if not p_layers or not d_layers:
+        if hash_difference(ours, theirs):
+            skipped[hash_difference(ours, theirs)] += 1
+        if not p_layers or not d_layers or hash_difference(ours, theirs):
             counts["not_digested"] += 1
             continue
         counts["compared"] += 1
@@ -262,7 +288,9 @@ def digest_evidence(records: list[dict], prefill_files: Iterable[str],
                                       "raw_identical", "raw_differing", "raw_unknown",
                                       "host_copy_differing")},
             "first_mismatch": first, "skipped_layers": dict(skipped),
-            "cost_s": {k: round(v, 4) for k, v in cost.items()}}
+            "cost_s": {k: round(v, 4) for k, v in cost.items()},
+            "cost_parts_s": {k: round(v, 4) for k, v in parts.items()},
+            "hash_functions": dict(functions)}
 
 
 __all__ = ["digest_evidence", "read_digest_lines", "request_digests"]

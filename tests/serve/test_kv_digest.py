@@ -26,6 +26,13 @@ from harness.serve.plugins.kv_digest.digest import (
 )
 
 HEADS, HEAD_DIM, TOKENS, CHUNK = 4, 32, 200, 16
+
+
+@pytest.fixture(autouse=True, params=["device", "blake2b"])
+def hash_function(request, monkeypatch):
+    """Every test here runs with both hashes (PD_ACCURACY_KV_DIGEST_HASH)."""
+    monkeypatch.setenv("PD_ACCURACY_KV_DIGEST_HASH", request.param)
+    return request.param
 LAYERS = ("layer0", "layer1", "layer2")
 NUM_CHUNKS = -(-TOKENS // CHUNK)
 

@@ -86,6 +86,13 @@ def make_connector(w):
     return connector
 
 
+@pytest.fixture(autouse=True, params=["device", "blake2b"])
+def hash_function(request, monkeypatch):
+    """Every flow here runs with both hashes (PD_ACCURACY_KV_DIGEST_HASH)."""
+    monkeypatch.setenv("PD_ACCURACY_KV_DIGEST_HASH", request.param)
+    return request.param
+
+
 @pytest.fixture(autouse=True)
 def digest_listeners(monkeypatch):
     """The digest plugin's listeners, each side writing to its own file (one process here)."""
@@ -250,6 +257,26 @@ def test_no_decode_digest_fails_the_check(tmp_path, kv):
     assert not passed and "compared on 0/1 requests only" in line and "from decode on 1" in line
 
 
+def test_a_line_names_its_hash_and_the_parts_of_its_cost(tmp_path, kv, hash_function):
+    evidence, p_path, d_path = run_pair(tmp_path, kv)
+    for path in (p_path, d_path):
+        line = json.loads(path.read_text())
+        assert line["hash"] == {"device": "fmix64-sum", "blake2b": "blake2b-64"}[hash_function]
+        assert line["elapsed_s"] >= line["step_s"] > 0 and line["device_s"] == 0.0
+    assert evidence["hash_functions"] == {line["hash"]: 2}
+    assert set(evidence["cost_parts_s"]) == {"step_s", "device_s", "resolve_s"}
+
+
+def test_sides_that_hashed_with_different_functions_are_not_compared(tmp_path, kv, monkeypatch,
+                                                                     hash_function):
+    other = "blake2b" if hash_function == "device" else "device"
+    flip = lambda d: monkeypatch.setenv("PD_ACCURACY_KV_DIGEST_HASH", other)  # noqa: E731
+    evidence, _, _ = run_pair(tmp_path, kv, post_process=flip)   # the decode hashes with other
+    passed, line = describe(evidence)
+    assert not passed and evidence["differing"] == 0 and evidence["not_digested"] == 1
+    assert "compared on 0/1 requests only" in line and "set PD_ACCURACY_KV_DIGEST_HASH alike" in line
+
+
 def test_patching_twice_wraps_once():
     class Connector:
         def build_connector_meta(self, scheduler_output):
@@ -386,3 +413,50 @@ def test_a_connector_without_params_joins_the_prefill_the_proxy_sent_the_request
     nixl = [{**example[0], "kv_connector": "nixl"}]
     passed, line = describe(digest_evidence(nixl, *files, 64))
     assert not passed and "compared on 0/1 requests only" in line
+
+
+def test_a_server_with_an_unknown_hash_says_so_and_digests_nothing(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv(kv_digest_hook.DIGEST_FILE_ENV, str(tmp_path / "d.jsonl"))
+    monkeypatch.setenv("PD_ACCURACY_KV_DIGEST_HASH", "md5")
+    monkeypatch.setattr(kv_digest_hook.register, "done", False)
+    before = {event: list(found) for event, found in interface._listeners.items()}
+    with caplog.at_level("ERROR", logger="vllm.pd_accuracy.kv_digest"):
+        kv_digest_hook.register()
+    assert interface._listeners == before
+    assert "register() failed; no digests" in caplog.text and "must be one of" in caplog.text
+
+
+@pytest.mark.parametrize("hash_function", ["device"], indirect=True)   # blake2b: no thread
+def test_lines_waiting_for_a_gpu_copy_are_written_off_the_step(tmp_path, kv, monkeypatch,
+                                                               hash_function):
+    """On a GPU the line is written by the digest's thread once the copy lands (here the copy
+    is a CPU one, told to take the GPU's way); the judge reads the same lines."""
+    from harness.serve.plugins.kv_digest.digest import DeviceHasher
+
+    monkeypatch.setattr(DeviceHasher, "on_gpu", property(lambda self: True))
+    submitted = []
+    real_submit = kv_digest_hook._writer.submit
+    monkeypatch.setattr(kv_digest_hook._writer, "submit",
+                        lambda job: (submitted.append(job), real_submit(job)))
+    _, p_path, d_path = run_pair(tmp_path, kv)
+    kv_digest_hook._writer.drain()
+    assert len(submitted) == 2
+    records = [{"request_id": PROXY_ID, "received_kv_transfer_params": {
+        "remote_request_id": json.loads(p_path.read_text())["request_id"]}}]
+    evidence = digest_evidence(records, [str(p_path)], [str(d_path)], 64)
+    assert describe(evidence) == (True, "identical on 1/1 requests")
+
+
+@pytest.mark.parametrize("hash_function", ["device"], indirect=True)
+def test_a_hash_that_fails_on_the_step_gives_a_line_saying_why(tmp_path, kv, monkeypatch,
+                                                               hash_function):
+    from harness.serve.plugins.kv_digest.digest import DeviceHasher
+
+    def broken(self):
+        raise RuntimeError("no device memory")
+
+    monkeypatch.setattr(DeviceHasher, "start", broken)
+    evidence, p_path, _ = run_pair(tmp_path, kv)
+    line = json.loads(p_path.read_text())
+    assert line["error"] == "RuntimeError: no device memory" and not line["layers"]
+    assert not describe(evidence)[0] and evidence["not_digested"] == 1

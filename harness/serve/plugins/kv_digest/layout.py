@@ -7,8 +7,10 @@ holding the request's prompt tokens only (never the unused tail of the last bloc
 sides of a P/D transfer may differ in physical layout, block size, block ids and TP head split;
 both read their cache through a KVLayout, so equal KV gives equal canonical arrays
 (harness.serve.plugins.kv_digest.digest hashes them). Pure: numpy at import time; a torch cache is
-gathered with torch (on its device, only the request's blocks) and read as same-width raw bits
-where numpy lacks the dtype (bfloat16 -> int16, fp8 -> uint8). vLLM is never imported.
+gathered with torch (on its device, only the request's blocks): :func:`canonical_kv_tensor`
+leaves the result there for the device hash, :func:`canonical_kv` reads it to numpy as
+same-width raw bits where numpy lacks the dtype (bfloat16 -> int16, fp8 -> uint8) for blake2b.
+Both run the same gathering steps. vLLM is never imported.
 """
 from __future__ import annotations
 
@@ -161,43 +163,89 @@ def canonical_kv(cache: Any, block_ids: Sequence[int], num_tokens: int, layout: 
     ``layout.ids_block_size``. Heads are those the tensor holds (a TP rank's share). The result
     is a fresh C-contiguous numpy array; bfloat16 / fp8 come back as their raw bits.
     """
-    ids = kernel_block_ids(block_ids, num_tokens, layout)
+    return _canonical(cache, kernel_block_ids(block_ids, num_tokens, layout), num_tokens,
+                      layout, _NUMPY)
+
+
+def canonical_kv_tensor(cache: Any, block_ids: Sequence[int], num_tokens: int, layout: KVLayout
+                        ) -> Any:
+    """:func:`canonical_kv` as a contiguous torch tensor on the cache's own device, in the
+    cache's dtype: nothing leaves the device (the device hash reads it there)."""
+    return _canonical(cache, kernel_block_ids(block_ids, num_tokens, layout), num_tokens,
+                      layout, _TORCH)
+
+
+class _NumpyOps:
+    """The array operations canonical gathering needs, on numpy (blocks read to the host)."""
+
+    take = staticmethod(lambda cache, ids, axis: gather_rows(cache, ids, axis))
+    stack = staticmethod(np.stack)
+    permute = staticmethod(lambda array, axes: array.transpose(*axes))
+    contiguous = staticmethod(np.ascontiguousarray)
+
+
+class _TorchOps:
+    """The same on torch tensors, on their device (a numpy cache is wrapped first)."""
+
+    @staticmethod
+    def take(cache: Any, ids: np.ndarray, axis: int) -> Any:
+        from harness.serve.plugins.kv_digest.device_hash import as_tensor, index_tensor
+
+        tensor = as_tensor(cache)
+        return tensor.index_select(axis, index_tensor(ids, tensor.device))
+
+    @staticmethod
+    def stack(parts: Sequence[Any]) -> Any:
+        import torch
+
+        return torch.stack(list(parts))
+
+    permute = staticmethod(lambda tensor, axes: tensor.permute(*axes))
+    contiguous = staticmethod(lambda tensor: tensor.contiguous())
+
+
+_NUMPY, _TORCH = _NumpyOps(), _TorchOps()
+
+
+def _canonical(cache: Any, ids: np.ndarray, num_tokens: int, layout: KVLayout, ops: Any) -> Any:
     split = layout.kv_split
     if split == "separate":
         key, value = cache
-        blocks = np.stack([gather_rows(key, ids, 0), gather_rows(value, ids, 0)])
+        blocks = ops.stack([ops.take(key, ids, 0), ops.take(value, ids, 0)])
     elif split == "stacked_outer":
-        blocks = gather_rows(cache, ids, 1)
+        blocks = ops.take(cache, ids, 1)
     elif split == "stacked_inner":
-        blocks = np.moveaxis(gather_rows(cache, ids, 0), 1, 0)
+        blocks = ops.take(cache, ids, 0).swapaxes(0, 1)
     elif split == "latent":
-        latent = gather_rows(cache, ids, 0)
+        latent = ops.take(cache, ids, 0)
         if latent.ndim != 3 or latent.shape[-1] % 2:
-            raise ValueError(f"a latent cache is [B, N, L], L even; got blocks {latent.shape}")
+            raise ValueError(f"a latent cache is [B, N, L], L even; got blocks "
+                             f"{tuple(latent.shape)}")
         half = latent.shape[-1] // 2
-        blocks = np.stack([latent[:, None, :, :half], latent[:, None, :, half:]])
+        blocks = ops.stack([latent[:, None, :, :half], latent[:, None, :, half:]])
     else:
-        packed = gather_rows(cache, ids, 0)
+        packed = ops.take(cache, ids, 0)
         if packed.ndim != 4 or packed.shape[-1] % 2:
-            raise ValueError(f"a packed cache is [B, X, Y, 2*D]; got blocks {packed.shape}")
+            raise ValueError(f"a packed cache is [B, X, Y, 2*D]; got blocks "
+                             f"{tuple(packed.shape)}")
         head_dim = packed.shape[-1] // 2
         if split == "content":
-            blocks = np.stack([packed[..., :head_dim], packed[..., head_dim:]])
+            blocks = ops.stack([packed[..., :head_dim], packed[..., head_dim:]])
         else:
             n, heads, tokens, _ = packed.shape
-            pages = np.ascontiguousarray(packed).reshape(n, heads, 2, tokens * head_dim)
-            blocks = np.stack([_unpage(pages[:, :, kv], order, tokens, head_dim)
-                               for kv, order in enumerate((layout.k_page, layout.v_page))])
+            pages = ops.contiguous(packed).reshape(n, heads, 2, tokens * head_dim)
+            blocks = ops.stack([_unpage(pages[:, :, kv], order, tokens, head_dim, ops)
+                                for kv, order in enumerate((layout.k_page, layout.v_page))])
     if not layout.heads_before_tokens:
         blocks = blocks.swapaxes(2, 3)
     _, n, heads, tokens, head_dim = blocks.shape
     if tokens != layout.block_size:
         raise ValueError(f"cache blocks hold {tokens} tokens, the layout says {layout.block_size}")
-    by_token = blocks.transpose(0, 2, 1, 3, 4).reshape(2, heads, n * tokens, head_dim)
-    return np.ascontiguousarray(by_token[:, :, :num_tokens])
+    by_token = ops.permute(blocks, (0, 2, 1, 3, 4)).reshape(2, heads, n * tokens, head_dim)
+    return ops.contiguous(by_token[:, :, :num_tokens])
 
 
-def _unpage(pages: np.ndarray, order: PageOrder, tokens: int, head_dim: int) -> np.ndarray:
+def _unpage(pages: Any, order: PageOrder, tokens: int, head_dim: int, ops: Any = None) -> Any:
     """``[..., tokens * head_dim]`` page halves in ``order`` -> ``[..., tokens, head_dim]``."""
     if tokens % order.token_tile or head_dim % order.dim_tile:
         raise ValueError(f"{order} does not tile {tokens} tokens x {head_dim} dims")
@@ -206,8 +254,8 @@ def _unpage(pages: np.ndarray, order: PageOrder, tokens: int, head_dim: int) -> 
     lead = pages.ndim - 1
     stored = pages.reshape(*pages.shape[:-1], *(tiled[axis] for axis in order.axes))
     inverse = [lead + int(axis) for axis in np.argsort(order.axes)]
-    return stored.transpose(*range(lead), *inverse).reshape(*pages.shape[:-1], tokens, head_dim)
-
+    return (ops or _NUMPY).permute(stored, (*range(lead), *inverse)).reshape(
+        *pages.shape[:-1], tokens, head_dim)
 
 
 def gather_rows(cache: Any, ids: np.ndarray, axis: int) -> np.ndarray:
