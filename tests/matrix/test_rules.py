@@ -128,7 +128,7 @@ CASES = [
     ("kv-layout-cuda-only", cpu_cell(), cpu_cell(kv_layout="NHD"), CPU),
     ("kv-layout-nhd-not-hybrid", gpu_cell(model="gdn", extra_env=DS, kv_layout="HND"),
      gpu_cell(model="gdn", extra_env=DS, kv_layout="NHD"), GPU2),
-    ("kv-layout-hnd-is-nixl-default", gpu_cell(kv_layout="NHD"), gpu_cell(kv_layout="HND"), GPU2),
+    ("kv-layout-is-connector-default", gpu_cell(kv_layout="NHD"), gpu_cell(kv_layout="HND"), GPU2),
     ("known-prefill-kv-cache-dtype", cpu_cell(prefill_kv_cache_dtype="fp8_e5m2"),
      cpu_cell(prefill_kv_cache_dtype="int4"), AMX),
     ("known-decode-kv-cache-dtype", cpu_cell(decode_kv_cache_dtype="fp8"),
@@ -343,7 +343,7 @@ def test_rules_are_checked_and_listed_by_subject_in_a_fixed_order():
         "chunked-prefill-budget", "async-scheduling-not-on-cpu", "async-scheduling-spec-decode",
         "draft-model-zoo-target", "draft-model-on-both-sides", "draft-model-decode-only",
         "cudagraph-mode-cuda-only", "cudagraph-mode-needs-compile", "cudagraph-full-downgraded",
-        "kv-layout-cuda-only", "kv-layout-nhd-not-hybrid", "kv-layout-hnd-is-nixl-default",
+        "kv-layout-cuda-only", "kv-layout-nhd-not-hybrid", "kv-layout-is-connector-default",
         "kv-cache-dtype-backend", "kv-cache-fp8-cpu-head-size", "kv-cache-dtype-mismatch",
         "prefix-reuse-needs-prefix-caching", "prefix-reuse-evidence",
         # the model's facts (rules_models)
