@@ -73,7 +73,8 @@ class ConnectorRow:
     # None: its hops carry kv_transfer_params (what the proxy's drop-transfer and foreign-params
     # canaries edit); else how the decode finds the KV without them (rule known-fault)
     no_params: str | None = None
-    # the word the verdict and the docs use for it ("NIXL", "Mooncake"); vllm_name when empty
+    # the word the matrix's reasons and the verdict use for it ("NIXL (push)"); vllm_name when
+    # empty
     label: str = ""
     # the weathers of NIXL_WEATHERS-like machinery it supports (the general ones run anywhere)
     weathers: tuple[str, ...] = ()
@@ -137,19 +138,22 @@ KV_CONNECTORS: dict[str, ConnectorRow] = {
     # (expiry and aborts were built and measured on the pull's lease; not run with push yet)
     "nixl-push": ConnectorRow("NixlPushConnector", NIXL_TRANSPORT, ("cpu", "cuda"),
                               module="harness.serve.connectors.nixl_push",
-                              weathers=("load-failures", "restart"), **NIXL_FACTS),
+                              weathers=("load-failures", "restart"),
+                              **{**NIXL_FACTS, "label": "NIXL (push)"}),
     "nixl-pull": ConnectorRow(
         "NixlPullConnector", NIXL_TRANSPORT, ("cpu", "cuda"),
         not_driven="vLLM's NixlConnector is this class under its old name "
                    "(nixl/connector.py): judged as kv_connector nixl", **NIXL_FACTS),
     # MultiConnector with NIXL pull as its only child: the wrapper, where offloading cannot run
     "multi-nixl": ConnectorRow("MultiConnector", NIXL_TRANSPORT, ("cpu", "cuda"),
-                               module="harness.serve.connectors.multi_nixl", **NIXL_FACTS),
+                               module="harness.serve.connectors.multi_nixl",
+                               **{**NIXL_FACTS, "label": "MultiConnector (NIXL)"}),
     # vLLM's own CI configuration of MultiConnector: NIXL pull for P/D, offloading beside it
     "multi-nixl-offload": ConnectorRow(
         "MultiConnector", NIXL_TRANSPORT, ("cuda",),
         module="harness.serve.connectors.multi_nixl_offload",
-        devices_why="its OffloadingConnector child: " + OFFLOAD_ON_GPU_ONLY, **NIXL_FACTS),
+        devices_why="its OffloadingConnector child: " + OFFLOAD_ON_GPU_ONLY,
+        **{**NIXL_FACTS, "label": "MultiConnector (NIXL + offloading)"}),
     "mooncake": ConnectorRow(
         "MooncakeConnector", "mooncake.engine:TransferEngine", ("cuda",),
         module="harness.serve.connectors.mooncake",
@@ -159,7 +163,7 @@ KV_CONNECTORS: dict[str, ConnectorRow] = {
                     "imported",
         package="mooncake-transfer-engine-non-cuda (CPU) / mooncake-transfer-engine (CUDA); "
                 "its engine.so links libibverbs.so.1 and libnl-3.so.200 (Debian libibverbs1)",
-        label="Mooncake",
+        label="Mooncake (TCP)",
         distributions=("mooncake-transfer-engine", "mooncake-transfer-engine-cuda13",
                        "mooncake-transfer-engine-non-cuda")),
     "offloading": ConnectorRow(
@@ -211,7 +215,7 @@ KV_CONNECTORS: dict[str, ConnectorRow] = {
     # them by the prompt's hash (harness.serve.connectors.example)
     "example": ConnectorRow(
         "ExampleConnector", f"{_V1}.example_connector:ExampleConnector", ("cpu", "cuda"),
-        module="harness.serve.connectors.example", label="ExampleConnector",
+        module="harness.serve.connectors.example", label="ExampleConnector (files)",
         no_params="the decode finds the prompt's KV by the hash of its tokens in the shared "
                   "directory; no kv_transfer_params cross"),
     "example-hidden-states": ConnectorRow(

@@ -235,8 +235,9 @@ def _digest_fields(records: list[dict], digests: DigestFiles | None) -> dict:
         return {"kv_digest_skipped": "servers not started by the harness: no digest plugin"}
     if digests.skipped:
         return {"kv_digest_skipped": digests.skipped}
+    word = record_connector(records[0]).label if records else "the connector"
     return {"kv_digest": digest_evidence(records, digests.prefill, digests.decode,
-                                         digests.decode_block_size)}
+                                         digests.decode_block_size, word)}
 
 
 __all__ = ["ByteGeometry", "DigestFiles", "count_fault_lines", "link_evidence", "link_start",

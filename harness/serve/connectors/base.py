@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from harness.core.kv_connectors import connector_row
+
 PAIR_ROLES = ("prefill", "decode")
 # The connector-neutral transfer counters (harness.eval.metrics.TransferCounters field names)
 KV_COUNTERS = ("kv_bytes", "kv_transfers", "failed_transfers", "failed_notifications",
@@ -77,7 +79,6 @@ class KvConnector:
 
     value: str                          # the cell's kv_connector value
     vllm_name: str                      # kv_transfer_config's "kv_connector"
-    label: str                          # a word for humans: "NIXL (pull)"
     metrics: MetricMap
     ports: ServerPorts = ServerPorts()
     # what the prefill hop asks for: compute the prompt, keep its KV for a remote decoder
@@ -100,6 +101,11 @@ class KvConnector:
     # its decode (seconds); None: it has no lease (the lease weathers do not run with it)
     lease_key: str | None = None
     log: LogPatterns = LogPatterns()
+
+    @property
+    def label(self) -> str:
+        """A word for humans ("NIXL (push)"): its row's, the one the matrix and verdict use."""
+        return connector_row(self.value).word
 
     # ---- servers ------------------------------------------------------------------------
     def kv_transfer_config(self, role: str, *, kv_role: str, kv_buffer_device: str,

@@ -14,7 +14,7 @@ from harness.serve.connectors.nixl import (LEASE_KEY, NIXL_LOG, NIXL_SAMPLES, PR
                                            PULL_ROLES)
 
 CONNECTOR = MultiNixlOffloadConnector(
-    value="multi-nixl", vllm_name="MultiConnector", label="MultiConnector (NIXL)",
+    value="multi-nixl", vllm_name="MultiConnector",
     metrics=MetricMap(NIXL_SAMPLES, role_of=PULL_ROLES), ports=ServerPorts(per_rank=1),
     prefill_params=PREFILL_PARAMS, byte_accounting="blocks", kv_digest=True, offload=False,
     lease_key=LEASE_KEY, log=NIXL_LOG)

@@ -45,7 +45,7 @@ class MultiNixlOffloadConnector(NixlConnector):
 
 
 CONNECTOR = MultiNixlOffloadConnector(
-    value="multi-nixl-offload", vllm_name="MultiConnector", label="MultiConnector (NIXL + offloading)",
+    value="multi-nixl-offload", vllm_name="MultiConnector",
     metrics=MetricMap(NIXL_SAMPLES, role_of=PULL_ROLES), ports=ServerPorts(per_rank=1),
     prefill_params=PREFILL_PARAMS, byte_accounting="blocks", kv_digest=True,
     lease_key=LEASE_KEY, log=NIXL_LOG)

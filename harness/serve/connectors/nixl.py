@@ -79,7 +79,7 @@ class NixlConnector(KvConnector):
 
 
 CONNECTOR = NixlConnector(
-    value="nixl", vllm_name="NixlConnector", label="NIXL",
+    value="nixl", vllm_name="NixlConnector",
     metrics=MetricMap(NIXL_SAMPLES, role_of=PULL_ROLES), ports=ServerPorts(per_rank=1),
     prefill_params=PREFILL_PARAMS, byte_accounting="blocks", kv_digest=True,
     lease_key=LEASE_KEY, log=NIXL_LOG)

@@ -44,7 +44,7 @@ class NixlPushConnector(NixlConnector):
 
 
 CONNECTOR = NixlPushConnector(
-    value="nixl-push", vllm_name="NixlPushConnector", label="NIXL (push)",
+    value="nixl-push", vllm_name="NixlPushConnector",
     metrics=MetricMap(NIXL_SAMPLES, role_of={"kv_bytes": "prefill", "kv_transfers": "prefill",
                                              "failed_transfers": ("prefill", "decode"),
                                              "expired_requests": "prefill"}),
