@@ -16,7 +16,7 @@ With sliding-window layers every KV cache group counts on its own: its real bloc
 group lists the null block for blocks out of its window) x block size x the group size (its
 layers and vLLM's padding: harness.core.kv_geometry.kv_cache_groups) x one layer's bytes; params
 listing another number of groups than the geometry's cannot be counted (GeometryUnknown).
-The geometry comes from harness.core.kv_geometry; the formula matched the NIXL connector's own
+The geometry comes from harness.core.kv_geometry; the formula matched the connector's own
 count to the byte on every committed CPU and H200 record (see that module).
 """
 from __future__ import annotations

@@ -16,7 +16,7 @@ from harness.judge.verdict import decide
 from harness.run.rejudge import rejudge
 
 REPO = Path(__file__).resolve().parents[2]
-S16 = REPO / "results/reference/gpu-h200-20261203-s16"
+S16 = REPO / "results/reference/gpu-h200-shapes-fp8-push-20261203"
 GEMMA = S16 / ("s16b/records/20261203T200141Z-868bd2/"
                "v1-FLASH_ATTN-p128d128-shape-gemma-3-4b-tp1x1.json")
 CANARY = S16 / ("s16/records/20261203T195245Z-911f15/"
@@ -86,7 +86,7 @@ def test_a_byte_count_that_cannot_be_exact_is_declared_not_available_never_passe
 
 
 def test_a_weather_cell_is_not_re_judged():
-    weather = REPO / ("results/reference/cpu-weather-20261203-s16/"
+    weather = REPO / ("results/reference/cpu-weather-20261203/"
                       "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-w_load.json")
     with pytest.raises(ValueError, match="judged per request"):
         rejudge(weather)
