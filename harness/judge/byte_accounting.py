@@ -4,7 +4,7 @@ connector whose ``byte_accounting`` is None cannot be held to a count).
 
 Why: the transfer checks before this only asked for bytes > 0. A fault that skipped the last
 block pair of every READ moved 39,321,600 bytes instead of 52,428,800 (75 %) while the scheduler
-still counted every prompt token as external, and passed them (issue #16).
+still counted every prompt token as external, and passed them.
 
 Expected bytes, per request of the proxy's records (the kv_transfer_params listing the blocks
 that crossed: the decode's for a pull connector, the prefill's answer for a push one):

@@ -237,7 +237,7 @@ FP8_KV_CACHE_DTYPES = {
 }
 # fp8 formats a backend lists but whose server did not start, measured: (device, backend, dtype)
 FP8_KV_FAILS_AT_START = {
-    ("cuda", "TRITON_ATTN", "fp8_e5m2"): "vLLM 0.26.0 on the H200 (s16): the engine core dies in "
+    ("cuda", "TRITON_ATTN", "fp8_e5m2"): "vLLM 0.26.0 on the H200 (2026-12-03): the engine core dies in "
     "torch.compile, 'torch._dynamo.exc.Unsupported: Data-dependent assertion failed'",
 }
 @rule("kv-cache-dtype-backend", "invalid")

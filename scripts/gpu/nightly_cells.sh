@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# One session's H200 call: the cells of `-k "$1"` through run_profile.sh (nightly profile, the
-# shared layout on one GPU), then the summary table, all under $OUT (files <= 15 MiB each).
-# A session's script (s16.sh, s18.sh) names its cells and calls this:
-#   TAG=s18 bash scripts/gpu/session_call.sh "$CELLS"
+# One H200 call: the nightly cells of `-k "$1"` through run_profile.sh (the shared layout on one
+# GPU), then the summary table, all under $OUT (files <= 15 MiB each). A call's script
+# (shapes_fp8_connectors.sh, connectors_weather.sh) names its cells and calls this:
+#   TAG=connectors-weather bash scripts/gpu/nightly_cells.sh "$CELLS"
 # Expects what run_profile.sh expects (/tmp/parts/part.*, .whl/*.whl), and Mooncake's extras in
 # /tmp/extra where a cell needs them. TAG, PAR, MAX_STARTING, LIMIT, BUDGET_S may be overridden.
 set -uo pipefail
 CELLS=$(echo $1)   # one line
-# Mooncake (#35) is not in the wheelhouse: its CUDA 13 wheel and libibverbs travel in /tmp/extra
+# Mooncake is not in the wheelhouse: its CUDA 13 wheel and libibverbs travel in /tmp/extra
 if ls /tmp/extra/*.whl > /dev/null 2>&1 && [ ! -f /tmp/site/.mooncake ]; then
   mkdir -p /tmp/ibv && for d in /tmp/extra/*.deb; do dpkg -x "$d" /tmp/ibv; done
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/extra/*.whl &&

@@ -22,7 +22,7 @@ def test_dense_p128_request_of_four_blocks_reads_one_mebibyte():
 
 
 def test_a_short_transfer_is_named_with_both_numbers():
-    # the fault of issue #16: the last block pair of each READ skipped, 75 % of the bytes
+    # the fault the byte check was built for: the last block pair of each READ skipped, 75 % of the bytes
     acc = account([params(4)] * 50, LLAMA, 128, 39_321_600)
     assert not acc.exact
     assert acc.detail().endswith("short by 13,107,200 bytes (75.0 %)")

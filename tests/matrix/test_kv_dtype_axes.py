@@ -1,4 +1,4 @@
-"""The KV cache dtype and mixed-runner axes (issue #37): ids and baseline keys, the YAML forms,
+"""The KV cache dtype and mixed-runner axes: ids and baseline keys, the YAML forms,
 the servers each role starts, the declared refusal of a P != D dtype pair, the byte geometry of
 an fp8 cache, the CLI flags, and where the shipped profiles run them."""
 from __future__ import annotations

@@ -136,7 +136,7 @@ CASES = [
     ("kv-cache-dtype-backend", gpu_cell(**kv("fp8_e4m3")), gpu_cell(**kv("fp8_e5m2")), GPU2),
     ("kv-cache-dtype-backend", gpu_cell(backend="FLASHINFER", **kv("fp8_e5m2")),
      gpu_cell(model="mla", backend="TRITON_MLA", **kv("fp8_e5m2")), GPU2),
-    # listed by TRITON_ATTN, but its server died in torch.compile on the H200 (s16)
+    # listed by TRITON_ATTN, but its server died in torch.compile on the H200 (2026-12-03)
     ("kv-cache-dtype-backend", gpu_cell(backend="TRITON_ATTN", **kv("fp8")),
      gpu_cell(backend="TRITON_ATTN", **kv("fp8_e5m2")), GPU2),
     ("kv-cache-fp8-cpu-head-size", cpu_cell(**kv("fp8")), cpu_cell(model="h80", **kv("fp8")), AMX),
@@ -222,7 +222,7 @@ def _platform_for(rule: str, violating: bool, platform: PlatformInfo | None) -> 
         return PlatformInfo(device="cuda", gpu_count=2, vllm=features(kv_transports=(
             () if violating else ("mooncake.engine:TransferEngine",)),
             kv_transport_errors=error if violating else {}))
-    if rule == "vllm-v2-ngram":      # vLLM 0.26.0 refused it on the H200 (s16)
+    if rule == "vllm-v2-ngram":      # vLLM 0.26.0 refused it on the H200 (2026-12-03)
         return PlatformInfo(device="cuda", gpu_count=2,
                             vllm=features(version="0.26.0" if violating else "0.32.0"))
     if rule == "vllm-weather":       # a vLLM older than the weather's min_vllm (set by the test)
