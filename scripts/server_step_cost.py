@@ -7,7 +7,7 @@ print one JSON line: time to ready, wall time, the server tree's CPU seconds und
     python scripts/server_step_cost.py --dtype float32
     python scripts/server_step_cost.py --single-process             # VLLM_ENABLE_V1_MULTIPROCESSING=0
 
-Numbers go into results/benchmarks/ (session 13: cpu-ci-20261202-s13/README.md). The server is
+Numbers go into results/benchmarks/ (cpu-ci-no-bf16-20261202/README.md). The server is
 stopped by its process group on every exit path.
 """
 from __future__ import annotations

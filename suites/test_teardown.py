@@ -206,7 +206,7 @@ def test_sigkill_of_the_harness_leaves_no_process(tmp_path: Path, when: str, sta
 
 
 # --- the template's phases, signals a CI timeout sends, and a killed watchdog ---------------
-# (issue #33): each case starts a real run with forked servers, acts once and counts what of
+# each case starts a real run with forked servers, acts once and counts what of
 # everything the run started is still alive after a bound. Slow (a real start-up each):
 # `extended`, run by the nightly step.
 TEMPLATE_MARK = "harness.serve.template.server"

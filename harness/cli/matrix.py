@@ -33,7 +33,9 @@ def register(subparsers: Any) -> None:
                    help="pretend machine: cpu, cuda:N or cuda:N:GiB; 'any' skips machine checks "
                         "(default: detect this one)")
     p.add_argument("-k", dest="keyword", default=None, help="pytest-style keyword expression on cell ids")
-    p.add_argument("--cell", dest="only", action="append", default=None, help="cell id or glob (repeatable)")
+    # the same flag as run's --only (--cell: its older name here)
+    p.add_argument("--only", "--cell", dest="only", action="append", default=None,
+                   help="comma-separated cell ids or globs, as run --only (repeatable)")
     p.add_argument("--shard", type=shard_argument, default=None, metavar="I/N", help="only shard I of N (0-based)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--rules", action="store_true", help="list the validity rules and exit")
@@ -63,7 +65,8 @@ def run_list(args: argparse.Namespace) -> int:
             platform = PlatformInfo.from_spec(args.platform) if args.platform else PlatformInfo.detect()
         spec = load_matrix(args.matrix)
         expansion = expand(spec, args.profile, platform)
-        cells = select(expansion.cells, args.only, args.keyword)
+        only = None if args.only is None else [c for v in args.only for c in v.split(",") if c]
+        cells = select(expansion.cells, only, args.keyword)
         if args.shard:
             cells = shard(cells, *args.shard)
     except (MatrixError, ValueError) as exc:

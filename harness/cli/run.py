@@ -45,7 +45,7 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
                           "instead of starting servers; no --profile or cell flags with it")
     sel.add_argument("--profile", help="matrix profile (smoke, cpu-full, pr, nightly)")
     sel.add_argument("--matrix", help="matrix YAML (default: harness/matrix/default.yaml)")
-    sel.add_argument("--only", help="comma-separated cell ids")
+    sel.add_argument("--only", help="comma-separated cell ids or globs (as list --only)")
     sel.add_argument("-k", dest="keyword", help="keyword expression on cell ids (like pytest -k)")
     sel.add_argument("--shard", help="I/N: run the I-th of N deterministic shards (0-based)")
 
@@ -88,8 +88,7 @@ def _add_adhoc_cell(p: argparse.ArgumentParser) -> None:
     adhoc.add_argument("--kv-layout", choices=KV_LAYOUTS, default=_CELL.kv_layout,
                        help="VLLM_KV_CACHE_LAYOUT of the decode server only (GPU)")
     adhoc.add_argument("--kv-connector", choices=tuple(KV_CONNECTORS), default=_CELL.kv_connector,
-                       help="what moves the KV: nixl (the decode pulls, vLLM's NixlConnector), "
-                            "nixl-push (the prefill writes, NixlPushConnector)")
+                       help=kv_connector_help())
     adhoc.add_argument("--kv-cache-dtype", default="auto", metavar="DTYPE|PREFILL:DECODE",
                        help=f"--kv-cache-dtype of the servers ({', '.join(KV_CACHE_DTYPES)}); "
                             "the baseline runs the decode's")
@@ -452,6 +451,19 @@ def deployment_command(args: argparse.Namespace, on_runner=None) -> int:
     return finish(results, args, runner, started)
 
 
+def kv_connector_help() -> str:
+    """Every kv_connector value with its vLLM class, from the one table (those the harness does
+    not drive say so; `pd-accuracy list --show-excluded` says why)."""
+    named = [f"{value} ({row.vllm_name}{'' if row.module else ', not driven'})"
+             for value, row in KV_CONNECTORS.items()]
+    return f"what moves the KV (default {_CELL.kv_connector}): " + ", ".join(named)
+
+
+def final_line(outcomes: list[str], seconds: float, run_dir: object) -> str:
+    """The run's last line: its outcomes counted, its time and where its records are."""
+    return f"{summary_line(outcomes)} in {seconds:.0f}s; records under {run_dir}"
+
+
 def finish(results, args: argparse.Namespace, runner, started: float) -> int:
     """The verdict table, JUnit XML, the canaries missed and the summary line; the exit code."""
     print_table(results)
@@ -463,8 +475,7 @@ def finish(results, args: argparse.Namespace, runner, started: float) -> int:
             print(f"canary missed: {r.cell.cell_id} ({r.cell.fault}): {r.verdict.status}: "
                   f"{redact(r.verdict.reason)[:300]}")
     worst = worst_outcome(outcomes)
-    print(f"{summary_line(outcomes)} in {time.monotonic() - started:.0f}s; "
-          f"records under {runner.run_dir}")
+    print(final_line(outcomes, time.monotonic() - started, runner.run_dir))
     return EXIT_CODES[worst]
 
 

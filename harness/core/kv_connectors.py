@@ -9,16 +9,48 @@ Every connector vLLM CPU 0.32 registers (``KVConnectorFactory``) has a row, so t
 without a module is one the harness does not drive, and says why (docs/connectors.md has the
 errors each one gave when tried here).
 
+A row also carries what the matrix, the weathers, provenance and the verdict need to know about
+its connector, so that none of them names one: the weathers it can be judged in beyond the
+general ones (``weathers``), the P/D block-size shapes it accepts (``block_sizes``), how it ends a
+pair whose two KV caches differ in dtype (``dtype_mix``), the distributions whose versions a
+record names (``distributions``) and the word the verdict uses for it (``label``). The rest of
+what the harness does with a connector is its module's (``harness.serve.connectors.base``).
+
 It lives in core, not next to the connector modules, because the matrix validates cells before
 anything of serve/ is imported (harness.matrix may only import core).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping
 
 _V1 = "vllm.distributed.kv_transfer.kv_connector.v1"
 NIXL_TRANSPORT = "nixl._api:nixl_agent"
 ANY_DEVICE = ("cpu", "cuda")
+# the weathers that drive a connector's own machinery (its lease, its read poll, its
+# reconnection), each run only with connectors whose row lists it (harness.core.weathers)
+NIXL_WEATHERS = ("expiry", "load-failures", "aborts", "restart")
+
+# ConnectorRow.block_sizes: which prefill/decode block-size pairs a connector accepts
+SAME_BLOCKS = "same"                   # prefill block == decode block only
+DECODE_MULTIPLE = "decode-multiple"    # prefill <= decode, decode a multiple of prefill
+ANY_BLOCKS = "any"                     # any pair
+
+
+# what can differ between a pair's servers that a connector refuses (ConnectorRow.refusals)
+KV_DTYPE_MIX = "kv-dtype-mix"            # prefill and decode KV cache dtypes differ
+KV_LAYERS_MIX = "kv-layers-mix"          # the decode has KV layers the prefill lacks (a draft)
+PERMUTE_HYBRID = "permute-hybrid"        # an NHD decode permuting a hybrid model's blocks
+REFUSAL_KINDS = (KV_DTYPE_MIX, KV_LAYERS_MIX, PERMUTE_HYBRID)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """How a connector ends a pair it cannot serve, once it runs: the reason the matrix states
+    and the pattern the verdict's reason must match to be that refusal (an expected failure)."""
+
+    how: str
+    fails_with: str | None = None     # None: any FAIL is the refusal (its words not measured)
 
 
 @dataclass(frozen=True)
@@ -41,6 +73,26 @@ class ConnectorRow:
     # None: its hops carry kv_transfer_params (what the proxy's drop-transfer and foreign-params
     # canaries edit); else how the decode finds the KV without them (rule known-fault)
     no_params: str | None = None
+    # the word the matrix's reasons and the verdict use for it ("NIXL (push)"); vllm_name when
+    # empty
+    label: str = ""
+    # the weathers of NIXL_WEATHERS-like machinery it supports (the general ones run anywhere)
+    weathers: tuple[str, ...] = ()
+    # the block-size pairs it accepts (rule heterogeneous-block-sizes) and why
+    block_sizes: str = SAME_BLOCKS
+    block_sizes_why: str = "P != D block sizes were not run with it: excluded until measured"
+    # how it ends a pair it cannot serve, by what differs between prefill and decode (one of
+    # REFUSAL_KINDS); a kind it lacks: not measured (an xfail rule then takes any FAIL)
+    refusals: Mapping[str, Refusal] = field(default_factory=dict)
+    # the KV cache layout it asks for on both sides (get_required_kvcache_layout); None: none
+    kv_layout: str | None = None
+    # PyPI distributions its transport ships as, first the name a record's versions use
+    # (harness.run.provenance); empty: it is vLLM's own code
+    distributions: tuple[str, ...] = ()
+
+    @property
+    def word(self) -> str:
+        return self.label or self.vllm_name
 
 
 OFFLOAD_ON_GPU_ONLY = ("vLLM CPU 0.32 refuses it at start-up: 'CPU Offloading is currently only "
@@ -49,26 +101,59 @@ ONE_SERVER_TOPOLOGY = ("it offloads one server's KV to host memory and serves pr
                        "there: a one-server topology (evict, reload, judged against a baseline "
                        "without offloading) the harness has no deployment for yet")
 
+# NIXL's facts, shared by every row whose transfer is NIXL's
+NIXL_DISTRIBUTIONS = ("nixl", "nixl-cu12", "nixl-cu13")
+NIXL_BLOCKS_WHY = ("NIXL post-processes received blocks only from a smaller prefill block into "
+                   "a decode block that is a multiple of it")
+_ALL_REQUESTS_FAILED = (r"P/D evaluation failed: RequestsFailed: requests failed on \d+ of \d+ "
+                        r"questions: ")
+NIXL_REFUSALS = {
+    KV_DTYPE_MIX: Refusal(
+        how="vLLM hashes cache_dtype into the NIXL compatibility hash, so the decode's handshake "
+            "refuses the prefill ('NIXL compatibility hash mismatch') and every request errors "
+            "(kv_load_failure_policy fail)",
+        fails_with=_ALL_REQUESTS_FAILED + ".*NIXL compatibility hash mismatch"),
+    KV_LAYERS_MIX: Refusal(
+        how="vLLM hashes only EAGLE/MTP drafts into the NIXL compatibility hash, so the "
+            "handshake gets past it and _validate_remote_agent_handshake asserts 'Number of KV "
+            "layers must match between prefill and decode': every request errors "
+            "(kv_load_failure_policy fail)",
+        fails_with=_ALL_REQUESTS_FAILED
+        + ".*Number of KV layers must match between prefill and decode"),
+    PERMUTE_HYBRID: Refusal(
+        how="an NHD decode permutes the HND blocks it receives (enable_permute_local_kv), and "
+            "NIXL asserts 'HMA does not support block size post processing' for a hybrid model "
+            "(its Mamba/GDN groups need the hybrid KV cache manager)"),
+}
+NIXL_FACTS = dict(label="NIXL", block_sizes=DECODE_MULTIPLE, block_sizes_why=NIXL_BLOCKS_WHY,
+                  refusals=NIXL_REFUSALS, kv_layout="HND", distributions=NIXL_DISTRIBUTIONS)
+
 DEFAULT_KV_CONNECTOR = "nixl"
 KV_CONNECTORS: dict[str, ConnectorRow] = {
     # pull: the decode READs the prompt's blocks from the prefill (vLLM's P/D default)
     "nixl": ConnectorRow("NixlConnector", NIXL_TRANSPORT, ("cpu", "cuda"),
-                         module="harness.serve.connectors.nixl"),
+                         module="harness.serve.connectors.nixl", weathers=NIXL_WEATHERS,
+                         **NIXL_FACTS),
     # push: the prefill WRITEs its blocks into blocks the decode allocated and registered
+    # (expiry and aborts were built and measured on the pull's lease; not run with push yet)
     "nixl-push": ConnectorRow("NixlPushConnector", NIXL_TRANSPORT, ("cpu", "cuda"),
-                              module="harness.serve.connectors.nixl_push"),
+                              module="harness.serve.connectors.nixl_push",
+                              weathers=("load-failures", "restart"),
+                              **{**NIXL_FACTS, "label": "NIXL (push)"}),
     "nixl-pull": ConnectorRow(
         "NixlPullConnector", NIXL_TRANSPORT, ("cpu", "cuda"),
         not_driven="vLLM's NixlConnector is this class under its old name "
-                   "(nixl/connector.py): judged as kv_connector nixl"),
+                   "(nixl/connector.py): judged as kv_connector nixl", **NIXL_FACTS),
     # MultiConnector with NIXL pull as its only child: the wrapper, where offloading cannot run
     "multi-nixl": ConnectorRow("MultiConnector", NIXL_TRANSPORT, ("cpu", "cuda"),
-                               module="harness.serve.connectors.multi_nixl"),
+                               module="harness.serve.connectors.multi_nixl",
+                               **{**NIXL_FACTS, "label": "MultiConnector (NIXL)"}),
     # vLLM's own CI configuration of MultiConnector: NIXL pull for P/D, offloading beside it
     "multi-nixl-offload": ConnectorRow(
         "MultiConnector", NIXL_TRANSPORT, ("cuda",),
         module="harness.serve.connectors.multi_nixl_offload",
-        devices_why="its OffloadingConnector child: " + OFFLOAD_ON_GPU_ONLY),
+        devices_why="its OffloadingConnector child: " + OFFLOAD_ON_GPU_ONLY,
+        **{**NIXL_FACTS, "label": "MultiConnector (NIXL + offloading)"}),
     "mooncake": ConnectorRow(
         "MooncakeConnector", "mooncake.engine:TransferEngine", ("cuda",),
         module="harness.serve.connectors.mooncake",
@@ -77,7 +162,10 @@ KV_CONNECTORS: dict[str, ConnectorRow] = {
                     "accelerator device when none is available'), with the non-cuda engine "
                     "imported",
         package="mooncake-transfer-engine-non-cuda (CPU) / mooncake-transfer-engine (CUDA); "
-                "its engine.so links libibverbs.so.1 and libnl-3.so.200 (Debian libibverbs1)"),
+                "its engine.so links libibverbs.so.1 and libnl-3.so.200 (Debian libibverbs1)",
+        label="Mooncake (TCP)",
+        distributions=("mooncake-transfer-engine", "mooncake-transfer-engine-cuda13",
+                       "mooncake-transfer-engine-non-cuda")),
     "offloading": ConnectorRow(
         "OffloadingConnector", f"{_V1}.offloading_connector:OffloadingConnector", ("cuda",),
         devices_why=OFFLOAD_ON_GPU_ONLY, not_driven=ONE_SERVER_TOPOLOGY),
@@ -127,7 +215,7 @@ KV_CONNECTORS: dict[str, ConnectorRow] = {
     # them by the prompt's hash (harness.serve.connectors.example)
     "example": ConnectorRow(
         "ExampleConnector", f"{_V1}.example_connector:ExampleConnector", ("cpu", "cuda"),
-        module="harness.serve.connectors.example",
+        module="harness.serve.connectors.example", label="ExampleConnector (files)",
         no_params="the decode finds the prompt's KV by the hash of its tokens in the shared "
                   "directory; no kv_transfer_params cross"),
     "example-hidden-states": ConnectorRow(
@@ -160,5 +248,6 @@ def driven_connectors() -> tuple[str, ...]:
     return tuple(v for v, row in KV_CONNECTORS.items() if row.module is not None)
 
 
-__all__ = ["DEFAULT_KV_CONNECTOR", "KV_CONNECTORS", "NIXL_TRANSPORT", "ConnectorRow",
-           "connector_row", "driven_connectors"]
+__all__ = ["ANY_BLOCKS", "DECODE_MULTIPLE", "DEFAULT_KV_CONNECTOR", "KV_CONNECTORS", "NIXL_TRANSPORT",
+           "KV_DTYPE_MIX", "KV_LAYERS_MIX", "PERMUTE_HYBRID", "REFUSAL_KINDS", "SAME_BLOCKS",
+           "ConnectorRow", "Refusal", "connector_row", "driven_connectors"]

@@ -2,7 +2,7 @@
 
 Used for the exact byte accounting of the KV connector (harness.judge.byte_accounting): on every cell measured so far
 (CPU vLLM 0.32 and H200 vLLM 0.26; dense, Granite/Mamba2, Qwen3Next/GDN; blocks 16/32/64/128,
-P64->D128, TP1->TP2, host buffer) the decode's ``vllm:nixl_bytes_transferred`` equals, to the byte,
+P64->D128, TP1->TP2, host buffer) the connector's byte counter equals, to the byte,
 
     sum over requests of (attention blocks read x prefill block size x attention bytes per token)
                        + (state layers x state bytes per layer)
@@ -15,7 +15,7 @@ dtype on the H200), so they come from the decode server's own log line (harness.
 
 An MLA model caches one latent vector per token and layer (``kv_lora_rank + qk_rope_head_dim``
 elements, no K/V pair, no heads): 2,906 blocks x 16 tokens x 576 x 2 bytes x 2 layers was
-exactly the NIXL count of the random MLA cell on CPU (results/reference/cpu-mla-20261201).
+exactly the connector's count of the random MLA cell on CPU (results/reference/cpu-mla-20261201).
 
 A model with sliding-window layers (``layer_types`` lists ``sliding_attention``) is served by
 vLLM's hybrid KV cache manager in KV cache groups of equal size (`kv_cache_groups`: vLLM's
@@ -25,17 +25,17 @@ id of any group spans one page in each of the group size's cache tensors, paddin
 included, so each group's bytes are its real (non-null) block ids x block size x group size x
 one layer's bytes per token: on the CPU cell of tiny-llama-swa-gsm (2 sliding + 2 full layers:
 two groups of two; window 64, prompts of 429-485 tokens) that was 139,853,824 bytes for 200
-requests, NIXL's own count to the byte, where counting the null ids too gives 157,286,400
+requests, the connector's own count to the byte, where counting the null ids too gives 157,286,400
 (results/reference/cpu-swa-20261202); on the H200 cell of shape-gemma-3-4b (5 full + 29
 sliding layers: groups of 5, the sixth sliding one padded, 7 x 5 = 35 slots for 34 layers) it
 was 3,670,016,000 bytes for 50 requests, where 34 layers give 3,565,158,400
-(results/reference/gpu-h200-20261203-s16). A recurrent hybrid whose groups are padded is not
+(results/reference/gpu-h200-shapes-fp8-push-20261203). A recurrent hybrid whose groups are padded is not
 modelled (which padding slots its state/attention registration reads was never measured).
 
 An fp8 KV cache (``--kv-cache-dtype fp8|fp8_e4m3|fp8_e5m2``, the cell's kv_cache_dtype) stores one
 byte per element in the same layout, and nothing else: vLLM's KV scales are per layer (k_scale,
 v_scale: 1.0 unless a checkpoint or calculate_kv_scales sets them), held in the attention layer,
-not in the cache blocks, so NIXL moves blocks only and no scale crosses to the decode. The
+not in the cache blocks, so the connector moves blocks only and no scale crosses to the decode. The
 attention bytes per token use 1 byte per element then. MLA's fp8 formats pack scales into the
 latent (FlashMLA's fp8_ds_mla), so an fp8 latent cache is not modelled.
 

@@ -59,7 +59,7 @@ class VllmFeatures:
 
 
 # the vector and matrix extensions that decide how fast a CPU server computes in bf16: on a
-# 2-core host with AVX2 only, a bf16 evaluation took 2.4x as long as in float32 (session 13),
+# 2-core host with AVX2 only, a bf16 evaluation took 2.4x as long as in float32 (2026-12-02),
 # and CPU timings are not comparable across hosts that differ here
 CPU_ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
 # either computes bf16 natively (AMX implies avx512_bf16 on every x86 CPU that has it)

@@ -2,7 +2,7 @@
 environment guard (a baseline far below it is the environment's fault, not P/D's) and how each
 is asked (task, few-shot, chat template).
 
-Source of every number: vLLM's tests/v1/kv_connector/nixl_integration/test_accuracy.py,
+Source of every number: vLLM's P/D CI accuracy test (tests/v1/kv_connector/*/test_accuracy.py),
 EXPECTED_VALUES and RTOL (lm-eval `gsm8k`, filter exact_match,strict-match, local-completions
 without a chat template for these five, lm-eval's default 5 shots).
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from harness.core.reference import ReferenceAccuracy
 
-VLLM_CI_SOURCE = "vLLM's P/D CI (tests/v1/kv_connector/nixl_integration/test_accuracy.py)"
+VLLM_CI_SOURCE = "vLLM's P/D CI (tests/v1/kv_connector/*/test_accuracy.py)"
 GSM8K_TEST_SIZE = 1319   # vLLM's CI asks the whole test split
 # the harness's tasks that ask the same GSM8K test split with the same prompt and filter
 GSM8K_FAMILY = ("gsm8k", "gsm8k_local")

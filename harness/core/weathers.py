@@ -1,8 +1,10 @@
 """The weathers a cell can be judged in: the one table from a cell's ``weather`` value to the
 module that drives it (``harness.run.weather.<name>``: what it changes in the pair's servers,
 what workload it sends, which events it injects and records, what must hold afterwards), the
-parameters it takes, and the connectors and devices it can run on. Adding a weather is one row
-here and one module there (docs/weather.md).
+parameters it takes, and the devices it can run on. A weather that drives a connector's own
+machinery (its lease, its read poll) runs with the connectors whose row in
+harness.core.kv_connectors lists it; the others run with any. Adding a weather is one row here
+and one module there (docs/weather.md).
 
 ``calm`` is today's polite, steady workload against roomy KV caches: the default, absent from
 cell ids. Every other weather is judged by the verdict under weather (harness.judge.weather):
@@ -16,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from harness.core.kv_connectors import KV_CONNECTORS
+from harness.core.kv_connectors import KV_CONNECTORS, connector_row
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,9 @@ class ServerChanges:
 class WeatherRow:
     module: str                                   # harness.run.weather.<name>: defines WEATHER
     params: Mapping[str, WeatherParam] = field(default_factory=dict)
-    connectors: tuple[str, ...] = tuple(KV_CONNECTORS)   # kv_connector values it can run with
+    # True: it drives the connector's own machinery, and runs only with connectors whose row
+    # lists it (ConnectorRow.weathers); False: with any connector
+    needs_connector: bool = False
     devices: tuple[str, ...] = ("cpu", "cuda")
     # the vLLM version the installed one must reach (a setting it drives appeared there), or None
     min_vllm: str | None = None
@@ -107,21 +111,21 @@ WEATHERS: dict[str, WeatherRow] = {
                                                          "too few for the requests it runs")},
         summary="a decode KV cache too small for its requests: vLLM preempts and resumes them",
         block_params={"decode_kv_blocks": ("decode",)}),
-    # the fault weathers: NIXL's lease, read poll and heartbeats are what they drive
+    # the fault weathers: the connector's lease, read poll and heartbeats are what they drive
     "expiry": WeatherRow(
         "harness.run.weather.expiry",
         params={"share": WeatherParam(0.25, **SHARE, meaning="requests whose read is late"),
                 "lease_s": WeatherParam(2, low=1, high=30, integer=True,
                                         meaning="the prefill's kv_lease_duration (s); the late "
                                                 "reads start 2 s after it ran out")},
-        connectors=("nixl",), min_vllm="0.32.0",
+        needs_connector=True, min_vllm="0.32.0",
         summary="a short KV lease; a share of the decode's reads start after it ran out"),
     "load-failures": WeatherRow(
         "harness.run.weather.load_failures",
         params={"share": WeatherParam(0.25, **SHARE, meaning="requests whose read fails"),
                 "recompute": WeatherParam(0, low=0, high=1, integer=True,
                                           meaning="kv_load_failure_policy: 0 fail, 1 recompute")},
-        connectors=("nixl", "nixl-push"),
+        needs_connector=True,
         summary="a share of the decode's reads fail; policy fail (loud) or recompute (right)"),
     "aborts": WeatherRow(
         "harness.run.weather.aborts",
@@ -129,7 +133,7 @@ WEATHERS: dict[str, WeatherRow] = {
                 "lease_s": WeatherParam(5, low=1, high=30, integer=True,
                                         meaning="the prefill's kv_lease_duration (s): how long "
                                                 "it holds a cancelled request's blocks")},
-        connectors=("nixl",), min_vllm="0.32.0",
+        needs_connector=True, min_vllm="0.32.0",
         summary="the proxy cancels a share of requests, queued / prefilled / reading / decoding"),
     "restart": WeatherRow(
         "harness.run.weather.restart",
@@ -138,7 +142,7 @@ WEATHERS: dict[str, WeatherRow] = {
                 "min_questions": WeatherParam(100, low=50, integer=True,
                                               meaning="questions of the first look: traffic "
                                                       "before, during and after both restarts")},
-        connectors=("nixl", "nixl-push"),
+        needs_connector=True,
         summary="the prefill, then the decode, killed and restarted mid-run"),
     "block-boundary": WeatherRow(
         "harness.run.weather.block_boundary",
@@ -156,6 +160,16 @@ def weather_row(value: str) -> WeatherRow:
         return WEATHERS[value]
     except KeyError:
         raise KeyError(f"unknown weather {value!r}; use one of {', '.join(WEATHERS)}") from None
+
+
+def runs_with(weather: str, kv_connector: str) -> bool:
+    """Whether a cell of `kv_connector` can be judged in `weather` (both known)."""
+    return not weather_row(weather).needs_connector or weather in connector_row(kv_connector).weathers
+
+
+def weather_connectors(weather: str) -> tuple[str, ...]:
+    """The kv_connector values `weather` runs with (every one unless it needs its connector)."""
+    return tuple(v for v in KV_CONNECTORS if runs_with(weather, v))
 
 
 def weather_problem(weather: str, params: Mapping[str, Any]) -> str | None:
@@ -187,4 +201,4 @@ def params_token(params: tuple[tuple[str, Any], ...]) -> str:
 
 
 __all__ = ["BOUNDARY_MIN_MODEL_LEN", "BOUNDARY_UNIT", "DEFAULT_WEATHER", "SHARE", "ServerChanges", "WEATHERS", "WeatherParam", "WeatherRow", "params_token",
-           "resolved_params", "weather_problem", "weather_row"]
+           "resolved_params", "runs_with", "weather_connectors", "weather_problem", "weather_row"]

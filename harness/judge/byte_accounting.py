@@ -4,7 +4,7 @@ connector whose ``byte_accounting`` is None cannot be held to a count).
 
 Why: the transfer checks before this only asked for bytes > 0. A fault that skipped the last
 block pair of every READ moved 39,321,600 bytes instead of 52,428,800 (75 %) while the scheduler
-still counted every prompt token as external, and passed them (issue #16).
+still counted every prompt token as external, and passed them.
 
 Expected bytes, per request of the proxy's records (the kv_transfer_params listing the blocks
 that crossed: the decode's for a pull connector, the prefill's answer for a push one):
@@ -16,7 +16,7 @@ With sliding-window layers every KV cache group counts on its own: its real bloc
 group lists the null block for blocks out of its window) x block size x the group size (its
 layers and vLLM's padding: harness.core.kv_geometry.kv_cache_groups) x one layer's bytes; params
 listing another number of groups than the geometry's cannot be counted (GeometryUnknown).
-The geometry comes from harness.core.kv_geometry; the formula matched the NIXL connector's own
+The geometry comes from harness.core.kv_geometry; the formula matched the connector's own
 count to the byte on every committed CPU and H200 record (see that module).
 """
 from __future__ import annotations

@@ -46,22 +46,24 @@ def describe(evidence: dict) -> tuple[bool, str]:
 
 
 def entered(e: dict, first: dict) -> str:
-    """Where the corruption entered, from the raw bytes NIXL wrote (before post-processing)."""
+    """Where the corruption entered, from the raw bytes the connector wrote (before
+    post-processing)."""
     raw = first.get("raw")
+    who = e.get("connector") or "the connector"
     counts = (f" ({e.get('raw_identical', 0)} requests with the bytes as sent, "
               f"{e.get('raw_differing', 0)} not)")
     if raw is None:
         return "where it entered is unknown (no raw bytes from a side)"
     if raw.get("host_copy"):
         tokens = raw.get("token_range") or [0, 0]
-        return (f"entered on the prefill, before the transfer: its host buffer (what NIXL "
+        return (f"entered on the prefill, before the transfer: its host buffer (what {who} "
                 f"sends) differs from its KV cache from layer {raw['layer']} tokens "
                 f"{tokens[0]}-{tokens[1] - 1} on: the copy into it missed or changed them "
                 f"({e.get('host_copy_differing', 0)} requests)")
     if raw:
-        return (f"entered in the transfer: the bytes NIXL wrote differ from those sent from "
+        return (f"entered in the transfer: the bytes {who} wrote differ from those sent from "
                 f"prefill block {raw['prefill_block']} of layer {raw['layer']} on{counts}")
-    return ("entered after the transfer: NIXL wrote the bytes exactly as sent, the decode's "
+    return (f"entered after the transfer: {who} wrote the bytes exactly as sent, the decode's "
             f"post-processing (block size / layout) or later changed them{counts}")
 
 

@@ -2,7 +2,7 @@
 
     load_matrix(path) -> MatrixSpec                                        # spec (+ schema)
     expand(spec, profile, platform) -> Expansion(cells, excluded, notes)   # expansion, rules
-    select(cells, only, keyword) -> cells                                  # --cell / -k
+    select(cells, only, keyword) -> cells                                  # --only / -k
     parse_shard("I/N") -> (I, N); shard(cells, I, N) -> cells              # CI parallelism
 
 Callers write ``from harness import matrix`` and use these names; the modules behind them are

@@ -33,6 +33,8 @@ class RuleContext:
 
 
 RuleCheck = Callable[[Cell, RuleContext], "str | None"]   # returns the message when it applies
+# an xfail rule's pattern: fixed, or the cell's (its connector's refusal); None: any FAIL
+FailsWith = "str | Callable[[Cell], str | None] | None"
 
 
 @dataclass(frozen=True)
@@ -41,14 +43,17 @@ class Rule:
     kind: ProblemKind
     summary: str
     check: RuleCheck
-    fails_with: str | None = None   # xfail rules: how the cell is expected to fail (None: any FAIL)
+    fails_with: FailsWith = None    # xfail rules: how the cell is expected to fail (None: any FAIL)
+
+    def fails_with_for(self, cell: Cell) -> str | None:
+        return self.fails_with(cell) if callable(self.fails_with) else self.fails_with
 
 
 class RuleList(list):
     """Rules in registration order (the order they are checked and listed in)."""
 
     def rule(self, name: str, kind: ProblemKind,
-             fails_with: str | None = None) -> Callable[[RuleCheck], Rule]:
+             fails_with: FailsWith = None) -> Callable[[RuleCheck], Rule]:
         """Register a rule; its docstring's first line is its summary (`pd-accuracy list --rules`)."""
 
         def wrap(fn: RuleCheck) -> Rule:

@@ -66,7 +66,7 @@ def check_cell(cell: Cell, platform: PlatformInfo | None, catalog: ModelCatalog)
         message = registered.check(cell, ctx)
         if message:
             problems.append(Problem(registered.kind, registered.name, " ".join(message.split()),
-                                    registered.fails_with))
+                                    registered.fails_with_for(cell)))
     return problems
 
 

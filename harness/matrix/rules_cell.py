@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from harness.core.cell import (BACKENDS, COMPILE_MODES, CPU_BACKENDS, DEVICES, FAULTS, GPU_BACKENDS,
                                KV_BUFFER_DEVICES, NETWORKS, RUNNERS, Cell)
-from harness.core.kv_connectors import KV_CONNECTORS
+from harness.core.kv_connectors import ANY_BLOCKS, DECODE_MULTIPLE, KV_CONNECTORS
 from harness.core.weathers import (BOUNDARY_MIN_MODEL_LEN, BOUNDARY_UNIT, WEATHERS, resolved_params,
-                                   weather_problem)
+                                   runs_with, weather_connectors, weather_problem)
 from harness.matrix.rule_types import RuleContext, RuleList, blocks
 
 DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float")
@@ -93,9 +93,9 @@ def _known_weather(cell: Cell, ctx: RuleContext) -> str | None:
     if problem:
         return problem
     row = WEATHERS[cell.weather]
-    if cell.kv_connector not in row.connectors:
+    if cell.kv_connector in KV_CONNECTORS and not runs_with(cell.weather, cell.kv_connector):
         return (f"weather {cell.weather} cannot be produced with kv_connector {cell.kv_connector}; "
-                f"it runs with {', '.join(row.connectors)}")
+                f"it runs with {', '.join(weather_connectors(cell.weather))}")
     if cell.device in DEVICES and cell.device not in row.devices:
         return f"weather {cell.weather} runs on {', '.join(row.devices)}, not {cell.device}"
     params = resolved_params(cell.weather, cell.weather_settings)
@@ -193,7 +193,7 @@ def _backend_device(cell: Cell, ctx: RuleContext) -> str | None:
 
 @rule("kv-buffer-on-cpu", "invalid")
 def _kv_buffer_cpu(cell: Cell, ctx: RuleContext) -> str | None:
-    """On a cpu device the NIXL buffer is host memory (vLLM rejects cpu with a cuda kv_buffer)."""
+    """On a cpu device the KV buffer is host memory (vLLM rejects cpu with a cuda kv_buffer)."""
     if cell.device == "cpu" and cell.kv_buffer_device != "cpu":
         return "device cpu supports only kv_buffer_device cpu (vLLM: 'cpu with cuda kv_buffer is not supported')"
     return None
@@ -286,12 +286,19 @@ def _flashinfer_logical(cell: Cell, ctx: RuleContext) -> str | None:
 
 @rule("heterogeneous-block-divisible", "invalid")
 def _hetero_divisible(cell: Cell, ctx: RuleContext) -> str | None:
-    """With P≠D block sizes, the decode block must be a multiple of the prefill block."""
+    """With P≠D block sizes, the cell's connector must take that pair (its row's block_sizes)."""
     p, d = blocks(cell)
-    if p != d and (p > d or d % p):
-        return (f"prefill block {p} / decode block {d}: NIXL supports only prefill ≤ decode with "
-                f"decode a multiple of prefill; use e.g. p{min(p, d)}d{max(p, d)} if divisible")
-    return None
+    row = KV_CONNECTORS.get(cell.kv_connector)
+    if p == d or row is None or row.block_sizes == ANY_BLOCKS:
+        return None
+    if row.block_sizes == DECODE_MULTIPLE:
+        if p < d and d % p == 0:
+            return None
+        return (f"prefill block {p} / decode block {d}: {row.word} takes only prefill ≤ decode with "
+                f"decode a multiple of prefill ({row.block_sizes_why}); use e.g. "
+                f"p{min(p, d)}d{max(p, d)} if divisible")
+    return (f"prefill block {p} / decode block {d}: {row.word} takes equal block sizes only "
+            f"({row.block_sizes_why}); use p{p}d{p}")
 
 
 @rule("heterogeneous-block-host-buffer", "invalid")

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from harness.core.cell import (ASYNC_SCHEDULING, CUDAGRAPH_MODES, DRAFT_MODEL_SPEC_DECODE,
                                KV_CACHE_DTYPES, KV_LAYOUTS, SPEC_DECODE_METHODS, Cell)
+from harness.core.kv_connectors import (KV_CONNECTORS, KV_DTYPE_MIX, KV_LAYERS_MIX, PERMUTE_HYBRID,
+                                        Refusal)
 from harness.matrix.rule_types import RuleContext, RuleList
 from harness.matrix.rules_models import NO_PREFIX_CACHING
 from harness.zoo import registry
@@ -25,8 +27,30 @@ rule = RULES.rule
 # the draft on the decode only (the prefill without it), and how a pair of it must end: the
 # decode's handshake refuses the prefill's fewer KV layers and every request errors
 DRAFT_DECODE_ONLY = "draft_p0_d3"
-DRAFT_LAYERS_REFUSAL = (r"P/D evaluation failed: RequestsFailed: requests failed on \d+ of \d+ "
-                        r"questions: .*Number of KV layers must match between prefill and decode")
+
+
+def refusal(cell: Cell, kind: str) -> Refusal | None:
+    """How the cell's connector refuses a pair whose servers differ by `kind` (None: unknown)."""
+    row = KV_CONNECTORS.get(cell.kv_connector)
+    return row.refusals.get(kind) if row else None
+
+
+def refusal_reason(cell: Cell, kind: str) -> str:
+    """The refusal in words: the connector's own, or that it was not measured."""
+    row = KV_CONNECTORS.get(cell.kv_connector)
+    found = refusal(cell, kind)
+    if found:
+        return found.how
+    word = row.word if row else cell.kv_connector
+    return f"how {word} refuses such a pair was not measured: any loud failure is the refusal"
+
+
+def refusal_pattern(kind: str):
+    """An xfail rule's pattern: the words of the cell's connector's refusal of `kind`."""
+    def pattern(cell: Cell) -> str | None:
+        found = refusal(cell, kind)
+        return found.fails_with if found else None
+    return pattern
 
 
 # ---- vocabulary -----------------------------------------------------------------------------
@@ -121,17 +145,15 @@ def _draft_both_sides(cell: Cell, ctx: RuleContext) -> str | None:
             "cache, so the pair moves them with the target's and the byte account counts them")
 
 
-@rule("draft-model-decode-only", "xfail", fails_with=DRAFT_LAYERS_REFUSAL)
+@rule("draft-model-decode-only", "xfail", fails_with=refusal_pattern(KV_LAYERS_MIX))
 def _draft_decode_only(cell: Cell, ctx: RuleContext) -> str | None:
     """A draft on the decode only must be refused loudly: the prefill lacks its KV layers."""
     if cell.spec_decode != DRAFT_DECODE_ONLY:
         return None
     return ("the decode runs the draft and the prefill does not, so the decode's KV cache has the "
-            "draft's attention layers too (tiny-llama-gsm: 6 against 4); vLLM hashes only "
-            "EAGLE/MTP drafts into the NIXL compatibility hash, so the handshake gets past it and "
-            "_validate_remote_agent_handshake asserts 'Number of KV layers must match between "
-            "prefill and decode': every request errors (kv_load_failure_policy fail). That "
-            "refusal is the expected outcome; serving any answer is not")
+            f"draft's attention layers too (tiny-llama-gsm: 6 against 4); "
+            f"{refusal_reason(cell, KV_LAYERS_MIX)}. That refusal is the expected outcome; "
+            "serving any answer is not")
 
 
 @rule("cudagraph-mode-cuda-only", "invalid")
@@ -181,21 +203,22 @@ def _layout_cpu(cell: Cell, ctx: RuleContext) -> str | None:
 
 @rule("kv-layout-nhd-not-hybrid", "invalid")
 def _layout_hybrid(cell: Cell, ctx: RuleContext) -> str | None:
-    """Receiving HND blocks into an NHD decode needs a permute that hybrid models' KV manager refuses."""
-    if cell.kv_layout == "NHD" and ctx.model.is_hybrid:
-        return (f"an NHD decode permutes the HND blocks it receives (enable_permute_local_kv), and "
-                f"NIXL asserts 'HMA does not support block size post processing' for a hybrid model "
-                f"such as {cell.model} (its Mamba/GDN groups need the hybrid KV cache manager); "
-                "use kv_layout default or a dense model")
+    """Receiving HND blocks into an NHD decode needs a permute that hybrid models' KV manager
+    refuses (where the cell's connector permutes)."""
+    found = refusal(cell, PERMUTE_HYBRID)
+    if cell.kv_layout == "NHD" and ctx.model.is_hybrid and found:
+        return f"{found.how}, such as {cell.model}; use kv_layout default or a dense model"
     return None
 
 
-@rule("kv-layout-hnd-is-nixl-default", "note")
+@rule("kv-layout-is-connector-default", "note")
 def _layout_hnd(cell: Cell, ctx: RuleContext) -> str | None:
-    """HND on the decode is what NIXL already picks for P/D: the cell pins it."""
-    if cell.kv_layout == "HND":
-        return ("NixlConnector already asks for HND (LBHNC) on both sides (get_required_kvcache_layout); "
-                "this cell pins it on the decode so a change of that default cannot pass unseen")
+    """A decode layout that the cell's connector already asks for: the cell pins it."""
+    row = KV_CONNECTORS.get(cell.kv_connector)
+    if row and row.kv_layout and cell.kv_layout == row.kv_layout:
+        return (f"{row.word} already asks for {row.kv_layout} on both sides "
+                "(get_required_kvcache_layout); this cell pins it on the decode so a change of "
+                "that default cannot pass unseen")
     return None
 
 
@@ -214,16 +237,9 @@ FP8_KV_CACHE_DTYPES = {
 }
 # fp8 formats a backend lists but whose server did not start, measured: (device, backend, dtype)
 FP8_KV_FAILS_AT_START = {
-    ("cuda", "TRITON_ATTN", "fp8_e5m2"): "vLLM 0.26.0 on the H200 (s16): the engine core dies in "
+    ("cuda", "TRITON_ATTN", "fp8_e5m2"): "vLLM 0.26.0 on the H200 (2026-12-03): the engine core dies in "
     "torch.compile, 'torch._dynamo.exc.Unsupported: Data-dependent assertion failed'",
 }
-# what a P/D pair of different KV cache dtypes must end in: every request errors (vLLM's default
-# kv_load_failure_policy "fail": HTTP 500) and the decode's log names the refused handshake
-# (cache_dtype is in compute_nixl_compatibility_hash; the verdict quotes the decode's error line)
-KV_DTYPE_REFUSAL = (r"P/D evaluation failed: RequestsFailed: requests failed on \d+ of \d+ questions: "
-                    r".*NIXL compatibility hash mismatch")
-
-
 @rule("kv-cache-dtype-backend", "invalid")
 def _kv_dtype_backend(cell: Cell, ctx: RuleContext) -> str | None:
     """The backend stores the cell's fp8 KV cache format (FLASH_ATTN and MLA: e4m3 only)."""
@@ -251,16 +267,14 @@ def _kv_dtype_cpu_head(cell: Cell, ctx: RuleContext) -> str | None:
             "divisible by 32 on CPU' (cpu_attn._get_attn_isa): use kv_cache_dtype auto")
 
 
-@rule("kv-cache-dtype-mismatch", "xfail", fails_with=KV_DTYPE_REFUSAL)
+@rule("kv-cache-dtype-mismatch", "xfail", fails_with=refusal_pattern(KV_DTYPE_MIX))
 def _kv_dtype_mismatch(cell: Cell, ctx: RuleContext) -> str | None:
-    """P and D with different KV cache dtypes must be refused loudly (NIXL's compatibility hash)."""
+    """P and D with different KV cache dtypes must be refused loudly (the connector's refusal)."""
     if cell.prefill_kv_cache_dtype == cell.decode_kv_cache_dtype:
         return None
     return (f"prefill {cell.prefill_kv_cache_dtype} and decode {cell.decode_kv_cache_dtype} KV "
-            "caches: vLLM hashes cache_dtype into the NIXL compatibility hash, so the decode's "
-            "handshake refuses the prefill ('NIXL compatibility hash mismatch') and every request "
-            "errors (kv_load_failure_policy fail); that refusal is the expected outcome, serving "
-            "any answer (right or wrong) is not")
+            f"caches: {refusal_reason(cell, KV_DTYPE_MIX)}; that refusal is the expected "
+            "outcome, serving any answer (right or wrong) is not")
 
 
 # ---- prefix reuse ---------------------------------------------------------------------------
@@ -281,5 +295,5 @@ def _prefix_evidence(cell: Cell, ctx: RuleContext) -> str | None:
         return ("the cell asks the task's shared-prefix variant (gsm_synth_shared: one price list; "
                 "gsm8k_local_shared: 5 fixed shots); from its second question on the decode's "
                 "vllm:prompt_tokens_by_source_total grows in source=local_cache_hit (the shared "
-                "blocks) besides source=external_kv_transfer (the rest, over NIXL)")
+                "blocks) besides source=external_kv_transfer (the rest, through the connector)")
     return None

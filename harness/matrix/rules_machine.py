@@ -18,7 +18,7 @@ RULES = RuleList()
 rule = RULES.rule
 
 # What a CPU without bf16 instructions runs instead of bf16. On the AVX2-only 2-core host a bf16
-# evaluation took 2.4-2.5x as long as in float32 (results/benchmarks/cpu-ci-20261202-s13). The KV
+# evaluation took 2.4-2.5x as long as in float32 (results/benchmarks/cpu-ci-no-bf16-20261202). The KV
 # path under test stays the same there: CPU_ATTN lays a bf16 cache out for AMX only on AMX CPUs
 # (vLLM 0.32 cpu_attn._get_attn_isa); without AMX bf16 and float32 both take the "vec" page
 # order, the connector moves the blocks byte for byte either way (twice the bytes), and the baseline runs

@@ -1,4 +1,4 @@
-"""Choosing cells of an expansion: by id or glob (`--cell`/`--only`), by a pytest-style keyword
+"""Choosing cells of an expansion: by id or glob (`--only`), by a pytest-style keyword
 expression (`-k`), and by deterministic shard (`--shard I/N`, CI parallelism)."""
 from __future__ import annotations
 

@@ -239,8 +239,9 @@ def check_endpoints(dep: ExternalDeployment, get: Get = exact_headers.get,
     pages = [("decode", e, samples_wanted(dep.kv_connector, "decode"),
               f"a vLLM decode server with {label}") for e in dep.decode_metrics]
     pages += [("prefill", e, samples_wanted(dep.kv_connector, "prefill"),
-               f"a vLLM prefill server with {label}" if connector_for(dep.kv_connector).metrics
-               .counters_from("prefill") else "a vLLM server") for e in dep.prefill_metrics]
+               f"a vLLM prefill server with {label}"
+               if samples_wanted(dep.kv_connector, "prefill") != SERVER_SAMPLES
+               else "a vLLM server") for e in dep.prefill_metrics]
     for role, endpoint, wanted, what in pages:
         problem = _check_metrics(role, endpoint, wanted, what, dep.timeout_s, get, environ)
         if problem:

@@ -71,6 +71,7 @@ class ExternalCell:
     model: str
     deployment: dict = field(default_factory=dict, compare=False, hash=False)  # to_record(dep)
     device: str = DEVICE
+    kv_connector: str = DEFAULT_KV_CONNECTOR     # what its servers use, as the file says
     fault: None = None
     fault_env: tuple = ()
     expected_failure: None = None
@@ -78,7 +79,8 @@ class ExternalCell:
 
     @classmethod
     def of(cls, dep: ExternalDeployment) -> "ExternalCell":
-        return cls(name=dep.name, model=dep.model, deployment=to_record(dep))
+        return cls(name=dep.name, model=dep.model, kv_connector=dep.kv_connector,
+                   deployment=to_record(dep))
 
     @property
     def cell_id(self) -> str:

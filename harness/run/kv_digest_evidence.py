@@ -80,7 +80,7 @@ def _layer_number(name: str) -> tuple[int, str]:
 
 
 def raw_difference(ours: dict, theirs: dict) -> dict | None:
-    """Where the bytes NIXL wrote into the decode (before its post-processing) first differ
+    """Where the bytes the connector wrote into the decode (before its post-processing) first differ
     from the bytes the prefill sent: ``{"layer", "piece", "prefill_block"}`` (the request's
     prefill blocks counted from 0), ``{}`` when identical, None when a side has no raw bytes."""
     sent, got = ours.get("raw") or {}, theirs.get("raw") or {}
@@ -99,7 +99,7 @@ def raw_difference(ours: dict, theirs: dict) -> dict | None:
 
 
 def host_copy_difference(ours: dict) -> dict | None:
-    """Where the prefill's host buffer (what NIXL sends, on a GPU with ``kv_buffer_device:
+    """Where the prefill's host buffer (what the connector sends, on a GPU with ``kv_buffer_device:
     cpu``) first differs from its KV cache: ``{"host_copy": True, "layer", "token_range"}``;
     None when it has no host buffer or the two agree."""
     host = ours.get("host_digests")
@@ -224,8 +224,10 @@ def request_digests(records: list[dict], prefill_files: Iterable[str],
 
 
 def digest_evidence(records: list[dict], prefill_files: Iterable[str],
-                    decode_files: Iterable[str], decode_block_size: int) -> dict:
-    """The kv-digest summary of one evaluation (TransferProof.kv_digest)."""
+                    decode_files: Iterable[str], decode_block_size: int,
+                    connector: str = "the connector") -> dict:
+    """The kv-digest summary of one evaluation (TransferProof.kv_digest); ``connector``: the
+    word for what moved the KV, as the verdict says it."""
     index = _index(prefill_files, decode_files)
     counts: Counter = Counter()
     skipped: Counter = Counter()
@@ -287,7 +289,7 @@ def digest_evidence(records: list[dict], prefill_files: Iterable[str],
                                       "missing_prefill", "missing_decode", "not_digested",
                                       "raw_identical", "raw_differing", "raw_unknown",
                                       "host_copy_differing")},
-            "first_mismatch": first, "skipped_layers": dict(skipped),
+            "first_mismatch": first, "skipped_layers": dict(skipped), "connector": connector,
             "cost_s": {k: round(v, 4) for k, v in cost.items()},
             "cost_parts_s": {k: round(v, 4) for k, v in parts.items()},
             "hash_functions": dict(functions)}

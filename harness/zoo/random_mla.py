@@ -1,7 +1,7 @@
 """A deterministic tiny random-weight MLA model (DeepseekV2 layout) with the zoo's tokenizer.
 
 It scores 0 on any eval, so, like `tiny-llama-random`, it proves plumbing only: the servers start
-with a latent (MLA) KV cache, the KV crosses NIXL, the KV digest compares it. That covers the MLA
+with a latent (MLA) KV cache, the KV crosses the connector, the KV digest compares it. That covers the MLA
 block-geometry bug class (vLLM #50717: DeepSeek engines fail to start in P/D). Accuracy needs a
 trained MLA model, which needs the GPU (the zoo's CPU training is too slow for it).
 

@@ -5,7 +5,7 @@ Each doc reads exactly like a gsm_synth doc (the same renderers, a question nami
 each third of the list), but every doc opens with the same price list, so the prompts share
 their first 423 of 443 tokens and differ only in the question at the end. A P/D decode with prefix
 caching therefore holds the shared blocks itself from its second request on and fetches only the
-rest over NIXL: the path where a decode-side prefix hit meets a partial remote transfer. It is
+rest through the connector: the path where a decode-side prefix hit meets a partial remote transfer. It is
 also what the zoo models were trained on (one price list followed by several questions), and
 tiny-llama-gsm answers it as well as gsm_synth, where one fixed gsm_synth example in front of
 each doc, i.e. a second price list, costs it a quarter of its answers (docs/zoo.md).

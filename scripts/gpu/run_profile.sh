@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs a matrix profile on an offline GPU machine (the lent H200s) and leaves the records in $OUT.
+# Runs a matrix profile on an offline GPU machine and leaves the records in $OUT.
 #
 # Expects, in the repository root on that machine:
 #   /tmp/parts/part.*  the wheelhouse parts (../shared/gpu/build-wheelhouse.sh), copied in first

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Start-up summary of GPU runs made with scripts/gpu/run_profile.sh (issue #19's numbers).
+"""Start-up summary of GPU runs made with scripts/gpu/run_profile.sh (docs/startup.md's numbers).
 
     .venv/bin/python scripts/gpu/startup_summary.py RUN_DIR [RUN_DIR ...] > startup.json
 

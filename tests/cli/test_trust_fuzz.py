@@ -1,6 +1,6 @@
 """Hostile and careless input, as a table: each case is one line on stderr and exit 2, no
 server started, no file written outside the results directory, and no secret echoed. The
-cases are the ones of issue #33 (alias bombs, deep nesting, `..` in cell ids, NaN timeouts,
+cases are the hostile inputs a user can give (alias bombs, deep nesting, `..` in cell ids, NaN timeouts,
 foreign auth_env names, tokens in URLs, ...) and more. In-process (`harness.cli.main.main`) so
 that the ~60 cases take seconds; `ManagedProcess.start` is replaced by a recorder."""
 from __future__ import annotations

@@ -22,7 +22,7 @@ def test_dense_p128_request_of_four_blocks_reads_one_mebibyte():
 
 
 def test_a_short_transfer_is_named_with_both_numbers():
-    # the fault of issue #16: the last block pair of each READ skipped, 75 % of the bytes
+    # the fault the byte check was built for: the last block pair of each READ skipped, 75 % of the bytes
     acc = account([params(4)] * 50, LLAMA, 128, 39_321_600)
     assert not acc.exact
     assert acc.detail().endswith("short by 13,107,200 bytes (75.0 %)")
@@ -75,7 +75,7 @@ GEMMA = KvGeometry(attention_layers=34, kv_heads=4, head_dim=256, dtype_bytes=2,
 
 def test_a_padded_sliding_model_counts_every_slot_of_its_groups():
     # measured (H200 vLLM 0.26, shape-gemma-3-4b, 2026-12-03, results/reference/
-    # gpu-h200-20261203-s16): 50 requests of 4 blocks in each of 7 groups; NIXL moved
+    # gpu-h200-shapes-fp8-push-20261203): 50 requests of 4 blocks in each of 7 groups; NIXL moved
     # 3,670,016,000 = 1,400 x 128 x 5 slots x 4,096 B, where 34 layers give 3,565,158,400
     request = {"remote_block_ids": [[4 * g + i for i in range(1, 5)] for g in range(7)]}
     acc = account([request] * 50, GEMMA, 128, 3_670_016_000)

@@ -159,9 +159,10 @@ def test_engine_settings_a_cpu_runs_are_clean():
 
 
 def test_a_draft_on_the_decode_only_expects_the_measured_refusal():
-    """The reason of the CPU run of 2026-12-03 (results/reference/cpu-draft-20261203-s16): all
+    """The reason of the CPU run of 2026-12-03 (results/reference/cpu-draft-20261203): all
     50 requests HTTP 500, the decode's handshake asserting on the prefill's fewer KV layers."""
-    from harness.matrix.rules_engine import DRAFT_LAYERS_REFUSAL
+    from harness.core.kv_connectors import KV_LAYERS_MIX, NIXL_REFUSALS
+    DRAFT_LAYERS_REFUSAL = NIXL_REFUSALS[KV_LAYERS_MIX].fails_with
 
     cell = Cell(model="tiny-llama-gsm", spec_decode="draft_p0_d3")
     problems = check_cell(cell, CPU, CATALOG)
@@ -245,7 +246,7 @@ def test_nightly_lists_what_it_cannot_run_with_the_rule():
     # FULL runs where attention graphs every batch: V1 FLASH_ATTN (FA3 on the H200), dense model
     full = [cid for cid in e.by_id() if cid.endswith("-cg_FULL")]
     assert full == ["v1-FLASH_ATTN-p128d128-tiny-llama-gsm-tp1x1-cg_FULL"]
-    assert "kv-layout-hnd-is-nixl-default" in " ".join(
+    assert "kv-layout-is-connector-default" in " ".join(
         e.notes["v2-FLASHINFER-p128d128-tiny-llama-gsm-tp1x1-dlayout_HND"])
 
 

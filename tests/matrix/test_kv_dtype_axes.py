@@ -1,4 +1,4 @@
-"""The KV cache dtype and mixed-runner axes (issue #37): ids and baseline keys, the YAML forms,
+"""The KV cache dtype and mixed-runner axes: ids and baseline keys, the YAML forms,
 the servers each role starts, the declared refusal of a P != D dtype pair, the byte geometry of
 an fp8 cache, the CLI flags, and where the shipped profiles run them."""
 from __future__ import annotations
@@ -19,7 +19,9 @@ from harness.core.platform import PlatformInfo
 from harness.judge.verdict import Verdict
 from harness.matrix import MatrixError, expand, load_matrix
 from harness.matrix.rules import check_cell
-from harness.matrix.rules_engine import KV_DTYPE_REFUSAL
+from harness.core.kv_connectors import KV_DTYPE_MIX, NIXL_REFUSALS
+
+KV_DTYPE_REFUSAL = NIXL_REFUSALS[KV_DTYPE_MIX].fails_with
 from harness.serve.deploy import DeployContext, pair_key, plan_server
 from harness.serve.host.ports import PortAllocator
 from harness.serve.launch.placement import Placement

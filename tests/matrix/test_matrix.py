@@ -124,8 +124,8 @@ def test_pr_profile_content():
     assert "v2-FLASHINFER-p128d128-tiny-llama-gsm-tp1x1" in e.by_id()
     # upstream failures measured on the H200 are declared, and still run
     xfails = sorted(c.cell_id for c in e.cells if c.expected_failure)
-    # (Granite V2 x FLASH_ATTN passed on both layouts in session 4: only V1 stays declared)
-    # (an NHD decode scrambles intact KV in vLLM 0.26's local permute: gpu-h200-20261201-s7)
+    # (Granite V2 x FLASH_ATTN passed on both layouts on 2026-11-30: only V1 stays declared)
+    # (an NHD decode scrambles intact KV in vLLM 0.26's local permute: gpu-h200-engine-axes-20261201)
     assert xfails == ["v1-FLASH_ATTN-p128d128-tiny-granite-hybrid-gsm-tp1x1-xa3ac39",
                       "v1-FLASH_ATTN-p128d128-tiny-llama-gsm-tp1x1-dlayout_NHD",
                       "v1-FLASH_ATTN-p16d64-tiny-llama-gsm-tp1x1"]
@@ -412,7 +412,7 @@ def test_cli_rules(capsys):
 
 
 def test_nightly_declares_the_h200_block_and_host_buffer_failures():
-    """Measured on the H200 (results/reference/gpu-h200-20261201-s5, -s9): every P<D block pair,
+    """Measured on the H200 (results/reference/gpu-h200-kv-buffer-20261201 and gpu-h200-kv-digest-20261201): every P<D block pair,
     the hybrid's host-buffer path and the dense host buffer under chunked prefill are expected
     failures on cuda; the unchunked dense host-buffer cells, which passed, are not."""
     e = expand(load_matrix(), "nightly", GPU2)

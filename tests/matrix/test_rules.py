@@ -128,7 +128,7 @@ CASES = [
     ("kv-layout-cuda-only", cpu_cell(), cpu_cell(kv_layout="NHD"), CPU),
     ("kv-layout-nhd-not-hybrid", gpu_cell(model="gdn", extra_env=DS, kv_layout="HND"),
      gpu_cell(model="gdn", extra_env=DS, kv_layout="NHD"), GPU2),
-    ("kv-layout-hnd-is-nixl-default", gpu_cell(kv_layout="NHD"), gpu_cell(kv_layout="HND"), GPU2),
+    ("kv-layout-is-connector-default", gpu_cell(kv_layout="NHD"), gpu_cell(kv_layout="HND"), GPU2),
     ("known-prefill-kv-cache-dtype", cpu_cell(prefill_kv_cache_dtype="fp8_e5m2"),
      cpu_cell(prefill_kv_cache_dtype="int4"), AMX),
     ("known-decode-kv-cache-dtype", cpu_cell(decode_kv_cache_dtype="fp8"),
@@ -136,7 +136,7 @@ CASES = [
     ("kv-cache-dtype-backend", gpu_cell(**kv("fp8_e4m3")), gpu_cell(**kv("fp8_e5m2")), GPU2),
     ("kv-cache-dtype-backend", gpu_cell(backend="FLASHINFER", **kv("fp8_e5m2")),
      gpu_cell(model="mla", backend="TRITON_MLA", **kv("fp8_e5m2")), GPU2),
-    # listed by TRITON_ATTN, but its server died in torch.compile on the H200 (s16)
+    # listed by TRITON_ATTN, but its server died in torch.compile on the H200 (2026-12-03)
     ("kv-cache-dtype-backend", gpu_cell(backend="TRITON_ATTN", **kv("fp8")),
      gpu_cell(backend="TRITON_ATTN", **kv("fp8_e5m2")), GPU2),
     ("kv-cache-fp8-cpu-head-size", cpu_cell(**kv("fp8")), cpu_cell(model="h80", **kv("fp8")), AMX),
@@ -222,7 +222,7 @@ def _platform_for(rule: str, violating: bool, platform: PlatformInfo | None) -> 
         return PlatformInfo(device="cuda", gpu_count=2, vllm=features(kv_transports=(
             () if violating else ("mooncake.engine:TransferEngine",)),
             kv_transport_errors=error if violating else {}))
-    if rule == "vllm-v2-ngram":      # vLLM 0.26.0 refused it on the H200 (s16)
+    if rule == "vllm-v2-ngram":      # vLLM 0.26.0 refused it on the H200 (2026-12-03)
         return PlatformInfo(device="cuda", gpu_count=2,
                             vllm=features(version="0.26.0" if violating else "0.32.0"))
     if rule == "vllm-weather":       # a vLLM older than the weather's min_vllm (set by the test)
@@ -343,7 +343,7 @@ def test_rules_are_checked_and_listed_by_subject_in_a_fixed_order():
         "chunked-prefill-budget", "async-scheduling-not-on-cpu", "async-scheduling-spec-decode",
         "draft-model-zoo-target", "draft-model-on-both-sides", "draft-model-decode-only",
         "cudagraph-mode-cuda-only", "cudagraph-mode-needs-compile", "cudagraph-full-downgraded",
-        "kv-layout-cuda-only", "kv-layout-nhd-not-hybrid", "kv-layout-hnd-is-nixl-default",
+        "kv-layout-cuda-only", "kv-layout-nhd-not-hybrid", "kv-layout-is-connector-default",
         "kv-cache-dtype-backend", "kv-cache-fp8-cpu-head-size", "kv-cache-dtype-mismatch",
         "prefix-reuse-needs-prefix-caching", "prefix-reuse-evidence",
         # the model's facts (rules_models)

@@ -1,5 +1,5 @@
-"""The real-shape random-weight cells (issue #36) in the nightly profile, and the selection
-scripts/gpu/s16.sh runs on the H200: exactly its 14 cells, every one valid there."""
+"""The real-shape random-weight cells in the nightly profile, and the selection
+scripts/gpu/shapes_fp8_connectors.sh runs on the H200: exactly its 14 cells, every one valid there."""
 from __future__ import annotations
 
 import re
@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 GPU2 = PlatformInfo.from_spec("cuda:2")
 
 
-def s16_keyword() -> str:
-    script = (ROOT / "scripts/gpu/s16.sh").read_text()
+def shapes_call_keyword() -> str:
+    script = (ROOT / "scripts/gpu/shapes_fp8_connectors.sh").read_text()
     body = re.search(r"^CELLS='(.*?)'$", script, re.S | re.M).group(1)
     return " ".join(body.split())
 
@@ -31,8 +31,8 @@ def test_nightly_has_a_random_weight_cell_for_each_shape():
     assert "v2-FLASHINFER-p128d128-shape-qwen3-0.6b-tp1x1-fault-corrupt-block" in ids
 
 
-def test_the_s16_call_selects_its_19_cells():
-    cells = select(expand(load_matrix(), "nightly", GPU2).cells, keyword=s16_keyword())
+def test_the_shapes_call_selects_its_19_cells():
+    cells = select(expand(load_matrix(), "nightly", GPU2).cells, keyword=shapes_call_keyword())
     ids = {c.cell_id for c in cells}
     assert len(ids) == 19 and len({c.baseline_key for c in cells}) == 10
     assert sum("-shape-" in cid for cid in ids) == 5
@@ -44,5 +44,5 @@ def test_the_s16_call_selects_its_19_cells():
             "v1-FLASH_ATTN-p128d128-tiny-llama-gsm-tp1x1-kv_fp8-fault-corrupt-block"} <= ids
 
 
-def test_the_s16_script_parses():
-    assert subprocess.run(["bash", "-n", str(ROOT / "scripts/gpu/s16.sh")]).returncode == 0
+def test_the_shapes_call_script_parses():
+    assert subprocess.run(["bash", "-n", str(ROOT / "scripts/gpu/shapes_fp8_connectors.sh")]).returncode == 0

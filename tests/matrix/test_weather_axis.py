@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.core.kv_connectors import KV_CONNECTORS
 from harness.core.cell import Cell
 from harness.core.platform import PlatformInfo, VllmFeatures
 from harness.core.weathers import (WEATHERS, ServerChanges, WeatherRow, resolved_params,
@@ -116,8 +117,13 @@ def test_rules_both_ways(monkeypatch):
     assert not [p for p in check_cell(CELL.replace(weather="load"), CPU, CATALOG) if p.kind == "invalid"]
     bad = check_cell(CELL.replace(weather="load", weather_params=(("in_flight", 2),)), CPU, CATALOG)
     assert [p.rule for p in bad if p.kind == "invalid"] == ["known-weather"]
+    # a weather that needs its connector runs with the connectors whose row lists it
     monkeypatch.setitem(weathers.WEATHERS, "pull-only",
-                        WeatherRow("harness.run.weather.calm", connectors=("nixl",)))
+                        WeatherRow("harness.run.weather.calm", needs_connector=True))
+    monkeypatch.setitem(KV_CONNECTORS, "nixl", replace(KV_CONNECTORS["nixl"],
+                                                       weathers=("pull-only",)))
+    assert not [p for p in check_cell(CELL.replace(weather="pull-only"), CPU, CATALOG)
+                if p.kind == "invalid"]
     push = check_cell(CELL.replace(weather="pull-only", kv_connector="nixl-push"), CPU, CATALOG)
     assert any(p.rule == "known-weather" and "cannot be produced with kv_connector nixl-push"
                in p.message for p in push)

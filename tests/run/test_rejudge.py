@@ -16,14 +16,14 @@ from harness.judge.verdict import decide
 from harness.run.rejudge import rejudge
 
 REPO = Path(__file__).resolve().parents[2]
-S16 = REPO / "results/reference/gpu-h200-20261203-s16"
-GEMMA = S16 / ("s16b/records/20261203T200141Z-868bd2/"
+H200_SHAPES = REPO / "results/reference/gpu-h200-shapes-fp8-push-20261203"
+GEMMA = H200_SHAPES / ("third-call/records/20261203T200141Z-868bd2/"
                "v1-FLASH_ATTN-p128d128-shape-gemma-3-4b-tp1x1.json")
-CANARY = S16 / ("s16/records/20261203T195245Z-911f15/"
+CANARY = H200_SHAPES / ("second-call/records/20261203T195245Z-911f15/"
                 "v2-FLASHINFER-p128d128-shape-qwen3-0.6b-tp1x1-fault-corrupt-block.json")
 
 
-def test_the_s16_gemma_cell_passes_its_byte_count_when_re_judged():
+def test_the_h200_gemma_cell_passes_its_byte_count_when_re_judged():
     """Recorded FAIL: NIXL moved 3,670,016,000 B, the harness expected 3,565,158,400 (34 of the
     35 layer slots of vLLM's 7 KV cache groups of 5). Re-judged with those slots: exact, PASS."""
     rejudged = rejudge(GEMMA)
@@ -86,7 +86,7 @@ def test_a_byte_count_that_cannot_be_exact_is_declared_not_available_never_passe
 
 
 def test_a_weather_cell_is_not_re_judged():
-    weather = REPO / ("results/reference/cpu-weather-20261203-s16/"
+    weather = REPO / ("results/reference/cpu-weather-20261203/"
                       "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-w_load.json")
     with pytest.raises(ValueError, match="judged per request"):
         rejudge(weather)

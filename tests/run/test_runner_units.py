@@ -92,6 +92,9 @@ def test_read_proxy_records_of_nothing_is_empty(tmp_path):
 def test_versions_and_hardware_shapes():
     v = versions()
     assert set(v) == {"vllm", "nixl", "lm_eval", "torch", "harness", "python"}
+    # the connector's own transport, not NIXL's, for every other connector
+    assert set(versions("mooncake")) == set(v) - {"nixl"} | {"mooncake_transfer_engine"}
+    assert "nixl" not in versions("example")
     assert v["python"].count(".") == 2 and v["harness"]
     assert v["lm_eval"]          # installed in the venv the tests run in
     hw = hardware("cpu")

@@ -1,4 +1,4 @@
-"""The KV digest over an fp8 cache (issue #37): raw bits, so a flipped bit is seen."""
+"""The KV digest over an fp8 cache: raw bits, so a flipped bit is seen."""
 from __future__ import annotations
 
 import pytest

@@ -145,7 +145,7 @@ def run_pair(tmp_path, kv, *, p_bs=32, d_bs=64, d_ratio=1, tamper=None, cached=0
     decode.get_finished(set())
     records = [{"request_id": PROXY_ID,
                 "received_kv_transfer_params": {"remote_request_id": request.request_id}}]
-    return digest_evidence(records, [str(p.path)], [str(d.path)], d_bs), p.path, d.path
+    return digest_evidence(records, [str(p.path)], [str(d.path)], d_bs, "NIXL"), p.path, d.path
 
 
 def test_same_kv_across_block_sizes_is_identical(tmp_path, kv):

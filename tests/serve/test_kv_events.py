@@ -282,7 +282,7 @@ def test_mooncake_gets_counters_over_its_own_statistics_and_a_class_with_its_own
 
 def test_nixls_read_poll_of_vllm_026_returns_its_set_and_fails_the_026_way(events):
     """vLLM 0.26's poll returns only the done set and its ``_handle_failed_transfer`` takes
-    (req_id, handle): on the H200 (s16) the 0.32-shaped unpack killed every engine core."""
+    (req_id, handle): on the H200 (2026-12-03) the 0.32-shaped unpack killed every engine core."""
     failed_calls = []
 
     class NixlBaseConnectorWorker:

@@ -474,7 +474,7 @@ frame #0: c10::Error::Error(c10::SourceLocation, std::__cxx11::basic_string<char
 
 
 def test_a_tp_workers_cause_beats_the_abort_trailer_of_its_teardown():
-    # the H200's TP2 start-up crash (session 3): the reason named "Exception raised from
+    # the H200's TP2 start-up crash (2026-11-30): the reason named "Exception raised from
     # ~AllocationRef", a destructor in the teardown, instead of the CUBLAS failure
     lines = decisive_error_lines(TP_WORKER_CRASH_LOG)
     assert not any("~AllocationRef" in line or "terminate called" in line or "what():" in line
@@ -547,7 +547,7 @@ def test_known_harmless_nixl_ep_warning_is_never_decisive():
 
 
 def test_a_refused_nixl_handshake_is_the_decisive_line_over_what_follows_it():
-    """vLLM 0.26 on the H200 (s16): after the hash mismatch each request raised an IndexError."""
+    """vLLM 0.26 on the H200 (2026-12-03): after the hash mismatch each request raised an IndexError."""
     lines = ["(EngineCore pid=1) RuntimeError: NIXL compatibility hash mismatch. Local: a, Remote: b.",
              "(EngineCore pid=1) IndexError: list index out of range"]
     assert "compatibility hash mismatch" in most_decisive_line(lines)

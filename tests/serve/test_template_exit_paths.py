@@ -1,5 +1,5 @@
 """A server template that fails or times out in its own start-up leaves no process and no
-folder (issue #33, kill phase 1 without vLLM: a stand-in interpreter that dies or hangs)."""
+folder (kill phase 1 without vLLM: a stand-in interpreter that dies or hangs)."""
 from __future__ import annotations
 
 import os

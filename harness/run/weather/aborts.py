@@ -1,8 +1,8 @@
 """aborts: the harness proxy cancels a share of the requests, each at one of four phases
 (harness.serve.proxy.aborts: queued on the prefill; prefill done, decode never sent; the decode
 took it, before its first token; mid-decode), the way a client that goes away does (vllm
-#41269, #46240, #46283, #50754: stranded blocks, a killed EngineCore). A short lease lets the
-prefill release the blocks of a decode that never came.
+#41269, #46240, #46283, #50754: stranded blocks, a killed EngineCore). A short lease (the
+connector's ``lease_key``) lets the prefill release the blocks of a decode that never came.
 
 Must hold: every survivor answered with its prefill's KV (the verdict's silent wrong answers:
 0); every cancelled request failed loudly (499, the phase named); afterwards, once the lease
@@ -19,6 +19,7 @@ from harness.core.weathers import ServerChanges
 from harness.judge.weather import InjectedEvent, WeatherCondition
 from harness.run.weather.base import Weather, WeatherRun, Workload
 from harness.run.weather.tagged import events_of, share_tag, tagged_records
+from harness.serve.connectors.registry import connector_for
 from harness.serve.proxy.aborts import MIX, PHASES, request_tag
 
 USAGE_SAMPLE = "vllm:kv_cache_usage_perc"
@@ -30,7 +31,7 @@ class Aborts(Weather):
     name = "aborts"
 
     def servers(self, cell: Cell, params: Mapping[str, float]) -> dict[str, ServerChanges]:
-        lease = (("kv_lease_duration", int(params["lease_s"])),)
+        lease = ((lease_key(cell), int(params["lease_s"])),)
         return {"prefill": ServerChanges(kv_connector_extra=lease),
                 "decode": ServerChanges(kv_connector_extra=lease)}
 
@@ -61,6 +62,15 @@ class Aborts(Weather):
                 f"{server} {USAGE_SAMPLE} {usage if usage is not None else '?'} "
                 f"{self.settle_s(run.params):g} s after the last request (wanted 0)"))
         return tuple(out)
+
+
+def lease_key(cell: Cell) -> str:
+    """The cell's connector's lease setting (the matrix runs these weathers only with connectors
+    whose row lists them; one without a lease cannot get here)."""
+    key = connector_for(cell.kv_connector).lease_key
+    if key is None:
+        raise ValueError(f"kv_connector {cell.kv_connector} has no KV lease to shorten")
+    return key
 
 
 WEATHER = Aborts()

@@ -31,6 +31,8 @@ from typing import Callable, Mapping
 from harness.core.cell import Cell
 from harness.core.weathers import ServerChanges
 from harness.judge.weather import InjectedEvent, RequestRow, WeatherCondition
+from harness.serve.connectors.base import KvConnector
+from harness.serve.connectors.registry import connector_for
 from harness.serve.deploy import Deployment
 
 
@@ -68,6 +70,23 @@ class WeatherRun:
     def metric_delta_role(self, role: str, sample: str) -> float:
         """`metric_delta` summed over every server of `role`."""
         return sum(self.metric_delta(s, sample) for s in self.metrics_after if s.startswith(role))
+
+    @property
+    def connector(self) -> KvConnector:
+        return connector_for(self.cell.kv_connector)
+
+    def counter_delta(self, counter: str) -> float:
+        """How much the connector-neutral `counter` ("failed_transfers", "expired_requests")
+        grew, on the servers of every role the cell's connector counts it on."""
+        metrics = self.connector.metrics
+        return sum(self.metric_delta_role(role, sample) for role in metrics.roles(counter)
+                   for sample in metrics.samples_of(counter))
+
+    def counter_source(self, counter: str) -> str:
+        """Where `counter` is read, in words: "prefill+decode vllm:..._total"."""
+        metrics = self.connector.metrics
+        return (f"{'+'.join(metrics.roles(counter))} "
+                f"{', '.join(metrics.samples_of(counter)) or f'(no sample for {counter})'}")
 
     def log_text(self, server: str) -> str:
         path = self.logs.get(server)

@@ -1,4 +1,4 @@
-"""expiry: a short KV lease on the prefill (``kv_lease_duration``) and, for a share of the
+"""expiry: a short KV lease on the prefill (the connector's ``lease_key``) and, for a share of the
 requests, the decode's read started after it ran out (the decode's late-read fault,
 harness.serve.plugins.faults.late_read: the request is held from its connector and sends no
 lease-renewal heartbeats). The prefill then releases the request's blocks; a read that still
@@ -6,8 +6,8 @@ comes must end in an error or a right answer, never a wrong HTTP 200 (aws-sample
 #84: 8 of 42 requests served from released blocks, all 200; vllm #58222, #50789).
 
 Holds: every delayed request that reached the decode expired on the prefill (its log names
-each request whose blocks it released: "Releasing expired KV blocks for request ..."), and the
-prefill's expired count (``vllm:nixl_num_kv_expired_reqs``) is the number its log names. A
+each request whose blocks it released: the connector's ``LogPatterns.lease_expired``), and the
+connector's ``expired_requests`` counter grew by the number its log names. A
 lease this short also runs out for some requests that were not delayed, whose decode hop was
 still on its way when it ended (measured on 2 busy cores: 12 of 39): those are events too.
 """
@@ -19,16 +19,14 @@ from typing import Mapping
 from harness.core.cell import Cell
 from harness.core.weathers import ServerChanges
 from harness.judge.weather import InjectedEvent, WeatherCondition
+from harness.run.weather.aborts import lease_key
 from harness.run.weather.base import Weather, WeatherRun, Workload
 from harness.run.weather.tagged import (SERVER_FAULT_ENV, counted, decode_log, events_of,
                                         share_tag, tagged_records)
 from harness.serve.plugins.faults.late_read import parse_late_read_log, request_tag
 
-EXPIRED_SAMPLE = "vllm:nixl_num_kv_expired_reqs_total"
 LATE_BY_S = 2.0          # the read starts this long after the lease ran out
 MARKER = "wx.late-read."
-# vLLM 0.32 NixlBaseConnectorWorker._reap_expired_send_leases, once per expired request
-EXPIRED_LINE = re.compile(r"Releasing expired KV blocks for request (\S+)")
 
 
 def delay_ms(params: Mapping[str, float]) -> int:
@@ -39,7 +37,7 @@ class Expiry(Weather):
     name = "expiry"
 
     def servers(self, cell: Cell, params: Mapping[str, float]) -> dict[str, ServerChanges]:
-        lease = (("kv_lease_duration", int(params["lease_s"])),)   # vLLM reads an int
+        lease = ((lease_key(cell), int(params["lease_s"])),)
         return {"prefill": ServerChanges(kv_connector_extra=lease),
                 "decode": ServerChanges(kv_connector_extra=lease, extra_env=SERVER_FAULT_ENV)}
 
@@ -63,20 +61,24 @@ class Expiry(Weather):
                 if line.event == "held"}
         ours = sum(named_in(r, held) for r in reached)
         expired = expired_ids(run)
-        counted_expired = int(run.metric_delta_role("prefill", EXPIRED_SAMPLE))
+        counted_expired = int(run.counter_delta("expired_requests"))
         return (counted("reads-held", "happened", ours, len(reached),
                         "delayed requests whose read the decode held (late-read log lines)"),
                 counted("delayed-expired", "holds", sum(named_in(r, expired) for r in reached),
                         len(reached), "delayed requests the prefill released as expired (its log)"),
                 counted("expired-count", "holds", counted_expired, len(expired),
-                        f"prefill {EXPIRED_SAMPLE} growth against the requests its log released "
-                        f"as expired ({len(expired) - len(reached)} of them not delayed)"))
+                        f"{run.counter_source('expired_requests')} growth against the requests "
+                        f"its log released as expired ({len(expired) - len(reached)} of them not "
+                        "delayed)"))
 
 
 def expired_ids(run: WeatherRun) -> set[str]:
     """The prefill's request ids its log says it released as expired."""
+    pattern = run.connector.log.lease_expired
+    if pattern is None:
+        return set()
     text = "\n".join(run.log_text(n) for n in sorted(run.logs) if n.startswith("prefill"))
-    return set(EXPIRED_LINE.findall(text))
+    return set(re.findall(pattern, text))
 
 
 def named_in(record: dict, engine_ids: set[str]) -> bool:

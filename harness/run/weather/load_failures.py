@@ -9,8 +9,9 @@ connector reports the read failed, and vLLM's own failure path runs), under the 
   computes itself (no digest to compare: their answers must equal the baseline's; vllm #49250:
   on runner V2 the recompute gathered garbage).
 
-Holds: the decode counted one failed transfer (``vllm:nixl_num_failed_transfers``) per injected
-failure; under ``fail`` each of them failed, under ``recompute`` each was answered.
+Holds: the connector's ``failed_transfers`` counter, read on every role its metric map counts it
+on, grew by one per injected failure; under ``fail`` each of them failed, under ``recompute``
+each was answered.
 """
 from __future__ import annotations
 
@@ -25,7 +26,6 @@ from harness.run.weather.tagged import (SERVER_FAULT_ENV, counted, decode_log, e
 from harness.serve.plugins.faults.spec import (FAIL_TRANSFER, FaultSpec, parse_fault_log,
                                                request_fault_tag)
 
-FAILED_SAMPLE = "vllm:nixl_num_failed_transfers_total"
 TAG = request_fault_tag(FaultSpec(FAIL_TRANSFER))
 MARKER = f"fault.{FAIL_TRANSFER}."
 
@@ -68,7 +68,7 @@ class LoadFailures(Weather):
         applied = {line.request_id for line in parse_fault_log(decode_log(run))
                    if line.applied and line.kind == FAIL_TRANSFER}
         ours = sum(any(str(r["request_id"]) in a for a in applied) for r in reached)
-        failed = int(run.metric_delta_role("decode", FAILED_SAMPLE))
+        failed = int(run.counter_delta("failed_transfers"))
         tagged = {str(r.get("request_id")) for r in reached}
         rows = [row for row in run.rows if str(row.request_id) in tagged]
         fails = policy(run.params) == "fail"
@@ -76,7 +76,8 @@ class LoadFailures(Weather):
         return (counted("reads-failed", "happened", ours, len(reached),
                         "tagged requests whose read the decode reported failed (fault lines)"),
                 counted("failed-transfers-counted", "holds", failed, len(reached),
-                        f"decode {FAILED_SAMPLE} growth against the injected failures"),
+                        f"{run.counter_source('failed_transfers')} growth against the "
+                        "injected failures"),
                 counted(f"policy-{policy(run.params)}", "holds", ended, len(rows),
                         "injected requests that " + ("failed loudly" if fails
                                                      else "were answered (recomputed)")))

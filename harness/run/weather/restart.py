@@ -1,7 +1,7 @@
 """restart: the prefill, then the decode, killed (SIGKILL to the server's process group, the
 harness's own supervision: harness.serve.deploy.Deployment.kill) and started again on the same
 ports mid-run (vllm #49238, llm-d/llm-d #2187: after a prefill restart the decode segfaulted or
-kept a stale NIXL agent). While a server restarts the proxy holds new requests (POST /pd/hold,
+kept a stale connector agent). While a server restarts the proxy holds new requests (POST /pd/hold,
 as a router draining it would); the requests in flight at the kill must fail loudly, every
 later one must be answered with its own prefill's KV (the new prefill's: no stale agent).
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from harness.core.kv_connectors import connector_row
+
 PAIR_ROLES = ("prefill", "decode")
 # The connector-neutral transfer counters (harness.eval.metrics.TransferCounters field names)
 KV_COUNTERS = ("kv_bytes", "kv_transfers", "failed_transfers", "failed_notifications",
@@ -25,23 +27,43 @@ KV_COUNTERS = ("kv_bytes", "kv_transfers", "failed_transfers", "failed_notificat
 
 @dataclass(frozen=True)
 class MetricMap:
-    """vLLM ``/metrics`` sample name -> neutral counter, and the role whose servers expose it
-    (the side that performs a transfer counts it: a READ on the decode, a WRITE on the prefill)."""
+    """vLLM ``/metrics`` sample name -> neutral counter, and the roles whose servers expose it
+    (the side that performs a transfer counts it: a READ on the decode, a WRITE on the prefill;
+    a counter both sides add to names both)."""
 
     samples: Mapping[str, str]
-    role_of: Mapping[str, str] = field(default_factory=dict)   # counter -> role (default decode)
+    # counter -> role, or roles (default: the decode)
+    role_of: Mapping[str, "str | tuple[str, ...]"] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         unknown = set(self.samples.values()) - set(KV_COUNTERS)
         if unknown:
             raise ValueError(f"not neutral counters: {sorted(unknown)}; use {KV_COUNTERS}")
 
-    def role(self, counter: str) -> str:
-        return self.role_of.get(counter, "decode")
+    def roles(self, counter: str) -> tuple[str, ...]:
+        role = self.role_of.get(counter, "decode")
+        return (role,) if isinstance(role, str) else tuple(role)
 
     def counters_from(self, role: str) -> dict[str, str]:
         """The samples a server of ``role`` contributes: sample name -> counter."""
-        return {s: c for s, c in self.samples.items() if self.role(c) == role}
+        return {s: c for s, c in self.samples.items() if role in self.roles(c)}
+
+    def samples_of(self, counter: str) -> tuple[str, ...]:
+        """The sample names that add to ``counter``."""
+        return tuple(s for s, c in self.samples.items() if c == counter)
+
+
+@dataclass(frozen=True)
+class LogPatterns:
+    """What a connector's lines in a server log mean (harness.serve.launch.logscan reads every
+    driven connector's): regexes, each None where the connector has none."""
+
+    error_word: str | None = None     # a word that marks a line as error-looking unless routine
+    harmless: str | None = None       # error-looking lines every healthy start prints
+    root_cause: str | None = None     # a line that is the cause of whatever follows it
+    # a prefill line naming a request whose KV blocks it released after its lease ran out (the
+    # request id in group 1)
+    lease_expired: str | None = None
 
 
 @dataclass(frozen=True)
@@ -57,7 +79,6 @@ class KvConnector:
 
     value: str                          # the cell's kv_connector value
     vllm_name: str                      # kv_transfer_config's "kv_connector"
-    label: str                          # a word for humans: "NIXL (pull)"
     metrics: MetricMap
     ports: ServerPorts = ServerPorts()
     # what the prefill hop asks for: compute the prompt, keep its KV for a remote decoder
@@ -76,6 +97,15 @@ class KvConnector:
     # verdict check -> why this connector cannot be held to it: the record says "not available
     # for <value>: why", never a pass (harness.run.cell_eval)
     not_available: Mapping[str, str] = field(default_factory=dict)
+    # the kv_connector_extra_config key of how long the prefill holds a request's blocks for
+    # its decode (seconds); None: it has no lease (the lease weathers do not run with it)
+    lease_key: str | None = None
+    log: LogPatterns = LogPatterns()
+
+    @property
+    def label(self) -> str:
+        """A word for humans ("NIXL (push)"): its row's, the one the matrix and verdict use."""
+        return connector_row(self.value).word
 
     # ---- servers ------------------------------------------------------------------------
     def kv_transfer_config(self, role: str, *, kv_role: str, kv_buffer_device: str,
@@ -122,4 +152,4 @@ class KvConnector:
         return sent
 
 
-__all__ = ["KV_COUNTERS", "PAIR_ROLES", "KvConnector", "MetricMap", "ServerPorts"]
+__all__ = ["KV_COUNTERS", "PAIR_ROLES", "KvConnector", "LogPatterns", "MetricMap", "ServerPorts"]

@@ -64,7 +64,7 @@ class ExampleConnector(KvConnector):
 
 
 CONNECTOR = ExampleConnector(
-    value="example", vllm_name="ExampleConnector", label="ExampleConnector (files)",
+    value="example", vllm_name="ExampleConnector",
     metrics=MetricMap({}), byte_accounting=None, kv_digest=True,
     prefill_answers_params=False, shared_path_key=SHARED_PATH_KEY, not_available=NOT_AVAILABLE)
 

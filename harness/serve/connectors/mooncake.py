@@ -89,7 +89,7 @@ class MooncakeConnector(KvConnector):
 
 
 CONNECTOR = MooncakeConnector(
-    value="mooncake", vllm_name="MooncakeConnector", label="Mooncake (TCP)",
+    value="mooncake", vllm_name="MooncakeConnector",
     metrics=MetricMap(MOONCAKE_SAMPLES, role_of={"kv_bytes": "prefill", "kv_transfers": "prefill",
                                                  "failed_transfers": "prefill",
                                                  "expired_requests": "prefill"}),

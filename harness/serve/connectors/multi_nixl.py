@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from harness.serve.connectors.base import MetricMap, ServerPorts
 from harness.serve.connectors.multi_nixl_offload import MultiNixlOffloadConnector
-from harness.serve.connectors.nixl import NIXL_SAMPLES, PREFILL_PARAMS
+from harness.serve.connectors.nixl import (LEASE_KEY, NIXL_LOG, NIXL_SAMPLES, PREFILL_PARAMS,
+                                           PULL_ROLES)
 
 CONNECTOR = MultiNixlOffloadConnector(
-    value="multi-nixl", vllm_name="MultiConnector", label="MultiConnector (NIXL)",
-    metrics=MetricMap(NIXL_SAMPLES), ports=ServerPorts(per_rank=1),
-    prefill_params=PREFILL_PARAMS, byte_accounting="blocks", kv_digest=True, offload=False)
+    value="multi-nixl", vllm_name="MultiConnector",
+    metrics=MetricMap(NIXL_SAMPLES, role_of=PULL_ROLES), ports=ServerPorts(per_rank=1),
+    prefill_params=PREFILL_PARAMS, byte_accounting="blocks", kv_digest=True, offload=False,
+    lease_key=LEASE_KEY, log=NIXL_LOG)
 
 __all__ = ["CONNECTOR"]

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.serve.connectors.base import MetricMap, ServerPorts
-from harness.serve.connectors.nixl import NIXL_SAMPLES, PREFILL_PARAMS, NixlConnector
+from harness.serve.connectors.nixl import (LEASE_KEY, NIXL_LOG, NIXL_SAMPLES, PREFILL_PARAMS,
+                                           PULL_ROLES, NixlConnector)
 
 # host memory each server's offloading child may use (its chunk: the server's own block size)
 OFFLOAD_CPU_BYTES = 1 << 30
@@ -44,8 +45,9 @@ class MultiNixlOffloadConnector(NixlConnector):
 
 
 CONNECTOR = MultiNixlOffloadConnector(
-    value="multi-nixl-offload", vllm_name="MultiConnector", label="MultiConnector (NIXL + offloading)",
-    metrics=MetricMap(NIXL_SAMPLES), ports=ServerPorts(per_rank=1),
-    prefill_params=PREFILL_PARAMS, byte_accounting="blocks", kv_digest=True)
+    value="multi-nixl-offload", vllm_name="MultiConnector",
+    metrics=MetricMap(NIXL_SAMPLES, role_of=PULL_ROLES), ports=ServerPorts(per_rank=1),
+    prefill_params=PREFILL_PARAMS, byte_accounting="blocks", kv_digest=True,
+    lease_key=LEASE_KEY, log=NIXL_LOG)
 
 __all__ = ["CONNECTOR", "MultiNixlOffloadConnector"]

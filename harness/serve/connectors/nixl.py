@@ -7,15 +7,16 @@ TP rank, hence one reserved port per rank). Proxy: as vLLM's
 ``tests/v1/kv_connector/nixl_integration/toy_proxy_server.py``, prefill first with
 ``max_tokens=1`` and ``do_remote_decode``, then decode with the ``kv_transfer_params`` the prefill
 answered (its engine, host, port and block ids). Evidence: the decode performs the READs, so its
-``/metrics`` carry the ``vllm:nixl_*`` transfer counters; the bytes are the listed prefill
-blocks x the model's KV geometry (harness.judge.byte_accounting).
+``/metrics`` carry the ``vllm:nixl_*`` transfer counters, except the lease expirations, which the
+prefill counts (it holds the leases); the bytes are the listed prefill blocks x the model's KV
+geometry (harness.judge.byte_accounting).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from harness.serve.connectors.base import KvConnector, MetricMap, ServerPorts
+from harness.serve.connectors.base import KvConnector, LogPatterns, MetricMap, ServerPorts
 
 SIDE_CHANNEL_HOST_ENV = "VLLM_NIXL_SIDE_CHANNEL_HOST"
 SIDE_CHANNEL_PORT_ENV = "VLLM_NIXL_SIDE_CHANNEL_PORT"
@@ -28,6 +29,20 @@ NIXL_SAMPLES = {
     "vllm:nixl_num_failed_notifications_total": "failed_notifications",
     "vllm:nixl_num_kv_expired_reqs_total": "expired_requests",
 }
+
+# the decode counts its reads; the prefill, which holds each request's lease, its expirations
+PULL_ROLES = {"expired_requests": "prefill"}
+LEASE_KEY = "kv_lease_duration"     # vLLM reads an int (seconds)
+NIXL_LOG = LogPatterns(
+    # NIXL's own Python logger writes "NIXL" in its lines
+    error_word=r"NIXL",
+    # NIXL's optional expert-parallel extension, absent on an offline GPU host (docs/gpu.md)
+    harmless=r"No module named 'nixl_ep|Module nixl_ep was found but failed to import",
+    # a refused handshake is the cause of whatever the decode logs after it (vLLM 0.26 on the
+    # H200 then raised "IndexError: list index out of range" per request)
+    root_cause=r"NIXL compatibility hash mismatch",
+    # vLLM 0.32 NixlBaseConnectorWorker._reap_expired_send_leases, once per expired request
+    lease_expired=r"Releasing expired KV blocks for request (\S+)")
 
 # What the prefill hop asks for: compute the prompt, keep its KV blocks for a remote decoder.
 PREFILL_PARAMS: dict[str, Any] = {
@@ -64,9 +79,10 @@ class NixlConnector(KvConnector):
 
 
 CONNECTOR = NixlConnector(
-    value="nixl", vllm_name="NixlConnector", label="NIXL",
-    metrics=MetricMap(NIXL_SAMPLES), ports=ServerPorts(per_rank=1),
-    prefill_params=PREFILL_PARAMS, byte_accounting="blocks", kv_digest=True)
+    value="nixl", vllm_name="NixlConnector",
+    metrics=MetricMap(NIXL_SAMPLES, role_of=PULL_ROLES), ports=ServerPorts(per_rank=1),
+    prefill_params=PREFILL_PARAMS, byte_accounting="blocks", kv_digest=True,
+    lease_key=LEASE_KEY, log=NIXL_LOG)
 
-__all__ = ["CONNECTOR", "NIXL_SAMPLES", "NixlConnector", "PREFILL_PARAMS",
+__all__ = ["CONNECTOR", "LEASE_KEY", "NIXL_LOG", "NIXL_SAMPLES", "PULL_ROLES", "NixlConnector", "PREFILL_PARAMS",
            "SIDE_CHANNEL_HOST_ENV", "SIDE_CHANNEL_PORT_ENV"]

@@ -6,9 +6,12 @@ Requests travel differently through the proxy, as in vLLM's
 one, but the decode is sent only the prefill's coordinates (engine, request id, side-channel
 host/port, TP size) with ``do_remote_prefill`` and *no* block ids; it allocates its blocks,
 registers them with the prefill over a NIXL notification, and the prefill writes into them.
-The writer counts the transfer, so the byte and failed-transfer counters are on the prefill's
-``/metrics`` (and the lease expirations); a failed registration is the decode's. The bytes are
-still the prefill's listed blocks (what it answered) x the KV geometry.
+The writer counts the transfer, so the byte counters are on the prefill's ``/metrics`` (and the
+lease expirations); a failed write is the prefill's failed transfer, a failed arrival (the
+decode's poll reporting a request's KV did not land, what the fail-transfer fault and the
+load-failures weather inject) the decode's, so that counter is read from both. A failed
+registration is the decode's. The bytes are still the prefill's listed blocks (what it answered)
+x the KV geometry.
 """
 from __future__ import annotations
 
@@ -16,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from harness.serve.connectors.base import MetricMap, ServerPorts
-from harness.serve.connectors.nixl import NIXL_SAMPLES, PREFILL_PARAMS, NixlConnector
+from harness.serve.connectors.nixl import (LEASE_KEY, NIXL_LOG, NIXL_SAMPLES, PREFILL_PARAMS,
+                                           NixlConnector)
 
 # the prefill answer's keys the decode gets (toy_push_proxy_server.py): no remote_block_ids
 DECODE_KEYS = ("remote_engine_id", "remote_request_id", "remote_host", "remote_port", "tp_size")
@@ -40,12 +44,12 @@ class NixlPushConnector(NixlConnector):
 
 
 CONNECTOR = NixlPushConnector(
-    value="nixl-push", vllm_name="NixlPushConnector", label="NIXL (push)",
+    value="nixl-push", vllm_name="NixlPushConnector",
     metrics=MetricMap(NIXL_SAMPLES, role_of={"kv_bytes": "prefill", "kv_transfers": "prefill",
-                                             "failed_transfers": "prefill",
+                                             "failed_transfers": ("prefill", "decode"),
                                              "expired_requests": "prefill"}),
     # the digest plugin listens on vLLM's connector interface: any connector class
     ports=ServerPorts(per_rank=1), prefill_params=PREFILL_PARAMS, byte_accounting="blocks",
-    kv_digest=True)
+    kv_digest=True, lease_key=LEASE_KEY, log=NIXL_LOG)
 
 __all__ = ["CONNECTOR", "NixlPushConnector"]

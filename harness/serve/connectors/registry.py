@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib
 from functools import lru_cache
 
-from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR, connector_row
-from harness.serve.connectors.base import KvConnector
+from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR, connector_row, driven_connectors
+from harness.serve.connectors.base import KvConnector, LogPatterns
 
 
 @lru_cache(maxsize=None)
@@ -23,4 +23,12 @@ def connector_for(value: str = DEFAULT_KV_CONNECTOR) -> KvConnector:
     return connector
 
 
-__all__ = ["connector_for"]
+@lru_cache(maxsize=None)
+def log_patterns(kind: str) -> str | None:
+    """One regex of every driven connector's ``LogPatterns.<kind>`` (None: none has one): a
+    server log is read before anyone asks which connector wrote it."""
+    found = {getattr(connector_for(v).log, kind) for v in driven_connectors()} - {None}
+    return "|".join(f"(?:{p})" for p in sorted(found)) or None
+
+
+__all__ = ["connector_for", "log_patterns"]

@@ -166,8 +166,8 @@ class PortAllocator:
         return chosen
 
     def reserve_block(self, size: int, owner: str, attempts: int = 200) -> list[int]:
-        """Reserve ``size`` contiguous free ports [p, p+size) — e.g. the NIXL side channel,
-        which vLLM opens at VLLM_NIXL_SIDE_CHANNEL_PORT + rank for each TP rank."""
+        """Reserve ``size`` contiguous free ports [p, p+size) — e.g. a connector's side
+        channel, which vLLM opens at its base port + rank for each TP rank."""
         if size < 1:
             raise ValueError(f"size must be >= 1, got {size}")
         with self._thread_lock, self._lock:

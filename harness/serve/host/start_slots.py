@@ -2,7 +2,7 @@
 
 Start-up is CPU-bound (imports, torch.compile, CUDA-graph capture). On the 32-core 2xH200 about 30
 tiny-model servers starting together took 220-500 s each, and with a few more every TP2 server hit
-the 420 s start-up limit while still compiling (results/reference/gpu-h200x2-20261130-s4). With a
+the 420 s start-up limit while still compiling (results/reference/gpu-h200x2-pr-hetero-tp-20261130). With a
 cap, the servers beyond it wait for a slot instead, and each one's start-up deadline counts from
 the moment it got one.
 

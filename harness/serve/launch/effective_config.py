@@ -8,7 +8,7 @@ field below is what the server ran, with where it was read (`sources`); a field 
 state is None and listed in `not_exposed` with the reason, never guessed from the request.
 
 vLLM 0.32 CPU states: the logical block (args, raised / forced lines, `vllm:cache_config_info`),
-the attention backend (NIXL's "Detected attention backend(s)" on P/D servers, the MLA and
+the attention backend (the connector's "Detected attention backend(s)" on P/D servers, the MLA and
 "Cannot use" lines), KV cache dtype and layout, the model runner (the file that loads the model),
 TP size, eager, prefix caching, chunked prefill and the speculative config (the engine's config
 line), the batch-token budget (args). It states neither the kernel block size nor the final
@@ -90,7 +90,7 @@ def cache_config_info(metrics_text: str) -> dict[str, str]:
 
 
 def _attention_backend(listed: str) -> str:
-    """The attention backend among those a server lists: a hybrid's NIXL line also names its
+    """The attention backend among those a server lists: a hybrid's connector line also names its
     state layers' backend ("['MAMBA2_ATTN', 'CPU_ATTN']", vLLM CPU 0.32)."""
     names = [n.strip(" '\"") for n in listed.split(",") if n.strip(" '\"")]
     attention = [n for n in names if not any(m in n for m in _STATE_BACKEND_MARKERS)]
@@ -177,7 +177,7 @@ def parse_server_log(role: str, log_text: str, metrics_text: str = "") -> Effect
     not_exposed = {k: why for k, why in NOT_EXPOSED.items() if k not in values}
     if "attention_backend" in sources and sources["attention_backend"].startswith("asked"):
         not_exposed["attention_backend"] = ("this server logged no backend line (only P/D servers "
-                                            "log NIXL's); the value is the one asked for")
+                                            "log the connector's); the value is the one asked for")
     return EffectiveConfig(role=role, requested_block_size=int(requested) if requested else None,
                            sources=sources, not_exposed=not_exposed, **values)
 

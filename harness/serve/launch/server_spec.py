@@ -43,7 +43,7 @@ SPEC_DECODE_CONFIGS = {
 }
 # Draft-model values run on the prefill too, with their own count: vLLM adds the draft's
 # attention layers to the KV cache, and a prefill without them registers fewer layers with
-# NIXL than the decode reads
+# its connector than the decode reads
 PREFILL_SPEC_TOKENS = {"draft_p1_d3": 1}
 # vLLM requires max_num_batched_tokens >= max_num_seqs (CPU's default max_num_seqs is 128 per
 # rank): a chunked-prefill budget below it lowers max_num_seqs with it, still far above the
@@ -53,7 +53,7 @@ MAX_NUM_SEQS_CAP = 128
 # CUDA graphs are captured for 51 batch sizes up to 512 (2 x max_num_seqs, capped), and the V2
 # runner's kernel warm-up runs a batch of max_num_seqs requests through every sampling feature
 # (14 s between "Graph capturing finished" and the JIT monitor on every V2 server of
-# gpu-h200-20261201-s7). The evaluation sends at most --concurrency requests at once (16 by
+# gpu-h200-engine-axes-20261201). The evaluation sends at most --concurrency requests at once (16 by
 # default), so 64 is never reached; batches up to 128 tokens stay CUDA-graphed.
 CUDA_MAX_NUM_SEQS = 64
 ROLES_GENERATING = ("baseline", "decode")   # where speculative decoding runs (and, for a
@@ -338,13 +338,13 @@ def cuda_env(spec: ServerSpec, env: Mapping[str, str]) -> dict[str, str]:
     # Start-up: the harness decodes greedily, so top-k/top-p sampling never runs, but
     # vLLM warms FlashInfer's sampler up anyway, and on a fresh H200 that JIT-compiles it:
     # 80 s between "Graph capturing finished" and "Kernel JIT monitor activated" on every
-    # FLASH_ATTN/TRITON_ATTN server of the first wave (gpu-h200-20261201-s5, 8 s once the
+    # FLASH_ATTN/TRITON_ATTN server of the first wave (gpu-h200-kv-buffer-20261201, 8 s once the
     # cache was warm). PyTorch's sampler instead; the KV path is not involved.
     if "VLLM_USE_FLASHINFER_SAMPLER" not in env:
         out["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
     # Start-up: vLLM's CLI entry point sets VLLM_WORKER_MULTIPROC_METHOD=spawn unless it is
     # set (api_utils.cli_env_setup), so the engine core imported vLLM a second time: the
-    # H200 py-spy samples of gpu-h200-20261202-s11 show the engine core in spawn_main,
+    # H200 py-spy samples of gpu-h200-fork-swa-20261202 show the engine core in spawn_main,
     # 17 s between the API server's config and the engine core alone, 20-47 s with 8
     # servers starting. vLLM's own default is fork (envs.py; the API server never touches
     # CUDA, and vLLM switches to spawn by itself with a warning if it did). TP1 only, like

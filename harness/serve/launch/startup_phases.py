@@ -6,7 +6,7 @@ time, the year comes from the header).
     api_config     → the engine core's "Initializing a V1 LLM engine" (arguments, model config,
                      tokenizer, spawning the engine core process and its imports)
     engine_init    → a worker's "Starting to load model" (executor, worker processes, distributed
-                     init, NIXL agent)
+                     init, connector agent)
     weights        → "Loading weights took" / "Model loading took"
     compile        → "Warming up done" (CPU) / the last of "torch.compile takes", "Graph capturing
                      finished" (CUDA): torch.compile, Inductor, CUDA graphs, FlashInfer JIT

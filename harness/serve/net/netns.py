@@ -1,5 +1,5 @@
 """Two hosts on one machine: a P/D pair's prefill and decode in network namespaces of their own,
-so that NIXL's KV must cross a real network path (a veth link, over UCX's TCP transport).
+so that the connector's KV must cross a real network path (a veth link, over UCX's TCP transport).
 
 One topology per P/D pair, in 10.237.N.0/24 (N chosen per topology, see below)::
 
@@ -9,7 +9,7 @@ One topology per P/D pair, in 10.237.N.0/24 (N chosen per topology, see below)::
                                    kv0 10.237.N.9/30 ───────────── kv0 10.237.N.10/30
 
 Three veth pairs, not a bridge and not two uplinks with routes: (1) the P<->D link ``kv0``
-carries nothing but prefill<->decode traffic (NIXL side channel and UCX), so the decode's ``kv0``
+carries nothing but prefill<->decode traffic (the connector's side channel and UCX), so the decode's ``kv0``
 rx byte counter is the proof that the KV crossed the link, with no proxy HTTP mixed in; (2) no
 forwarding between the uplinks (routes through the root namespace would need the host-wide
 ``net.ipv4.ip_forward=1``; a bridge is subject to ``br_netfilter``/iptables FORWARD rules and
@@ -18,8 +18,8 @@ the namespaces deletes all of it. The decode cannot even reach the prefill's upl
 The harness's proxy and health checks stay in the root namespace and reach each server's HTTP
 port on its uplink address; each namespace has its own loopback (vLLM's internal ports).
 
-Namespaces do not isolate /dev/shm or SysV IPC: measured here, NIXL 1.5.1 READing 8 MiB between
-the two namespaces moved 896 bytes over ``kv0`` with UCX's default transports (shared memory),
+Namespaces do not isolate /dev/shm or SysV IPC: measured here, a connector READ of 8 MiB
+between the two namespaces moved 896 bytes over ``kv0`` with UCX's default transports (shared memory),
 8.48 MB with ``UCX_TLS=tcp UCX_NET_DEVICES=kv0``. So every server gets those two (and
 ``VLLM_HOST_IP``, its ``kv0`` address).
 

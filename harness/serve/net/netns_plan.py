@@ -46,7 +46,7 @@ class Host:
     role: str          # "prefill" | "decode"
     netns: str
     address: str       # on its uplink: what the root namespace (proxy, health checks) reaches
-    kv_address: str    # on the P<->D link: the NIXL side channel and UCX
+    kv_address: str    # on the P<->D link: the connector's side channel and UCX
     root_link: str     # the uplink's end in the root namespace
     root_address: str  # that end's address
 

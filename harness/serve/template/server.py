@@ -5,7 +5,7 @@ Why: a vLLM server spends most of its start-up importing. On the 2-core CPU mach
 pinned server took 13-84 s to be ready, of which ``imports`` (launch to the API server's banner)
 was 17 s at the median; on the H200, with 8 servers starting together, ``imports`` took 21-23 s
 and the API server's configuration up to the engine core 22-25 s (results/reference/
-gpu-h200-20261202-s10). Every server imports the same modules; here they are imported once and
+gpu-h200-compile-key-20261202). Every server imports the same modules; here they are imported once and
 each server starts from a copy-on-write fork that has them.
 
 What a fork is, and why it runs the same server: the child does what ``python -m

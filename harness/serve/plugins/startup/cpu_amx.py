@@ -1,6 +1,6 @@
 """vLLM general plugin: every server process asks Linux for AMX tile state on a host that has it.
 
-An upstream crash (vLLM CPU 0.32.0, NIXL 1.5.1). It was measured on 2026-12-03 on a 2-core Intel
+An upstream crash (vLLM CPU 0.32.0). It was measured on 2026-12-03 on a 2-core Intel
 Xeon VM that has amx_bf16/amx_tile, under Linux 6.18:
 - Every P/D decode server died at its first step. The worker exited with SIGILL ("Worker proc
   VllmWorker-0 died unexpectedly (exit code: -4)"). Python's faulthandler put the illegal

@@ -1,0 +1,166 @@
+"""A connector's capabilities live on its row and module only: a made-up connector with other
+capabilities than NIXL's changes the matrix rules' outcomes, what the weathers set and count,
+provenance and the verdict's words, registered here and nowhere else."""
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from harness.core import kv_connectors
+from harness.core.cell import Cell
+from harness.core.kv_connectors import (ANY_BLOCKS, KV_DTYPE_MIX, ConnectorRow, Refusal,
+                                        connector_row)
+from harness.core.platform import PlatformInfo
+from harness.core.weathers import resolved_params
+from harness.judge.kv_digest_check import entered
+from harness.matrix import load_matrix
+from harness.matrix.rules import check_cell
+from harness.run.provenance import versions
+from harness.run.weather import weather_for
+from harness.run.weather.base import WeatherRun
+from harness.serve.connectors import registry
+from harness.serve.connectors.base import KvConnector, LogPatterns, MetricMap
+from harness.serve.plugins.faults.late_read import HELD_PREFIX
+from harness.serve.proxy.hops import new_request_id
+
+CPU = PlatformInfo()
+CATALOG = load_matrix().models
+VALUE = "made-up"
+MODULE = "made_up_connector_for_tests"
+
+ROW = ConnectorRow(
+    "MadeUpConnector", "json:loads", ("cpu", "cuda"), module=MODULE, label="MadeUp",
+    weathers=("expiry", "load-failures"), block_sizes=ANY_BLOCKS,
+    refusals={KV_DTYPE_MIX: Refusal(how="its handshake says 'dtypes differ, made-up'",
+                                    fails_with="dtypes differ, made-up")},
+    distributions=("made-up-transfer",))
+# it counts everything on the side NIXL pull does not: expirations on the decode, failed
+# transfers on the prefill
+CONNECTOR = KvConnector(
+    value=VALUE, vllm_name="MadeUpConnector",
+    metrics=MetricMap({"vllm:madeup_expired_total": "expired_requests",
+                       "vllm:madeup_failed_total": "failed_transfers"},
+                      role_of={"expired_requests": "decode", "failed_transfers": "prefill"}),
+    lease_key="madeup_lease_seconds",
+    log=LogPatterns(lease_expired=r"made-up lease over for (\S+)"))
+
+
+@pytest.fixture
+def made_up(monkeypatch):
+    module = types.ModuleType(MODULE)
+    module.CONNECTOR = CONNECTOR
+    monkeypatch.setitem(sys.modules, MODULE, module)
+    monkeypatch.setitem(kv_connectors.KV_CONNECTORS, VALUE, ROW)
+    registry.connector_for.cache_clear()
+    yield
+    registry.connector_for.cache_clear()
+
+
+def problems(cell: Cell) -> dict[str, object]:
+    return {p.rule: p for p in check_cell(cell, CPU, CATALOG)}
+
+
+CELL = Cell(model="tiny-llama-gsm", compile="eager")
+
+
+def test_rules_follow_the_row(made_up):
+    # block sizes: NIXL takes p64 -> d128 only; the made-up row takes any pair
+    shrink = dict(prefill_block_size=128, decode_block_size=64)
+    assert "heterogeneous-block-divisible" in problems(CELL.replace(**shrink))
+    assert "heterogeneous-block-divisible" not in problems(CELL.replace(kv_connector=VALUE, **shrink))
+    # a mixed-dtype pair is expected to end in the connector's own refusal
+    mixed = dict(prefill_kv_cache_dtype="auto", decode_kv_cache_dtype="fp8")
+    nixl = problems(CELL.replace(**mixed))["kv-cache-dtype-mismatch"]
+    ours = problems(CELL.replace(kv_connector=VALUE, **mixed))["kv-cache-dtype-mismatch"]
+    assert "NIXL compatibility hash mismatch" in nixl.fails_with
+    assert ours.fails_with == "dtypes differ, made-up"
+    assert "dtypes differ, made-up" in ours.message and "NIXL" not in ours.message
+    # weathers: the row lists expiry, not aborts (NIXL pull lists both)
+    assert "known-weather" not in problems(CELL.replace(kv_connector=VALUE, weather="expiry"))
+    refused = problems(CELL.replace(kv_connector=VALUE, weather="aborts"))["known-weather"]
+    assert "cannot be produced with kv_connector made-up" in refused.message
+    assert "known-weather" not in problems(CELL.replace(weather="aborts"))
+
+
+def weather_run(cell: Cell, tmp_path: Path, *, metrics_after, decode_log="", prefill_log="",
+                records=()) -> WeatherRun:
+    logs = {}
+    for name, text in (("decode-0", decode_log), ("prefill-0", prefill_log)):
+        (tmp_path / f"{name}.log").write_text(text)
+        logs[name] = str(tmp_path / f"{name}.log")
+    return WeatherRun(cell=cell, params=resolved_params(cell.weather, cell.weather_settings),
+                      rows=(), proxy_records=tuple(records), metrics_before={},
+                      metrics_after=metrics_after, logs=logs)
+
+
+def passed(name: str, run: WeatherRun) -> dict[str, bool]:
+    return {c.name: c.passed for c in weather_for(name).conditions(run)}
+
+
+def test_expiry_sets_the_rows_lease_and_reads_its_log_and_counter(made_up, tmp_path):
+    cell = CELL.replace(kv_connector=VALUE, weather="expiry")
+    params = resolved_params("expiry", cell.weather_settings)
+    servers = weather_for("expiry").servers(cell, params)
+    assert dict(servers["prefill"].kv_connector_extra) == {"madeup_lease_seconds": 2}
+    tag = weather_for("expiry").workload(cell, params).request_tag.partition("@")[0]
+    late = [new_request_id(tag) for _ in range(2)]
+    held = "\n".join(f"WARNING {HELD_PREFIX} held request=cmpl-{r}-0-ab delay_ms=4000 "
+                     f"heartbeat=stopped" for r in late)
+    released = "\n".join(f"made-up lease over for cmpl-{r}-0-9c" for r in late)
+    records = [{"request_id": r, "decode_status": 200} for r in late]
+    # counted on the decode (the row's map), not where NIXL counts it (the prefill)
+    on_decode = weather_run(cell, tmp_path, records=records, decode_log=held,
+                            prefill_log=released,
+                            metrics_after={"decode-0": {"vllm:madeup_expired_total": 2},
+                                           "prefill-0": {}})
+    assert passed("expiry", on_decode) == {"reads-held": True, "delayed-expired": True,
+                                           "expired-count": True}
+    on_prefill = weather_run(cell, tmp_path, records=records, decode_log=held,
+                             prefill_log=released,
+                             metrics_after={"prefill-0": {"vllm:madeup_expired_total": 2},
+                                            "decode-0": {}})
+    assert passed("expiry", on_prefill)["expired-count"] is False
+    # NIXL's log line means nothing to it
+    nixl_words = "\n".join(f"Releasing expired KV blocks for request cmpl-{r}-0-9c" for r in late)
+    unread = weather_run(cell, tmp_path, records=records, decode_log=held, prefill_log=nixl_words,
+                         metrics_after={"decode-0": {"vllm:madeup_expired_total": 2}})
+    assert passed("expiry", unread)["delayed-expired"] is False
+
+
+def test_load_failures_counts_on_the_rows_role(made_up, tmp_path):
+    cell = CELL.replace(kv_connector=VALUE, weather="load-failures")
+    run = weather_run(cell, tmp_path, metrics_after={"prefill-0": {"vllm:madeup_failed_total": 3},
+                                                     "decode-0": {"vllm:madeup_failed_total": 9}})
+    assert run.counter_delta("failed_transfers") == 3
+    assert run.counter_source("failed_transfers") == "prefill vllm:madeup_failed_total"
+    nixl = weather_run(CELL.replace(weather="load-failures"), tmp_path, metrics_after={
+        "prefill-0": {"vllm:nixl_num_failed_transfers_total": 3},
+        "decode-0": {"vllm:nixl_num_failed_transfers_total": 9}})
+    assert nixl.counter_delta("failed_transfers") == 9
+
+
+def test_provenance_and_verdict_words_are_the_rows(made_up):
+    assert "made_up_transfer" in versions(VALUE) and "nixl" not in versions(VALUE)
+    assert CONNECTOR.label == "MadeUp" == connector_row(VALUE).word
+    said = entered({"connector": CONNECTOR.label}, {"raw": {}})
+    assert said.startswith("entered after the transfer: MadeUp wrote the bytes")
+
+
+def test_only_the_registry_schema_mapping_and_help_name_nixl_outside_the_connectors():
+    """docs/connectors.md lists these modules; a new one that names NIXL is a connector fact
+    in the wrong room."""
+    root = Path(__file__).resolve().parents[2] / "harness"
+    allowed = {"core/kv_connectors.py", "eval/metrics.py", "run/record.py",
+               "report/history.py", "cli/run.py", "pytest_plugin.py"}
+    naming = {str(p.relative_to(root)) for p in root.rglob("*.py")
+              if re.search("nixl", p.read_text(), re.I)
+              and not str(p.relative_to(root)).startswith(("serve/connectors/",
+                                                           "serve/plugins/kv_events/by_connector/"))}
+    assert naming <= allowed, sorted(naming - allowed)
+    listed = (root.parent / "docs" / "connectors.md").read_text()
+    assert all(f"harness/{m}" in listed for m in allowed)
