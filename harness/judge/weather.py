@@ -105,6 +105,7 @@ class WeatherJudgement:
     # failed reads): name -> why; they are left out of the aggregate transfer proof
     accounted_checks: dict[str, str] = field(default_factory=dict)
     soak_window: int = 0         # a soak's requests per window (0: not a soak)
+    soak_wall_s: float = 0.0     # how long its requests took
 
     def to_dict(self) -> dict[str, Any]:
         soak = {"soak": soak_summary(self)} if self.soak_window else {}
@@ -218,6 +219,7 @@ def soak_summary(j: WeatherJudgement) -> dict[str, Any]:
             "differs": sum(w.differs for w in windows), "failed": sum(w.failed for w in windows),
             "agree": sum(w.agree for w in windows), "answered": sum(w.answered for w in windows),
             "trend_tau": tau, "trend_p": p, "trend_alpha": SOAK_TREND_ALPHA,
+            "wall_s": j.soak_wall_s,
             "line": soak_line(j)}
 
 

@@ -157,6 +157,7 @@ class WeatherWitness:
         self.sustain = self.weather.sustain(cell, self.params)
         self.proxy_url = ""
         self.soak: tuple[RequestRow, ...] | None = None   # sent once, after the first look
+        self.soak_s = 0.0
 
     @property
     def workload(self) -> Workload:
@@ -181,7 +182,9 @@ class WeatherWitness:
         timeline = (self.disturbance.finish(DISTURBANCE_TIMEOUT_S)
                     if self.disturbance is not None else ())
         if self.sustain is not None and self.soak is None:
+            started = time.monotonic()
             self.soak = self.sustain.run(self.proxy_url, soak_questions(pd_run, base_run))
+            self.soak_s = time.monotonic() - started
         time.sleep(self.weather.settle_s(self.params))   # what must hold "afterwards"
         records = self.records()
         if self.digests.skipped:   # nothing proves a 200 right: each says why
@@ -206,7 +209,8 @@ class WeatherWitness:
             failure_budget=self.weather.failure_budget(run, events),
             unhealthy=unhealthy(self.pair),
             accounted_checks=self.weather.accounted_checks(self.params),
-            soak_window=self.sustain.window if self.sustain is not None else 0)
+            soak_window=self.sustain.window if self.sustain is not None else 0,
+            soak_wall_s=self.soak_s)
 
 
 __all__ = ["WeatherWitness", "answered_only", "client_status", "request_rows", "weather_plan",
