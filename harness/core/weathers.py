@@ -114,7 +114,7 @@ WEATHERS: dict[str, WeatherRow] = {
                 "lease_s": WeatherParam(2, low=1, high=30, integer=True,
                                         meaning="the prefill's kv_lease_duration (s); the late "
                                                 "reads start 2 s after it ran out")},
-        connectors=("nixl",), min_vllm="0.32.0",
+        connectors=("nixl",), min_vllm="0.26.0",   # ran on vLLM 0.26.0 on the H200
         summary="a short KV lease; a share of the decode's reads start after it ran out"),
     "load-failures": WeatherRow(
         "harness.run.weather.load_failures",
