@@ -124,13 +124,13 @@ def with_events(rows: tuple[RequestRow, ...], events: tuple[InjectedEvent, ...]
 
 
 def soak_questions(pd_run: EvalRun, base_run: EvalRun) -> list[SoakQuestion]:
-    """The questions a soak asks again: those the pair answered in the look whose request
-    lm-eval sent is known, each with the baseline's answer (it is not asked again)."""
+    """The questions a soak asks again: every question of the look whose request lm-eval sent
+    is known (one that failed there too: a fault by prompt hash must meet it again), each with
+    the baseline's answer (the baseline is not asked again)."""
     baseline = base_run.by_doc()
     return [SoakQuestion(q.doc_id, pd_run.payloads[q.prompt_hash],
                          baseline[q.doc_id].answer_strict)
-            for q in pd_run.questions
-            if q.error is None and q.prompt_hash in pd_run.payloads and q.doc_id in baseline]
+            for q in pd_run.questions if q.prompt_hash in pd_run.payloads and q.doc_id in baseline]
 
 
 def with_digests(soak: tuple[RequestRow, ...], digests: dict[str, tuple[str, str]],

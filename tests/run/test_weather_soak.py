@@ -85,3 +85,22 @@ def test_the_driver_cycles_questions_salts_each_request_and_compares_answers():
 def test_strict_answer_is_lm_evals_gsm8k_filter():
     assert strict_answer("3 + 4 = 7\n#### 7") == "7"
     assert strict_answer("no answer") == "[invalid]"
+
+
+def test_the_soak_asks_every_question_of_the_look_with_the_baselines_answer():
+    from dataclasses import replace
+
+    from harness.core.prompts import prompt_hash
+    from harness.judge.weather import RequestRow
+    from harness.run.weather_eval import soak_questions
+    from tests.run.test_weather_eval import q, run
+
+    pd = run(q(1), q(2, error="HTTP 500 x"))
+    pd = replace(pd, payloads={prompt_hash("Q1"): {"prompt": "Q1"}, prompt_hash("Q2"): {"prompt": "Q2"}})
+    asked = soak_questions(pd, run(q(1), q(2, correct=False)))
+    # the failed one too: a fault by prompt hash (fail_share) must meet it again in the soak
+    assert [(s.doc_id, s.payload["prompt"]) for s in asked] == [(1, "Q1"), (2, "Q2")]
+    row = RequestRow("pdacc-s", 1, None, 200, None, "missing", soak_index=0, agrees=True)
+    joined = with_digests((row,), {"pdacc-s": (IDENTICAL, "")},
+                          [{"request_id": "pdacc-s", "prompt_hash": "h1"}])
+    assert (joined[0].digest, joined[0].prompt_hash) == (IDENTICAL, "h1")
