@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -227,7 +228,7 @@ def plot_soak(cell_id: str, soak: Mapping[str, Any], path: Path) -> Path:
     windows = soak["windows"]
     starts = [int(w["first"]) for w in windows]
     width = max(1, int(soak.get("window") or 100))
-    fig = _figure(6.0, 2.8)
+    fig = _figure(6.4, 3.4)
     ax = fig.subplots()
     points = [(x, float(w["agreement"])) for x, w in zip(starts, windows)
               if w.get("agreement") is not None]
@@ -246,7 +247,8 @@ def plot_soak(cell_id: str, soak: Mapping[str, Any], path: Path) -> Path:
     bars.set_ylabel(f"requests of {width}", fontsize=8)
     handles = ax.get_legend_handles_labels()[0] + bars.get_legend_handles_labels()[0]
     ax.legend(handles=handles, fontsize=7, frameon=False, loc="lower left")
-    ax.set_title(f"{cell_id}\n{soak.get('line', '')}"[:240], fontsize=7)
+    ax.set_title("\n".join([cell_id] + textwrap.wrap(str(soak.get("line", "")), 110)[:3]),
+                 fontsize=6.5)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="svg")
     return path
