@@ -230,8 +230,11 @@ def soak_line(j: WeatherJudgement) -> str:
     wrong = silent_wrong(tuple(soak))
     answered = sum(r.answered for r in soak)
     agree = sum(bool(r.answered and r.agrees) for r in soak)
-    first = (f", the first at soak request {wrong[0].soak_index} (window {wrong[0].soak_index // j.soak_window}, "
-             f"none before)" if wrong else "")
+    look = sum(r.soak_index is None and r.doc_id is not None for r in j.rows)
+    first = "" if not wrong else (
+        f", the first at soak request {wrong[0].soak_index} (window "
+        f"{wrong[0].soak_index // j.soak_window}; the cell's request no. "
+        f"{wrong[0].soak_index + look + 1}, after its first look's {look}), none before")
     return (f"{len(wrong)} of {len(soak)} soak requests differ over {len(windows)} windows of "
             f"{j.soak_window}{first} (KV digest per request); {agree} of {answered} answers "
             f"agree with the baseline's to the same question; "

@@ -42,11 +42,13 @@ def test_a_clean_soak_passes_and_says_none_of_n_differ():
 
 
 def test_a_fault_after_the_400th_request_fails_naming_where_it_began():
-    rows = [soak_row(i, digest=IDENTICAL if i < 400 else DIFFERS) for i in range(800)]
+    look = [RequestRow(f"q{d}", d, "h", 200, None, IDENTICAL) for d in range(128)]
+    rows = look + [soak_row(i, digest=IDENTICAL if i < 272 else DIFFERS) for i in range(800)]
     passed, detail = checks(judgement(rows))["silent-wrong-answers"]
     assert not passed
-    assert ("400 of 800 soak requests differ over 8 windows of 100, the first at soak request "
-            "400 (window 4, none before)") in detail
+    assert ("528 of 800 soak requests differ over 8 windows of 100, the first at soak request "
+            "272 (window 2; the cell's request no. 401, after its first look's 128), none "
+            "before") in detail
     verdict = decide(comparison(), weather=judgement(rows))
     assert verdict.status == FAIL
     assert canary_outcome("corrupt-block", verdict.status, verdict.reason) == "CAUGHT"

@@ -104,3 +104,31 @@ def test_the_soak_asks_every_question_of_the_look_with_the_baselines_answer():
     joined = with_digests((row,), {"pdacc-s": (IDENTICAL, "")},
                           [{"request_id": "pdacc-s", "prompt_hash": "h1"}])
     assert (joined[0].digest, joined[0].prompt_hash) == (IDENTICAL, "h1")
+
+
+def test_the_soak_blew_when_every_block_recycled_tenfold_and_every_request_went(tmp_path):
+    from harness.judge.weather import RequestRow
+    from harness.run.weather.base import WeatherRun
+    from tests.run.test_weather_eval import _record
+
+    soak = weather_for("soak")
+    cell = Cell(model="m", weather="soak")
+    params = resolved_params("soak", {"requests": 3, "fail_share": 0.5})
+    logs = {}
+    for name in ("prefill-0", "decode-0"):
+        (tmp_path / name).write_text("CPU KV cache size: 6,144 tokens")
+        logs[name] = str(tmp_path / name)
+    sample = "vllm:kv_block_lifetime_seconds_count"
+    after = {"prefill-0": {sample: 48 * 12}, "decode-0": {sample: 48 * 5}}   # 12x and 5x
+    rows = tuple(RequestRow(f"s{i}", 1, None, 200, None, IDENTICAL, soak_index=i) for i in range(3))
+    records = tuple({**_record(0.01 * i, 2000), "request_id": f"pdacc-fault.fail-transfer.first.zero.{i}",
+                     "decode_status": 500 if i else 200} for i in range(64))
+    run = WeatherRun(cell, params, rows, records, {}, after, logs)
+    conds = {c.name: c for c in soak.conditions(run)}
+    assert conds["blocks-recycled[prefill-0]"].passed
+    assert not conds["blocks-recycled[decode-0]"].passed and "wanted >= 10x" in conds[
+        "blocks-recycled[decode-0]"].detail
+    assert conds["soak-requests"].passed and "3, wanted 3" in conds["soak-requests"].detail
+    # one tagged request answered 200: a failed read must never be
+    assert not conds["failed-reads-loud"].passed and "63, wanted 64" in conds["failed-reads-loud"].detail
+    assert len(soak.events(run)) == 64
