@@ -88,4 +88,7 @@ PY
 cat "$OUT/$TAG-summary.md"
 find "$res/records" -name "*.kv-digest.jsonl" -delete
 tar czf "$OUT/$TAG.tgz" -C "$PWD/results/gpu" "$TAG"
+if [ "$(stat -c %s "$OUT/$TAG.tgz")" -gt $((15 << 20)) ]; then   # cat $TAG.tgz.part.* | tar xz
+  split -b 15M -d -a 2 "$OUT/$TAG.tgz" "$OUT/$TAG.tgz.part." && rm "$OUT/$TAG.tgz"
+fi
 ls -la "$OUT"
