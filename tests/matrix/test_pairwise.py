@@ -31,7 +31,7 @@ def test_the_combos_profile_covers_all_pairs_with_few_cells(tmp_path):
     assert {"runner", "backend", "block_size", "kv_cache_dtype", "prefix_reuse", "spec_decode",
             "model", "kv_connector", "weather"} <= set(gpu.axes)
     assert "runner" not in cpu.axes and "weather" in cpu.axes   # one runner on CPU
-    assert "19 cells cover 291 of 291 value pairs of 9 axes" in gpu.line()
+    assert "19 cells cover 288 of 288 value pairs of 9 axes" in gpu.line()
     ids = [c.cell_id for c in expansion.cells]
     assert len(ids) == gpu.cells + cpu.cells == len(set(ids))
     # every generated cell is valid on some machine: nothing excluded as invalid
