@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -81,6 +82,7 @@ def run_list(args: argparse.Namespace) -> int:
                        "notes": list(expansion.notes.get(c.cell_id, ()))} for c in cells],
             "excluded": [{"id": x.cell.cell_id, "rule": x.rule, "reason": x.reason}
                          for x in expansion.excluded] if args.show_excluded else [],
+            "pairwise": [{**dataclasses.asdict(c), "line": c.line()} for c in expansion.coverage],
         }
         print(json.dumps(payload, indent=1))
         return EXIT_OK
@@ -111,4 +113,6 @@ def run_list(args: argparse.Namespace) -> int:
         console.print(dropped)
     elif expansion.excluded:
         console.print(f"[dim]{len(expansion.excluded)} cell(s) excluded; --show-excluded lists them with reasons[/]")
+    for coverage in expansion.coverage:   # a pairwise grid: its covering array against the product
+        console.print(f"pairwise {coverage.line()}", highlight=False, soft_wrap=True)
     return EXIT_OK

@@ -69,6 +69,9 @@ def _add_adhoc_cell(p: argparse.ArgumentParser) -> None:
                        help="which received block a server-side canary breaks (default first)")
     adhoc.add_argument("--fault-share", default=None, metavar="S",
                        help="a server-side canary breaks this share of the questions only (0-1)")
+    adhoc.add_argument("--fault-after", default=None, metavar="N",
+                       help="a server-side canary breaks no request before the proxy's (N+1)-th "
+                            "(a fault that starts late, e.g. in a soak)")
     adhoc.add_argument("--compile", choices=COMPILE_MODES, default=_CELL.compile,
                        help="default: vLLM's (torch.compile, CUDA graphs); eager: --enforce-eager")
     adhoc.add_argument("--network", choices=NETWORKS, default=_CELL.network,
@@ -208,7 +211,8 @@ def adhoc_cell(args: argparse.Namespace, platform, catalog) -> Cell:
                 prefill_kv_cache_dtype=pkv, decode_kv_cache_dtype=dkv,
                 prefill_runner=args.prefill_runner,
                 extra_env=tuple((k, v) for k, v in (("PD_ACCURACY_FAULT_BLOCK", args.fault_block),
-                                                    ("PD_ACCURACY_FAULT_SHARE", args.fault_share))
+                                                    ("PD_ACCURACY_FAULT_SHARE", args.fault_share),
+                                                    ("PD_ACCURACY_FAULT_AFTER", args.fault_after))
                                 if v))
     from harness import matrix
     return matrix.normalize_cell(cell, catalog)

@@ -107,6 +107,10 @@ def fault_problems(args: argparse.Namespace) -> list[str]:
         problem = _number(share, "--fault-share", low=0, high=1, low_open=True)
         if problem:
             problems.append(problem)
+    after = getattr(args, "fault_after", None)
+    if after is not None and not re.fullmatch(r"\d{1,7}", after):
+        problems.append(f"--fault-after must be a whole number of requests (0-9999999), got "
+                        f"{after[:40]!r}")
     return problems
 
 

@@ -130,8 +130,10 @@ class Cell:
             parts.append(self._extras_hash(self.plain_env))
         if self.fault:
             parts.append(f"fault-{self.fault}")
-            # PD_ACCURACY_FAULT_BLOCK=last -> "...-fault-corrupt-block-last"
-            parts += [v for _, v in self.fault_env]
+            # PD_ACCURACY_FAULT_BLOCK=last -> "...-fault-corrupt-block-last"; a late start
+            # says so ("after400"), not a bare count a block position could be read as
+            parts += [f"after{v}" if k == FAULT_ENV_PREFIX + "_AFTER" else v
+                      for k, v in self.fault_env]
         return "-".join(parts)
 
     def _engine_parts(self) -> list[str]:

@@ -118,7 +118,7 @@ WEATHERS: dict[str, WeatherRow] = {
                 "lease_s": WeatherParam(2, low=1, high=30, integer=True,
                                         meaning="the prefill's kv_lease_duration (s); the late "
                                                 "reads start 2 s after it ran out")},
-        needs_connector=True, min_vllm="0.32.0",
+        needs_connector=True, min_vllm="0.26.0",   # ran on vLLM 0.26.0 on the H200
         summary="a short KV lease; a share of the decode's reads start after it ran out"),
     "load-failures": WeatherRow(
         "harness.run.weather.load_failures",
@@ -151,6 +151,26 @@ WEATHERS: dict[str, WeatherRow] = {
                                                       "each of k*block-1, k*block, k*block+1")},
         task_variants={"gsm_synth": "gsm_synth_boundary"},
         summary="prompts of k*block-1, k*block and k*block+1 tokens (vLLM #50558)"),
+    "soak": WeatherRow(
+        "harness.run.weather.soak",
+        params={"requests": WeatherParam(0, low=0, high=1_000_000, integer=True,
+                                         meaning="requests of the soak after the first look, "
+                                                 "cycling its questions; 0: the device's default "
+                                                 "(2,000 on CPU, 20,000 on a GPU)"),
+                "in_flight": WeatherParam(64, low=2, high=512, integer=True,
+                                          meaning="requests in flight (load's)"),
+                "kv_blocks": WeatherParam(48, low=8, integer=True,
+                                          meaning="KV cache blocks per P/D server (load's): every "
+                                                  "block recycled many times"),
+                "window": WeatherParam(100, low=20, high=10_000, integer=True,
+                                       meaning="requests per window of the agreement series"),
+                "fail_share": WeatherParam(0, **SHARE,
+                                           meaning="questions whose every read is reported "
+                                                   "failed (fail-transfer): blocks of a failed "
+                                                   "read reused by the next requests")},
+        summary="thousands of requests under load, small caches; digest and agreement per "
+                "window of 100, a trend test on agreement",
+        block_params={"kv_blocks": ("prefill", "decode")}),
 }
 
 

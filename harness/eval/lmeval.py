@@ -119,6 +119,9 @@ class EvalRun:
     accuracy_flexible: float
     wall_s: float
     questions: tuple[QuestionRecord, ...] = field(repr=False)
+    # prompt hash -> the completions request lm-eval sent for it (a soak sends it again); not
+    # written to the samples
+    payloads: Mapping[str, dict] = field(default_factory=dict, repr=False, compare=False)
 
     def by_doc(self) -> dict[int, QuestionRecord]:
         return {q.doc_id: q for q in self.questions}
@@ -129,6 +132,7 @@ class EvalRun:
                                            if q.doc_id not in self.by_doc())
         n = len(questions)
         return replace(self, n=n, questions=questions, wall_s=self.wall_s + more.wall_s,
+                       payloads={**self.payloads, **more.payloads},
                        accuracy=sum(q.correct for q in questions) / n if n else 0.0,
                        accuracy_flexible=sum(q.correct_flexible for q in questions) / n if n else 0.0)
 
@@ -210,6 +214,7 @@ def _capturing_lm_class():
             self.captured: dict[str, dict] = {}
             self.request_failures: list[str] = []
             self.failed_prompts: dict[str, str] = {}   # prompt hash -> its failure
+            self.payloads: dict[str, dict] = {}        # prompt hash -> its request
 
         async def amodel_call(self, session, sem, messages, *, generate=True, **kwargs):
             # lm-eval ends the evaluation at the first HTTP error while the other requests still
@@ -235,10 +240,11 @@ def _capturing_lm_class():
             if generate:
                 if self.top_logprobs:
                     payload["logprobs"] = self.top_logprobs
-                # the same asyncio task / thread parses the answer next: remember its prompts
-                # a batch (batch_size > 1) arrives as a list or, from lm-eval's zip, a tuple
-                current_prompts.set(list(messages) if isinstance(messages, (list, tuple))
-                                    else [messages])
+                # this task parses the answer next: keep its prompts (a list, or zip's tuple)
+                prompts = list(messages) if isinstance(messages, (list, tuple)) else [messages]
+                current_prompts.set(prompts)
+                self.payloads.update({prompt_hash(p): {**payload, "prompt": p} for p in prompts
+                                      if isinstance(p, str)})
             return payload
 
         def parse_generations(self, outputs, **kwargs):  # type: ignore[override]
@@ -329,7 +335,9 @@ def evaluate_endpoint(
     acc_flex = sum(q.correct_flexible for q in questions) / n if n else 0.0
     return EvalRun(role=role, base_url=base_url, task=task, n=n, accuracy=acc,
                    accuracy_flexible=acc_flex, wall_s=time.monotonic() - started,
-                   questions=tuple(questions))
+                   questions=tuple(questions),
+                   payloads={q.prompt_hash: lm.payloads[q.prompt_hash] for q in questions
+                             if q.prompt_hash in lm.payloads})
 
 
 def _with_failure(q: QuestionRecord, failed_prompts: Mapping[str, str]) -> QuestionRecord:

@@ -16,6 +16,7 @@ from harness.core.cell import Cell
 from harness.core.platform import PlatformInfo
 from harness.matrix.axes import AXES, PAIR_AXES, REQUIRED_BLOCK, axis_values
 from harness.matrix.errors import DuplicateCellIdError, MatrixError
+from harness.matrix.pairwise import PairwiseCoverage, covering_cells
 from harness.matrix.rules import EXCLUDING_KINDS, check_cell, normalize_cell
 from harness.matrix.rules_machine import host_dtype
 from harness.matrix.spec import MatrixSpec, Rulebook
@@ -35,34 +36,62 @@ class Expansion:
     cells: list[Cell]
     excluded: list[Excluded]
     notes: dict[str, tuple[str, ...]] = field(default_factory=dict)   # cell_id -> note lines
+    coverage: tuple[PairwiseCoverage, ...] = ()   # each pairwise grid's, against its product
 
     def by_id(self) -> dict[str, Cell]:
         return {c.cell_id: c for c in self.cells}
 
 
-def _grid_cells(axes: Mapping[str, Any], catalog: ModelCatalog, where: str) -> list[Cell]:
+def _grid_keys(axes: Mapping[str, Any], where: str) -> list[str]:
     keys = [k for k in AXES if k in axes]
     if "model" not in keys:
         raise MatrixError(f"{where}: no model (set it in the grid, the profile's or the top-level defaults)")
-    cells = []
-    for combo in itertools.product(*(axis_values(k, axes[k]) for k in keys)):
-        fields: dict[str, Any] = {}
-        for key, value in zip(keys, combo):
-            if key in PAIR_AXES:
-                fields[PAIR_AXES[key][0]], fields[PAIR_AXES[key][1]] = (value, value) \
-                    if value == REQUIRED_BLOCK else value
-            else:
-                fields[key] = value
-        if fields.get("prefill_block_size") == REQUIRED_BLOCK:
-            device = fields.get("device", Cell.__dataclass_fields__["device"].default)
-            need = catalog.min_block_size(fields["model"], device)
-            if need is None:
-                raise MatrixError(
-                    f"{where}: block_size: required, but no minimum block size is known for "
-                    f"{fields['model']} on {device}; add it under hybrid_block_sizes")
-            fields["prefill_block_size"] = fields["decode_block_size"] = need
-        cells.append(Cell(**fields))
-    return cells
+    return keys
+
+
+def _combo_cell(keys: list[str], combo: tuple[Any, ...], catalog: ModelCatalog, where: str) -> Cell:
+    """The cell one value per axis of `keys` makes."""
+    fields: dict[str, Any] = {}
+    for key, value in zip(keys, combo):
+        if key in PAIR_AXES:
+            fields[PAIR_AXES[key][0]], fields[PAIR_AXES[key][1]] = (value, value) \
+                if value == REQUIRED_BLOCK else value
+        else:
+            fields[key] = value
+    if fields.get("prefill_block_size") == REQUIRED_BLOCK:
+        device = fields.get("device", Cell.__dataclass_fields__["device"].default)
+        need = catalog.min_block_size(fields["model"], device)
+        if need is None:
+            raise MatrixError(
+                f"{where}: block_size: required, but no minimum block size is known for "
+                f"{fields['model']} on {device}; add it under hybrid_block_sizes")
+        fields["prefill_block_size"] = fields["decode_block_size"] = need
+    return Cell(**fields)
+
+
+def _grid_cells(axes: Mapping[str, Any], catalog: ModelCatalog, where: str) -> list[Cell]:
+    keys = _grid_keys(axes, where)
+    return [_combo_cell(keys, combo, catalog, where)
+            for combo in itertools.product(*(axis_values(k, axes[k]) for k in keys))]
+
+
+def _pairwise_cells(axes: Mapping[str, Any], spec: MatrixSpec, where: str
+                    ) -> tuple[list[Cell], PairwiseCoverage]:
+    """A pairwise grid's covering array (harness.matrix.pairwise): every value pair a valid
+    cell can hold, in cells the validity rules keep (on any machine)."""
+    keys = _grid_keys(axes, where)
+    values = {k: axis_values(k, axes[k]) for k in keys}
+    varied = [k for k in keys if len(values[k]) > 1]   # the factors; the rest hold one value
+
+    def cell_of(combo: tuple[Any, ...]) -> Cell:
+        chosen = {**{k: values[k][0] for k in keys}, **dict(zip(varied, combo))}
+        return normalize_cell(_combo_cell(keys, tuple(chosen[k] for k in keys), spec.models,
+                                          where), spec.models)
+
+    def is_valid(cell: Cell) -> bool:
+        return not any(p.kind in EXCLUDING_KINDS for p in check_cell(cell, None, spec.models))
+
+    return covering_cells(varied, [values[k] for k in varied], cell_of, is_valid, where)
 
 
 @dataclass
@@ -72,16 +101,25 @@ class _Candidate:
     xfail: list[Rulebook] = field(default_factory=list)
 
 
-def _collect(spec: MatrixSpec, name: str) -> list[_Candidate]:
-    """Cells of a profile and its includes, with that level's selectors applied."""
+def _collect(spec: MatrixSpec, name: str, coverage: list[PairwiseCoverage] | None = None
+             ) -> list[_Candidate]:
+    """Cells of a profile and its includes, with that level's selectors applied; each pairwise
+    grid's coverage is appended to `coverage`."""
     profile = spec.profile(name)
+    coverage = [] if coverage is None else coverage
     candidates: list[_Candidate] = []
     for inc in profile.include:
-        candidates.extend(_collect(spec, inc))
+        candidates.extend(_collect(spec, inc, coverage))
     for i, grid in enumerate(profile.grids):
         axes = {**spec.defaults, **profile.defaults, **grid}
         where = f"{Path(spec.path).name}: profiles.{name}.grids[{i}]"
         candidates.extend(_Candidate(normalize_cell(c, spec.models)) for c in _grid_cells(axes, spec.models, where))
+    for i, grid in enumerate(profile.pairwise):
+        axes = {**spec.defaults, **profile.defaults, **grid}
+        where = f"profiles.{name}.pairwise[{i}]"
+        cells, covered = _pairwise_cells(axes, spec, where)
+        coverage.append(covered)
+        candidates.extend(_Candidate(c) for c in cells)
     for cand in candidates:
         model = spec.models.get(cand.cell.model)
         for book in profile.exclude:
@@ -100,7 +138,8 @@ def expand(spec: MatrixSpec, profile: str, platform: PlatformInfo | None = None)
     `PlatformInfo.from_spec("cuda:8")` to see what a bigger one would.
     """
     seen: dict[str, _Candidate] = {}
-    for cand in _collect(spec, profile):
+    coverage: list[PairwiseCoverage] = []
+    for cand in _collect(spec, profile, coverage):
         cand.cell = host_dtype(cand.cell, platform)
         cid = cand.cell.cell_id
         if cid in seen:
@@ -143,4 +182,5 @@ def expand(spec: MatrixSpec, profile: str, platform: PlatformInfo | None = None)
                                            expected_failure_match=match))
         else:
             cells.append(cand.cell)
-    return Expansion(profile=profile, platform=platform, cells=cells, excluded=excluded, notes=notes)
+    return Expansion(profile=profile, platform=platform, cells=cells, excluded=excluded, notes=notes,
+                     coverage=tuple(coverage))

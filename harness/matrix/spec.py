@@ -124,6 +124,8 @@ class Profile:
     include: tuple[str, ...] = ()
     defaults: Mapping[str, Any] = field(default_factory=dict)
     grids: tuple[Mapping[str, Any], ...] = ()
+    # covering arrays: every value pair of the axes a valid cell holds, not their product
+    pairwise: tuple[Mapping[str, Any], ...] = ()
     expected_failures: tuple[Rulebook, ...] = ()
     exclude: tuple[Rulebook, ...] = ()
 
@@ -137,6 +139,7 @@ class Profile:
             include=tuple(str(p) for p in as_list(body.get("include") or [])),
             defaults=dict(body.get("defaults") or {}),
             grids=tuple(dict(g or {}) for g in body.get("grids") or []),
+            pairwise=tuple(dict(g or {}) for g in body.get("pairwise") or []),
             expected_failures=Rulebook.parse_list(body.get("expected_failures")),
             exclude=Rulebook.parse_list(body.get("exclude")),
         )

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -211,6 +212,48 @@ def plot_trend(cell_id: str, entries: Sequence[Mapping[str, Any]], path: Path) -
     return path
 
 
+def soak_of(row: Mapping[str, Any]) -> dict | None:
+    """The soak series of a cell's record (metrics.weather.soak), or None (not a soak)."""
+    try:
+        record = json.loads(Path(row["record_path"]).read_text())
+    except (OSError, TypeError, ValueError, KeyError):
+        return None
+    soak = ((record.get("metrics") or {}).get("weather") or {}).get("soak")
+    return soak if isinstance(soak, dict) and soak.get("windows") else None
+
+
+def plot_soak(cell_id: str, soak: Mapping[str, Any], path: Path) -> Path:
+    """A soak's windows over the request index: agreement with the baseline (line, left axis)
+    and requests whose KV differs or that failed (bars, right axis). SVG: text stays text."""
+    windows = soak["windows"]
+    starts = [int(w["first"]) for w in windows]
+    width = max(1, int(soak.get("window") or 100))
+    fig = _figure(6.4, 3.4)
+    ax = fig.subplots()
+    points = [(x, float(w["agreement"])) for x, w in zip(starts, windows)
+              if w.get("agreement") is not None]
+    if points:
+        ax.plot(*zip(*points), marker=".", color="#1e88e5", label="agreement with the baseline")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_ylabel("agreement", fontsize=8)
+    ax.set_xlabel("request index (soak)", fontsize=8)
+    bars = ax.twinx()
+    bars.bar(starts, [int(w["differs"]) for w in windows], width=width * 0.8, align="edge",
+             color="#e53935", alpha=0.5, label="KV differs")
+    bars.bar(starts, [int(w["failed"]) for w in windows], width=width * 0.8, align="edge",
+             bottom=[int(w["differs"]) for w in windows], color="#8e24aa", alpha=0.5,
+             label="failed")
+    bars.set_ylim(0, width)
+    bars.set_ylabel(f"requests of {width}", fontsize=8)
+    handles = ax.get_legend_handles_labels()[0] + bars.get_legend_handles_labels()[0]
+    ax.legend(handles=handles, fontsize=7, frameon=False, loc="lower left")
+    ax.set_title("\n".join([cell_id] + textwrap.wrap(str(soak.get("line", "")), 110)[:3]),
+                 fontsize=6.5)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="svg")
+    return path
+
+
 # ---- the report -------------------------------------------------------------------------------
 def render_report(history_db: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
                   title: str = "P/D accuracy report",
@@ -247,6 +290,14 @@ def render_report(history_db: str | os.PathLike[str], out_dir: str | os.PathLike
         trends.append({"cell_id": cell_id, "src": path.relative_to(out).as_posix(),
                        "changed": cell_id in changed})
 
+    soaks = []
+    for row in newest:   # canaries too: a late fault shows where it began
+        soak = soak_of(row)
+        if soak is not None:
+            path = plot_soak(str(row["cell_id"]), soak, img / f"soak-{_slug(str(row['cell_id']))}.svg")
+            soaks.append({"cell_id": row["cell_id"], "src": path.relative_to(out).as_posix(),
+                          "line": soak.get("line", ""), "outcome": _outcome(row)})
+
     def record_link(row: Mapping[str, Any]) -> str | None:
         path = row.get("record_path")
         if not path:
@@ -271,6 +322,7 @@ def render_report(history_db: str | os.PathLike[str], out_dir: str | os.PathLike
         recoveries=[c for c in changes if not c.is_regression],
         heatmaps=heatmaps,
         trends=trends,
+        soaks=soaks,
         trends_left_out=max(0, len(trend_ids) - max_trend_plots),
         colours=OUTCOME_COLOURS,
         outcome_of=_outcome,
@@ -285,4 +337,4 @@ def render_report(history_db: str | os.PathLike[str], out_dir: str | os.PathLike
 
 
 __all__ = ["Change", "changes_since_previous", "compare", "delta_drifted", "heatmap_squares",
-           "history_by_cell", "plot_heatmap", "plot_trend", "render_report"]
+           "history_by_cell", "plot_heatmap", "plot_soak", "plot_trend", "render_report", "soak_of"]

@@ -21,7 +21,7 @@ from harness.judge.weather import (MISSING, NOT_DIGESTED, InjectedEvent, Request
 from harness.run.kv_digest_evidence import request_digests
 from harness.run.transfer_evidence import DigestFiles, read_proxy_records
 from harness.run.weather import weather_for
-from harness.run.weather.base import Weather, WeatherRun, Workload
+from harness.run.weather.base import SoakQuestion, Weather, WeatherRun, Workload
 from harness.serve.deploy import Deployment
 
 _STATUS = re.compile(r"HTTP (\d{3})")
@@ -123,6 +123,27 @@ def with_events(rows: tuple[RequestRow, ...], events: tuple[InjectedEvent, ...]
                  for r in rows)
 
 
+def soak_questions(pd_run: EvalRun, base_run: EvalRun) -> list[SoakQuestion]:
+    """The questions a soak asks again: every question of the look whose request lm-eval sent
+    is known (one that failed there too: a fault by prompt hash must meet it again), each with
+    the baseline's answer (the baseline is not asked again)."""
+    baseline = base_run.by_doc()
+    return [SoakQuestion(q.doc_id, pd_run.payloads[q.prompt_hash],
+                         baseline[q.doc_id].answer_strict)
+            for q in pd_run.questions if q.prompt_hash in pd_run.payloads and q.doc_id in baseline]
+
+
+def with_digests(soak: tuple[RequestRow, ...], digests: dict[str, tuple[str, str]],
+                 records: list[dict]) -> tuple[RequestRow, ...]:
+    """The soak's rows with each request's digest and prompt hash (from the proxy's record)."""
+    hashes = {str(r.get("request_id")): r.get("prompt_hash") for r in records}
+    return tuple(dataclasses.replace(
+        row, prompt_hash=hashes.get(str(row.request_id)),
+        digest=digests.get(str(row.request_id), (MISSING, "the proxy saw no request"))[0],
+        digest_detail=digests.get(str(row.request_id), (MISSING, "the proxy saw no request"))[1])
+        for row in soak)
+
+
 class WeatherWitness:
     """One weather cell's evidence on its pair: /metrics before, then a judgement per look."""
 
@@ -133,6 +154,10 @@ class WeatherWitness:
         self.params = resolved_params(cell.weather, cell.weather_settings)
         self.before: dict[str, dict[str, float]] = {}
         self.disturbance = self.weather.disturbance(cell, self.params)
+        self.sustain = self.weather.sustain(cell, self.params)
+        self.proxy_url = ""
+        self.soak: tuple[RequestRow, ...] | None = None   # sent once, after the first look
+        self.soak_s = 0.0
 
     @property
     def workload(self) -> Workload:
@@ -140,6 +165,7 @@ class WeatherWitness:
 
     def start(self, proxy_url: str = "") -> "WeatherWitness":
         self.before = samples_of(self.pair)
+        self.proxy_url = proxy_url
         if self.disturbance is not None:
             self.disturbance.start(self.pair, proxy_url)
         return self
@@ -155,6 +181,10 @@ class WeatherWitness:
     def judge(self, pd_run: EvalRun, base_run: EvalRun) -> WeatherJudgement:
         timeline = (self.disturbance.finish(DISTURBANCE_TIMEOUT_S)
                     if self.disturbance is not None else ())
+        if self.sustain is not None and self.soak is None:
+            started = time.monotonic()
+            self.soak = self.sustain.run(self.proxy_url, soak_questions(pd_run, base_run))
+            self.soak_s = time.monotonic() - started
         time.sleep(self.weather.settle_s(self.params))   # what must hold "afterwards"
         records = self.records()
         if self.digests.skipped:   # nothing proves a 200 right: each says why
@@ -163,7 +193,10 @@ class WeatherWitness:
         else:
             digests = request_digests(records, self.digests.prefill, self.digests.decode,
                                       self.digests.decode_block_size)
-        rows = request_rows(pd_run, base_run, records, digests)
+        soak_ids = {r.request_id for r in self.soak or () if r.request_id}
+        rows = request_rows(pd_run, base_run, [r for r in records if r.get("request_id")
+                                               not in soak_ids], digests)
+        rows += with_digests(self.soak or (), digests, records)
         run = WeatherRun(cell=self.cell, params=self.params, rows=rows,
                          proxy_records=tuple(records), metrics_before=self.before,
                          metrics_after=samples_of(self.pair),
@@ -175,7 +208,9 @@ class WeatherWitness:
             events=events, conditions=self.weather.conditions(run),
             failure_budget=self.weather.failure_budget(run, events),
             unhealthy=unhealthy(self.pair),
-            accounted_checks=self.weather.accounted_checks(self.params))
+            accounted_checks=self.weather.accounted_checks(self.params),
+            soak_window=self.sustain.window if self.sustain is not None else 0,
+            soak_wall_s=self.soak_s)
 
 
 __all__ = ["WeatherWitness", "answered_only", "client_status", "request_rows", "weather_plan",

@@ -330,7 +330,8 @@ def test_cli_pipeline_options(tmp_path, capsys):
     docs = [yaml.safe_load(f.read_text()) for f in files]
     validate_uploads(docs, max_steps=40)
     steps = cell_steps(docs)
-    assert {s["agents"]["queue"] for s in steps} == {"h200-1", "h200-2"}
+    # the nightly's CPU cells (soaks, the combos CPU array) go to its cpu queue
+    assert {s["agents"]["queue"] for s in steps} == {"cpu", "h200-1", "h200-2"}
     assert all(" --limit 10 " in s["commands"][0] for s in steps)
     # too many steps for one upload on stdout: refused, nothing printed
     assert main(["pipeline", "--profile", "pr", "--max-steps", "20"]) == 2

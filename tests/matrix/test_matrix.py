@@ -145,7 +145,8 @@ def test_nightly_profile_content():
     assert any(c.prefill_tp == 2 and c.decode_tp == 2 for c in e.cells)
     assert {c.kv_buffer_device for c in e.cells} == {"cpu", "cuda"}
     assert set(expand(load_matrix(), "pr", GPU8).by_id()) <= set(e.by_id())   # includes pr
-    gdn = [c for c in e.cells if c.model in ("Qwen/Qwen3.5-0.8B", "tiny-qwen3next-hybrid-gsm")]
+    gdn = [c for c in e.cells if c.model in ("Qwen/Qwen3.5-0.8B", "tiny-qwen3next-hybrid-gsm")
+           and c.device == "cuda"]
     assert gdn and all("GDN" in c.expected_failure for c in gdn)
     small = expand(load_matrix(), "nightly", PlatformInfo.from_spec("cuda:1"))
     assert any(x.rule == "gpu-count" for x in small.excluded)
@@ -416,11 +417,13 @@ def test_nightly_declares_the_h200_block_and_host_buffer_failures():
     the hybrid's host-buffer path and the dense host buffer under chunked prefill are expected
     failures on cuda; the unchunked dense host-buffer cells, which passed, are not."""
     e = expand(load_matrix(), "nightly", GPU2)
-    llama = [c for c in e.cells if c.model == "tiny-llama-gsm" and c.fault is None]
+    combos = set(expand(load_matrix(), "combos", GPU2).by_id())   # its own P != D cells
+    llama = [c for c in e.cells if c.model == "tiny-llama-gsm" and c.fault is None
+             and c.cell_id not in combos]
     hetero = [c for c in llama if c.prefill_block_size != c.decode_block_size]
     assert len(hetero) == 2 * 3 * 3 and all(c.expected_failure for c in hetero)
     assert "HND" in e.by_id()["v2-FLASH_ATTN-p64d128-tiny-llama-gsm-tp1x1"].expected_failure
-    host = [c for c in e.cells if c.kv_buffer_device == "cpu"
+    host = [c for c in e.cells if c.kv_buffer_device == "cpu" and c.device == "cuda"
             and c.model in ("tiny-llama-gsm", "tiny-granite-hybrid-gsm")]
     dense = [c for c in host if c.model == "tiny-llama-gsm"]
     # 8 block/runner/backend cells plus the host-buffer x chunked-prefill pair (#30419)

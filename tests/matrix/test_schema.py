@@ -88,7 +88,7 @@ def test_path_text(path, text):
      "m.yaml: expected_failures[0]: needs the keys match and reason (and, for an expected failure, fails_with)"),
     ("profiles: {smoke: {includes: [pr]}}",
      "m.yaml: profiles.smoke: unknown key(s) ['includes']; known: description, include, defaults, "
-     "grids, expected_failures, exclude"),
+     "grids, pairwise, expected_failures, exclude"),
     ("profile: {smoke: {}}",
      "m.yaml: unknown top-level key(s) ['profile']; known: defaults, models, hybrid_block_sizes, "
      "expected_failures, profiles"),

@@ -252,3 +252,28 @@ def test_cli_report(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == str(out / "index.html")
     assert main(["report", "--history", str(tmp_path / "none.sqlite"),
                  "--out-dir", str(out)]) == 2
+
+
+def test_a_soak_record_gets_its_plot_over_the_request_index(tmp_path):
+    records = tmp_path / "runs"
+    shutil.copytree(RECORDS / RUN_2, records / RUN_2)
+    path = records / RUN_2 / f"{FAIL_CELL}.json"
+    record = json.loads(path.read_text())
+    windows = [{"index": w, "first": 100 * w, "requests": 100, "answered": 100,
+                "agree": 100 if w < 4 else 10, "differs": 0 if w < 4 else 90, "failed": 0,
+                "agreement": 1.0 if w < 4 else 0.1} for w in range(8)]
+    record.setdefault("metrics", {})["weather"] = {"soak": {
+        "window": 100, "windows": windows,
+        "line": "360 of 800 soak requests differ over 8 windows of 100, the first at soak "
+                "request 400"}}
+    path.write_text(json.dumps(record))
+    db = tmp_path / "h.sqlite"
+    append_results_dir(db, records)
+    index = render_report(db, tmp_path / "r")
+    html = index.read_text()
+    soaks = html.split('id="soaks"')[1].split('id="cells"')[0]
+    src = re.search(r'<img src="(img/soak-[^"]+\.svg)"', soaks).group(1)
+    svg = (index.parent / src).read_text()
+    assert svg.lstrip().startswith("<?xml") and "<svg" in svg
+    assert "request index (soak)" in svg and "agreement with the baseline" in svg
+    assert FAIL_CELL in soaks and "the first at soak request 400" in soaks

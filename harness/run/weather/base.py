@@ -96,6 +96,27 @@ class WeatherRun:
             return ""
 
 
+@dataclass(frozen=True)
+class SoakQuestion:
+    """A question a soak asks again: the request lm-eval sent for it, and the baseline's
+    answer to it (extracted by the task's strict-match filter)."""
+
+    doc_id: int
+    payload: dict
+    baseline_answer: str
+
+
+class Sustain:
+    """What a weather sends on its own after the first look (a soak): `run` sends its requests
+    through the proxy and returns one row per request (soak_index, status, answer, agrees with
+    the baseline's; the witness adds each one's digest)."""
+
+    window: int = 100     # requests per window of the series the judge reads
+
+    def run(self, proxy_url: str, questions: list[SoakQuestion]) -> tuple[RequestRow, ...]:
+        raise NotImplementedError
+
+
 class Disturbance:
     """What a weather does to the running pair during the evaluation (a thread of its own):
     `run(pair, proxy_url, note)` acts, calling `note(what)` at each step (the timeline)."""
@@ -145,6 +166,10 @@ class Weather:
     def conditions(self, run: WeatherRun) -> tuple[WeatherCondition, ...]:
         return ()
 
+    def sustain(self, cell: Cell, params: Mapping[str, float]) -> Sustain | None:
+        """What it sends on its own after the first look (None: nothing)."""
+        return None
+
     def disturbance(self, cell: Cell, params: Mapping[str, float]) -> Disturbance | None:
         """What it does to the running pair during the evaluation (None: nothing)."""
         return None
@@ -162,4 +187,4 @@ class Weather:
         return {}
 
 
-__all__ = ["Disturbance", "Weather", "WeatherRun", "Workload"]
+__all__ = ["Disturbance", "SoakQuestion", "Sustain", "Weather", "WeatherRun", "Workload"]

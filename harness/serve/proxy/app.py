@@ -83,6 +83,7 @@ class ProxyState:
     # as behind a router that drains a restarting server, instead of meeting a closed port
     admitting: asyncio.Event | None = None
     aborts_dealt: int = 0              # requests the aborts weather cancelled (deals phases)
+    requests_seen: int = 0             # requests so far, in arrival order (a late fault's count)
     # kv_transfer_params of the most recent prefill answer; the foreign-params fault hands them
     # to the next request's decode hop.
     last_received_kv_transfer_params: dict[str, Any] | None = None
@@ -133,10 +134,12 @@ async def _handle_completion(request: web.Request) -> web.StreamResponse:
     if state.admitting is not None:
         await state.admitting.wait()
     original_body = with_cache_salt(original_body, state.cache_salt)
-    request_id = new_request_id(tag_for(state.request_tag, original_body))
+    index, state.requests_seen = state.requests_seen, state.requests_seen + 1
+    request_id = new_request_id(tag_for(state.request_tag, original_body, index))
     headers = upstream_headers(request, request_id, state.forward_authorization)
     record = new_record(request_id, endpoint, state.next_prefill_url(), state.next_decode_url(),
                         state.fault, state.connector.value)
+    record["index"] = index
     prompt = original_body.get("prompt")
     # the client's question (harness.eval.lmeval) joins its request through this under weather
     record["prompt_hash"] = prompt_hash(prompt) if isinstance(prompt, str) else None

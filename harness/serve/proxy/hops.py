@@ -23,6 +23,7 @@ __all__ = [
     "new_request_id",
     "params_for_decode",
     "tag_for",
+    "tag_rules",
     "with_cache_salt",
 ]
 
@@ -40,15 +41,33 @@ def new_request_id(tag: str = "") -> str:
     return f"{REQUEST_ID_PREFIX}{tag}{uuid.uuid4().hex}"
 
 
-def tag_for(request_tag: str, body: dict[str, Any]) -> str:
-    """The tag this request carries: ``request_tag``, or for ``TAG@SHARE`` the tag on a fixed
-    share of the questions (by a hash of the prompt, so the same questions every run) and ""
-    on the others: a fault on some requests only costs a fraction of the accuracy."""
-    tag, _, share = request_tag.partition("@")
-    if not tag or not share:
+def tag_for(request_tag: str, body: dict[str, Any], index: int = 0) -> str:
+    """The tag this request carries: ``request_tag``, or for ``TAG@RULES`` the tag only where
+    the rules say, "" elsewhere. RULES are comma-separated: a share (``0.15``: the tag on a fixed
+    share of the questions, by a hash of the prompt, so the same questions every run; a fault on
+    some requests only costs a fraction of the accuracy) and ``after=N`` (the tag only from the
+    proxy's (N+1)-th request on, `index` counting from 0: a fault that starts late in a soak)."""
+    tag, _, rules = request_tag.partition("@")
+    if not tag or not rules:
+        return tag
+    share, after = tag_rules(rules)
+    if index < after:
+        return ""
+    if share >= 1:
         return tag
     digest = hashlib.sha256(json.dumps(body.get("prompt"), sort_keys=True).encode()).hexdigest()
-    return tag if int(digest[:8], 16) / 0xFFFFFFFF < float(share) else ""
+    return tag if int(digest[:8], 16) / 0xFFFFFFFF < share else ""
+
+
+def tag_rules(rules: str) -> tuple[float, int]:
+    """(share, after) of a request tag's rules ("0.15", "after=400", "0.15,after=400")."""
+    share, after = 1.0, 0
+    for rule in filter(None, rules.split(",")):
+        if rule.startswith("after="):
+            after = int(rule[len("after="):])
+        else:
+            share = float(rule)
+    return share, after
 
 
 def with_cache_salt(body: dict[str, Any], salt: str | None) -> dict[str, Any]:

@@ -39,6 +39,7 @@ FAULT_ENV = "PD_ACCURACY_FAULT"
 BLOCK_ENV = "PD_ACCURACY_FAULT_BLOCK"
 VALUE_ENV = "PD_ACCURACY_FAULT_VALUE"
 SHARE_ENV = "PD_ACCURACY_FAULT_SHARE"   # by-request only: break this share of the questions
+AFTER_ENV = "PD_ACCURACY_FAULT_AFTER"   # by-request only: break no request before the (N+1)-th
 KV_FAULT_KINDS = ("corrupt-block", "swap-blocks", "perturb-kv")   # break the received KV
 FAIL_TRANSFER = "fail-transfer"                      # report an intact read as failed
 EARLY_RELEASE = "early-release"     # the prefill holds a request's blocks for HOLD_ENV s only
@@ -153,18 +154,28 @@ def request_fault_tag(spec: FaultSpec) -> str:
 
 def request_tag_for(fault: str | None, fault_env: tuple[tuple[str, str], ...] = ()) -> str:
     """The tag of a server-side canary's requests (its block/value from the cell's
-    PD_ACCURACY_FAULT_* env; ``@SHARE`` when PD_ACCURACY_FAULT_SHARE asks for the fault on that
-    share of the questions only); "" for any other cell."""
+    PD_ACCURACY_FAULT_* env), with the proxy's rules (harness.serve.proxy.hops.tag_for) after
+    ``@``: the share of the questions when PD_ACCURACY_FAULT_SHARE asks for the fault on that
+    share only, ``after=N`` when PD_ACCURACY_FAULT_AFTER starts it at the proxy's (N+1)-th
+    request; "" for any other cell."""
     if fault not in FAULT_KINDS:
         return ""
     env = dict(fault_env)
     spec = parse_fault_env({FAULT_ENV: fault, **env})
+    if not spec:
+        return ""
+    rules = []
     share = env.get(SHARE_ENV, "").strip()
     if share:
         if not 0 < float(share) <= 1:
             raise ValueError(f"{SHARE_ENV}={share!r}: expected a share in (0, 1]")
-        return f"{request_fault_tag(spec)}@{float(share)}"
-    return request_fault_tag(spec) if spec else ""
+        rules.append(str(float(share)))
+    after = env.get(AFTER_ENV, "").strip()
+    if after:
+        if not after.isdigit():
+            raise ValueError(f"{AFTER_ENV}={after!r}: expected a whole number of requests")
+        rules.append(f"after={int(after)}")
+    return request_fault_tag(spec) + (f"@{','.join(rules)}" if rules else "")
 
 
 def parse_request_fault(request_id: str) -> FaultSpec | None:
