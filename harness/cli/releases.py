@@ -175,9 +175,9 @@ def walk(releases: Sequence[str], judge: Callable[[str], Step | None]) -> tuple[
 def table(steps: Sequence[Step], first_bad: str | None, cell: str, on: str) -> str:
     """The walked table, markdown (what bisect prints and --table writes)."""
     lines = [f"bisect of {cell} on {on}", "",
-             "| step | vLLM | outcome | compared | good/bad |", "|---|---|---|---|---|"]
+             "| step | vLLM | outcome | compared | vs --good |", "|---|---|---|---|---|"]
     for i, s in enumerate(steps, 1):
-        mark = "?" if s.bad is None else "bad" if s.bad else "good"
+        mark = "?" if s.bad is None else "differs (bad)" if s.bad else "same (good)"
         lines.append(f"| {i} | {s.release} | {s.outcome} | {s.signature} | {mark} |")
     lines.append("")
     lines.append(f"first bad release: {first_bad}" if first_bad else

@@ -92,7 +92,7 @@ def test_the_walk_halves_to_the_first_bad_release():
     assert first == "0.30.0"
     assert ran == ["0.27.1", "0.32.0", "0.29.0", "0.30.0"]   # 0.29.0 good, 0.30.0 bad: done
     text = table(steps, first, "cell", "outcome")
-    assert "| 4 | 0.30.0 | FAIL | x | bad |" in text and "first bad release: 0.30.0" in text
+    assert "| 4 | 0.30.0 | FAIL | x | differs (bad) |" in text and "first bad release: 0.30.0" in text
 
 
 def test_a_walk_whose_ends_agree_names_no_release():
