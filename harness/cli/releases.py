@@ -24,66 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from harness.core.outcomes import EXIT_CODES, EXIT_OK, EXIT_USAGE
-
-WORST_FIRST = (3, 1, 4, 2, 0)     # exit codes, worst first: ERROR, FAIL, INCONCLUSIVE, usage, OK
-
-
-def strip_option(argv: Sequence[str], *names: str) -> list[str]:
-    """``argv`` without ``--name VALUE`` / ``--name=VALUE`` for each of ``names``."""
-    out: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        if arg in names:
-            skip = True
-            continue
-        if any(arg.startswith(f"{name}=") for name in names):
-            continue
-        out.append(arg)
-    return out
-
-
-def worst_exit(codes: Sequence[int]) -> int:
-    for code in WORST_FIRST:
-        if code in codes:
-            return code
-    return max(codes, default=EXIT_OK)
-
-
-def run_releases(args: argparse.Namespace) -> int:
-    """`run --vllm R1,R2`: the run once per release, one after another."""
-    from harness.run.releases import ReleaseError, parse_releases, release_env, run_in
-
-    try:
-        releases = parse_releases(args.vllm)
-    except ReleaseError as error:
-        print(f"pd-accuracy run: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    base = strip_option(args.argv, "--vllm", "--results-dir")
-    if base and base[0] == "run":
-        base = base[1:]
-    codes: dict[str, int] = {}
-    for release in releases:
-        env = release_env(release)
-        if args.dry_run:
-            for command in env.commands():
-                print(" ".join(command))
-        try:
-            python = env.python if args.dry_run else env.ensure(
-                lambda line: print(line, file=sys.stderr))
-        except ReleaseError as error:
-            print(f"pd-accuracy run: {error}", file=sys.stderr)
-            codes[release.label] = 3
-            continue
-        out = Path(args.results_dir) / f"vllm-{release.label}"
-        print(f"== vLLM {release.label}: {python}", flush=True)
-        codes[release.label] = run_in(python, ["run", *base, "--results-dir", str(out)]).returncode
-    print("vLLM releases: " + ", ".join(f"{label} exit {code}" for label, code in codes.items()))
-    return worst_exit(list(codes.values()))
-
+from harness.core.outcomes import EXIT_ERROR, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_USAGE
+from harness.run.releases import strip_option
 
 # ---- bisect ------------------------------------------------------------------------------------
 
@@ -240,7 +182,7 @@ def run_bisect(args: argparse.Namespace) -> int:
         steps, first_bad = walk(names, judge)
     except ReleaseError as error:
         print(f"pd-accuracy bisect: {error}", file=sys.stderr)
-        return 3
+        return EXIT_ERROR
     text = table(steps, first_bad, args.only or args.keyword, args.on)
     print(text)
     if args.table:
@@ -248,7 +190,7 @@ def run_bisect(args: argparse.Namespace) -> int:
         Path(args.table).with_suffix(".json").write_text(json.dumps(
             {"cell": args.only or args.keyword, "on": args.on, "releases": names,
              "first_bad": first_bad, "steps": [s.__dict__ for s in steps]}, indent=1) + "\n")
-    return EXIT_OK if first_bad else EXIT_CODES.get("INCONCLUSIVE", 4)
+    return EXIT_OK if first_bad else EXIT_INCONCLUSIVE
 
 
 def _selected(record: dict[str, Any], args: argparse.Namespace) -> bool:
@@ -258,7 +200,7 @@ def _selected(record: dict[str, Any], args: argparse.Namespace) -> bool:
 
 
 def register(subparsers: Any) -> None:
-    from harness.cli.run import add_run_arguments
+    from harness.cli.run import add_run_arguments   # bisect takes every option of run
 
     p = subparsers.add_parser("bisect", help="the first vLLM release that judges a cell "
                                              "differently from a good one",

@@ -334,9 +334,9 @@ def run_command(args: argparse.Namespace, on_runner=None) -> int:
     if getattr(args, "deployment", None):
         return deployment_command(args, on_runner)
     if getattr(args, "vllm", None):
-        from harness.cli.releases import run_releases
+        from harness.run.releases import run_releases
 
-        return run_releases(args)
+        return run_releases(args.vllm, args.argv, args.results_dir, args.dry_run)
     try:
         options = options_from(args)
         cells, catalog = select_cells(args)

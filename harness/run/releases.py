@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from harness.core.outcomes import EXIT_ERROR, EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_USAGE
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENVS_ENV = "PD_ACCURACY_VLLM_ENVS"
 PACKAGE_ENV = "PD_ACCURACY_VLLM_PACKAGE"
@@ -214,5 +216,64 @@ def run_in(python: Path, argv: Sequence[str], *, capture: bool = False,
     return subprocess.CompletedProcess(command, child.returncode, out or "", "")
 
 
+WORST_FIRST = (EXIT_ERROR, EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_USAGE, EXIT_OK)   # worst first
+
+
+def strip_option(argv: Sequence[str], *names: str) -> list[str]:
+    """``argv`` without ``--name VALUE`` / ``--name=VALUE`` for each of ``names``."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in names:
+            skip = True
+            continue
+        if any(arg.startswith(f"{name}=") for name in names):
+            continue
+        out.append(arg)
+    return out
+
+
+def worst_exit(codes: Sequence[int]) -> int:
+    for code in WORST_FIRST:
+        if code in codes:
+            return code
+    return max(codes, default=EXIT_OK)
+
+
+def run_releases(names: str, argv: Sequence[str], results_dir: str, dry_run: bool) -> int:
+    """`pd-accuracy run --vllm NAMES` (``argv``: that command line): the same run once per
+    release, one after another, into RESULTS_DIR/vllm-<release>; the worst exit code."""
+    try:
+        releases = parse_releases(names)
+    except ReleaseError as error:
+        print(f"pd-accuracy run: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    base = strip_option(argv, "--vllm", "--results-dir")
+    if base and base[0] == "run":
+        base = base[1:]
+    codes: dict[str, int] = {}
+    for release in releases:
+        env = release_env(release)
+        if dry_run:
+            for command in env.commands():
+                print(" ".join(command))
+        try:
+            python = env.python if dry_run else env.ensure(
+                lambda line: print(line, file=sys.stderr))
+        except ReleaseError as error:
+            print(f"pd-accuracy run: {error}", file=sys.stderr)
+            codes[release.label] = EXIT_ERROR
+            continue
+        out = Path(results_dir) / f"vllm-{release.label}"
+        print(f"== vLLM {release.label}: {python}", flush=True)
+        codes[release.label] = run_in(python, ["run", *base, "--results-dir", str(out)]).returncode
+    print("vLLM releases: " + ", ".join(f"{label} exit {code}" for label, code in codes.items()))
+    return worst_exit(list(codes.values()))
+
+
 __all__ = ["Release", "ReleaseEnv", "ReleaseError", "parse_release", "parse_releases",
-           "release_env", "run_environment", "run_in"]
+           "release_env", "run_environment", "run_in", "run_releases", "strip_option",
+           "worst_exit"]

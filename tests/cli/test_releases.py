@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli.releases import Step, between, signature_of, strip_option, table, walk
+from harness.cli.releases import Step, between, signature_of, table, walk
 from harness.core.platform import VllmFeatures
-from harness.run.releases import (REPO_ROOT, ReleaseError, parse_release, parse_releases,
+from harness.run.releases import (REPO_ROOT, ReleaseError, parse_release, parse_releases, strip_option,
                                   release_env, run_environment)
 
 
