@@ -239,12 +239,16 @@ def generate_pipeline(cells: Iterable[Cell], *, profile: str,
                       retry_limit: int = DEFAULT_RETRY_LIMIT,
                       annotation_path: str = DEFAULT_ANNOTATION_PATH,
                       report_dir: str | None = None,
+                      vllm_releases: Sequence[str] = (),
                       validate: bool = True) -> list[dict[str, Any]]:
     """Buildkite pipeline documents (each ≤ `max_steps` steps) that run `cells`.
 
     `timeout_minutes` is per cell: a step's ``timeout_in_minutes`` is that times the number of
     cells one of its jobs runs. `run_args` are appended to every ``pd-accuracy run`` (e.g.
     ``["--limit", "20"]``). `report_dir` adds a history + HTML report command to the final step.
+    `vllm_releases` adds the release axis: one CPU step running the smoke cells once per vLLM
+    release (`run --vllm`), its records beside the others' (the annotation and report read
+    them; the report's release x cell heatmap shows them).
     Every document is validated (`validate_uploads`) unless `validate` is False.
     """
     from buildkite_sdk import CommandStep, Pipeline
@@ -257,6 +261,10 @@ def generate_pipeline(cells: Iterable[Cell], *, profile: str,
                          timeout_minutes=timeout_minutes, retry_limit=retry_limit)
     docs, group_keys = pack_groups(plan_batches(cells, queues, parallelism, layout_of(run_args)),
                                    steps, max_steps)
+    if vllm_releases:
+        docs[-1].append(release_axis_step(vllm_releases, results_dir, queue_for(0, queues)[1],
+                                          retry_limit))
+        group_keys = [*group_keys, RELEASE_AXIS_KEY]
     annotate = CommandStep(
         label="P/D accuracy annotation",
         key=ANNOTATE_KEY,
@@ -279,6 +287,33 @@ def generate_pipeline(cells: Iterable[Cell], *, profile: str,
     if validate:
         validate_uploads(out, max_steps=max_steps)
     return out
+
+
+RELEASE_AXIS_KEY = "pd-accuracy-vllm-releases"
+RELEASE_AXIS_PROFILE = "smoke"
+RELEASE_AXIS_MINUTES = 12        # per release: a smoke run took 7-9 min on the 2-core host
+
+
+def release_axis_step(releases: Sequence[str], results_dir: str, queue: str,
+                      retry_limit: int = DEFAULT_RETRY_LIMIT) -> Any:
+    """The CPU step that runs the smoke cells once per vLLM release, each in its own cached
+    environment (harness.run.releases; uv makes them)."""
+    from buildkite_sdk import AutomaticRetry, CommandStep, CommandStepRetry
+
+    out = f"{results_dir}/vllm-releases"
+    return CommandStep(
+        label=f"P/D accuracy: {RELEASE_AXIS_PROFILE} per vLLM release ({', '.join(releases)})",
+        key=RELEASE_AXIS_KEY,
+        commands=["python3 -m pip install -q uv",
+                  shlex.join([RUN_COMMAND, "run", "--profile", RELEASE_AXIS_PROFILE, "--vllm",
+                              ",".join(releases), "--results-dir", out])],
+        agents={"queue": queue},
+        env={"PD_ACCURACY_RESULTS_DIR": out, "PYTHONUNBUFFERED": "1"},
+        timeout_in_minutes=RELEASE_AXIS_MINUTES * len(releases) + 15,
+        artifact_paths=[f"{out}/**/*.json", f"{out}/**/*.jsonl", f"{out}/**/*.log"],
+        retry=CommandStepRetry(automatic=[AutomaticRetry(exit_status=EXIT_ERROR,
+                                                         limit=retry_limit)]),
+    )
 
 
 @dataclass(frozen=True)

@@ -70,8 +70,10 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
             texts = [yaml.safe_dump(test_areas.vllm_test_areas_document(steps), sort_keys=False,
                                     width=100_000)]
         else:
+            releases = [r.strip() for r in (args.vllm_releases or "").split(",") if r.strip()]
             docs = pipeline.generate_pipeline(cells, max_steps=args.max_steps,
-                                              report_dir=args.report_dir, **common)
+                                              report_dir=args.report_dir,
+                                              vllm_releases=releases, **common)
             texts = [pipeline.pipeline_yaml(doc) for doc in docs]
     except (ImportError, ValueError, KeyError, FileNotFoundError) as exc:
         return _fail(str(exc))
@@ -199,6 +201,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                         f"(e.g. {DEFAULT_REPORT_DIR})")
     p.add_argument("--limit", type=int, help="questions per cell (passed to `run --limit`)")
     p.add_argument("--device", help="test-areas: ci-infra device of GPU steps (e.g. h200)")
+    p.add_argument("--vllm-releases", metavar="R1,R2,...",
+                   help="also a CPU step running the smoke cells once per vLLM release "
+                        "(`run --vllm`; docs/releases.md)")
     p.add_argument("--setup", action="append", metavar="CMD",
                    help="test-areas: command run before pd-accuracy in every step (repeatable)")
     p.set_defaults(func=cmd_pipeline)

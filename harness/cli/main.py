@@ -6,10 +6,10 @@ import argparse
 import sys
 
 import harness
-from harness.cli import bench, calibration, ci, matrix, run, warm, zoo
+from harness.cli import bench, calibration, ci, doctor, matrix, releases, run, warm, zoo
 from harness.core.outcomes import EXIT_USAGE
 
-COMMAND_MODULES = (run, warm, matrix, bench, calibration, ci, zoo)
+COMMAND_MODULES = (run, warm, matrix, bench, calibration, ci, zoo, doctor, releases)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)   # a release axis re-runs it
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE

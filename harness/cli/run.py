@@ -343,6 +343,10 @@ def run_command(args: argparse.Namespace, on_runner=None) -> int:
         return EXIT_USAGE
     if getattr(args, "deployment", None):
         return deployment_command(args, on_runner)
+    if getattr(args, "vllm", None):
+        from harness.run.releases import run_releases
+
+        return run_releases(args.vllm, args.argv, args.results_dir, args.dry_run)
     try:
         options = options_from(args)
         cells, catalog = select_cells(args)
@@ -531,4 +535,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run cells: real baseline vs real P/D pair, one verdict each")
     add_run_arguments(p)
     run_checks.add_trust_arguments(p)
+    p.add_argument("--vllm", default=None, metavar="RELEASES",
+                   help="the vLLM release axis: run once per release (comma-separated versions, "
+                        ".whl files or vLLM checkouts), each in its own cached environment "
+                        "(docs/releases.md)")
     p.set_defaults(func=run_command)

@@ -33,6 +33,15 @@ class VllmFeatures:
     kv_transports: tuple[str, ...] | None = None
     # a transport that does not import -> the error it raised (one line), when probed
     kv_transport_errors: Mapping[str, str] | None = None
+    # each hook of the compatibility table (harness.serve.plugins.compat) -> what this vLLM
+    # lacks for it (None: it attaches); None: not probed
+    hooks: Mapping[str, str | None] | None = None
+    # each hook -> the alternatives of its needs this vLLM has (an older method, signature)
+    hook_shapes: Mapping[str, tuple[str, ...]] | None = None
+
+    def hooks_missing(self) -> dict[str, str]:
+        """The hooks that do not attach on this vLLM -> what it lacks."""
+        return {name: why for name, why in (self.hooks or {}).items() if why is not None}
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -46,6 +55,10 @@ class VllmFeatures:
                 kwargs[key] = tuple(kwargs[key])
         if kwargs.get("kv_transport_errors") is not None:
             kwargs["kv_transport_errors"] = dict(kwargs["kv_transport_errors"])
+        if kwargs.get("hooks") is not None:
+            kwargs["hooks"] = dict(kwargs["hooks"])
+        if kwargs.get("hook_shapes") is not None:
+            kwargs["hook_shapes"] = {k: tuple(v) for k, v in kwargs["hook_shapes"].items()}
         return cls(**kwargs)
 
     def attention_backend_setting(self, backend: str) -> tuple[list[str], dict[str, str]]:

@@ -181,3 +181,17 @@ def _vllm_weather(cell: Cell, ctx: RuleContext) -> str | None:
         return (f"weather {cell.weather} needs vLLM >= {row.min_vllm}; the installed vLLM is "
                 f"{features.version}")
     return None
+
+
+@rule("vllm-hooks", "unavailable")
+def _vllm_hooks(cell: Cell, ctx: RuleContext) -> str | None:
+    """The hook a cell's canary or weather rests on attaches to the installed vLLM (the
+    compatibility table, harness.serve.plugins.compat, as the feature probe read it)."""
+    features = ctx.platform and ctx.platform.vllm
+    missing = features.hooks_missing() if features is not None else {}
+    if not missing:
+        return None
+    from harness.core.vllm_hooks import unavailable_for
+
+    return ((cell.fault and unavailable_for("canary", cell.fault, missing, features.version))
+            or unavailable_for("weather", cell.weather, missing, features.version))

@@ -180,6 +180,60 @@ def plot_heatmap(model: str, latest: Sequence[Mapping[str, Any]], path: Path) ->
     return path
 
 
+def _release_key(version: str):
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return (0, Version(version.split("+")[0]), version)
+    except InvalidVersion:
+        return (1, None, version)
+
+
+def release_squares(rows: Sequence[Mapping[str, Any]]):
+    """(releases oldest first, cell ids, {(cell id, release): its newest row on that release})
+    of the vLLM release x cell heatmap; canaries keep their own rows (their outcome is whether
+    the harness saw the fault on that release)."""
+    squares: dict[tuple[str, str], Mapping[str, Any]] = {}
+    for row in rows:        # oldest first: a later run of a cell on a release replaces it
+        if row.get("vllm_version"):
+            squares[(str(row["cell_id"]), str(row["vllm_version"]))] = row
+    releases = sorted({release for _, release in squares}, key=_release_key)
+    cells = sorted({cell for cell, _ in squares}, key=lambda c: (is_canary(c), c))
+    return releases, cells, squares
+
+
+def plot_release_heatmap(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """The release x cell heatmap (release_squares) saved to `path`: each square the cell's
+    newest outcome on that vLLM release, blank where it did not run there."""
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    releases, cells, squares = release_squares(rows)
+    palette = [MISSING_COLOUR] + [OUTCOME_COLOURS[o] for o in OUTCOME_ORDER]
+    codes = [[0] * len(releases) for _ in cells]
+    fig = _figure(max(4.0, 3.5 + 0.9 * len(releases)), max(2.0, 1.2 + 0.32 * len(cells)))
+    ax = fig.add_subplot()
+    for (cell, release), row in squares.items():
+        i, j = cells.index(cell), releases.index(release)
+        outcome = _outcome(row)
+        codes[i][j] = 1 + (OUTCOME_ORDER.index(outcome) if outcome in OUTCOME_ORDER else 1)
+        ax.text(j, i, outcome[:6], ha="center", va="center", fontsize=7)
+    ax.imshow(codes, cmap=ListedColormap(palette), vmin=-0.5, vmax=len(palette) - 0.5,
+              aspect="auto")
+    ax.set_xticks(range(len(releases)), [f"vLLM {r}" for r in releases], rotation=45,
+                  ha="right", fontsize=8)
+    ax.set_yticks(range(len(cells)), cells, fontsize=7)
+    ax.set_title("newest verdict per vLLM release", fontsize=9)
+    present = sorted({_outcome(r) for r in squares.values()}, key=lambda o: (
+        OUTCOME_ORDER.index(o) if o in OUTCOME_ORDER else len(OUTCOME_ORDER)))
+    ax.legend(handles=[Patch(color=OUTCOME_COLOURS.get(o, MISSING_COLOUR), label=o)
+                       for o in present],
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    return path
+
+
 def plot_trend(cell_id: str, entries: Sequence[Mapping[str, Any]], path: Path) -> Path:
     """Delta (with CI) and both accuracies of one cell per run, saved to `path`."""
     xs = list(range(len(entries)))
@@ -280,6 +334,12 @@ def render_report(history_db: str | os.PathLike[str], out_dir: str | os.PathLike
         heatmaps.append({"model": model, "src": path.relative_to(out).as_posix(),
                          "cells": len(members)})
 
+    release_map = None
+    if len({r.get("vllm_version") for r in rows if r.get("vllm_version")}) >= 2:
+        path = plot_release_heatmap(rows, img / "heatmap-vllm-releases.png")
+        release_map = {"src": path.relative_to(out).as_posix(),
+                       "releases": release_squares(rows)[0]}
+
     changed = {c.cell_id for c in changes}
     trend_ids = [cid for cid, entries in by_cell.items()
                  if len(entries) >= 2 and not is_canary(cid)]
@@ -321,6 +381,7 @@ def render_report(history_db: str | os.PathLike[str], out_dir: str | os.PathLike
         regressions=[c for c in changes if c.is_regression],
         recoveries=[c for c in changes if not c.is_regression],
         heatmaps=heatmaps,
+        release_map=release_map,
         trends=trends,
         soaks=soaks,
         trends_left_out=max(0, len(trend_ids) - max_trend_plots),
@@ -337,4 +398,5 @@ def render_report(history_db: str | os.PathLike[str], out_dir: str | os.PathLike
 
 
 __all__ = ["Change", "changes_since_previous", "compare", "delta_drifted", "heatmap_squares",
-           "history_by_cell", "plot_heatmap", "plot_soak", "plot_trend", "render_report", "soak_of"]
+           "history_by_cell", "plot_heatmap", "plot_release_heatmap", "plot_soak", "plot_trend",
+           "release_squares", "render_report", "soak_of"]

@@ -30,6 +30,7 @@ from harness.run.transfer_evidence import (ByteGeometry, DigestFiles, link_evide
 from harness.serve.connectors.registry import connector_for
 from harness.serve.deploy import DeployContext, Deployment, Endpoint, ProxyDeployment
 from harness.serve.launch.server_spec import draft_model_path
+from harness.serve.launch.vllm_features import hooks_not_available
 from harness.serve.plugins.faults.spec import request_tag_for
 from harness.serve.supervision.process import most_decisive_line
 from harness.serve.proxy.hops import PROXY_FAULTS
@@ -236,7 +237,8 @@ class CellEvaluator:
 
         previous_n = None
         # checks the cell's connector cannot be held to (no params, no counters): said, not passed
-        not_available = connector_for(cell.kv_connector).not_available_lines()
+        not_available = {**hooks_not_available(),
+                         **connector_for(cell.kv_connector).not_available_lines()}
         looks: list[dict] = []
         judgement = None
         random = group.load_format == "dummy"

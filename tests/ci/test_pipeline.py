@@ -408,3 +408,18 @@ def test_test_areas_export_matches_the_vllm_format():
     keys = {s["key"] for s in cell_steps(generate_pipeline(cpu_cells() + gpu_cells(),
                                                            profile="nightly"))}
     assert {s["key"] for s in steps} == keys
+
+
+def test_the_nightly_release_axis_is_one_cpu_step_the_annotation_waits_for():
+    cells = [Cell(model="tiny-llama-gsm", device="cpu")]
+    docs = generate_pipeline(cells, profile="smoke", vllm_releases=["0.30.0", "0.32.0"])
+    steps = [s for s in docs[-1]["steps"] if s.get("key") == "pd-accuracy-vllm-releases"]
+    assert len(steps) == 1
+    step = steps[0]
+    assert step["agents"] == {"queue": "cpu"}
+    assert step["commands"][-1] == ("pd-accuracy run --profile smoke --vllm 0.30.0,0.32.0 "
+                                    "--results-dir results/runs/vllm-releases")
+    annotate = next(s for s in docs[-1]["steps"] if s.get("key") == ANNOTATE_KEY)
+    assert "pd-accuracy-vllm-releases" in annotate["depends_on"]
+    plain = generate_pipeline(cells, profile="smoke")
+    assert not any(s.get("key") == "pd-accuracy-vllm-releases" for s in plain[-1]["steps"])

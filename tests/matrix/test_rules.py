@@ -199,6 +199,8 @@ CASES = [
      cpu_cell(weather="block-boundary", max_model_len=512, **blocks(128)), CPU),
     # "future": a row test_rule_both_sides adds, needing vLLM >= 0.40
     ("vllm-weather", cpu_cell(weather="future"), cpu_cell(weather="future"), None),
+    # a vLLM whose connector interface lacks what the canary's hook needs
+    ("vllm-hooks", cpu_cell(fault="corrupt-block"), cpu_cell(fault="corrupt-block"), None),
 ]
 
 
@@ -227,6 +229,9 @@ def _platform_for(rule: str, violating: bool, platform: PlatformInfo | None) -> 
                             vllm=features(version="0.26.0" if violating else "0.32.0"))
     if rule == "vllm-weather":       # a vLLM older than the weather's min_vllm (set by the test)
         return PlatformInfo(vllm=features(platform="cpu", version="0.1" if violating else "99.0"))
+    if rule == "vllm-hooks":
+        return PlatformInfo(vllm=features(platform="cpu", hooks={
+            "kv-faults": "kv-events: no get_finished" if violating else None}))
     if rule == "vllm-kv-connector":   # NIXL does not import
         return PlatformInfo(vllm=features(platform="cpu", kv_transports=(
             () if violating else ("nixl._api:nixl_agent",))))
@@ -352,7 +357,7 @@ def test_rules_are_checked_and_listed_by_subject_in_a_fixed_order():
         "backend-head-size", "flashinfer-sliding-window", "mla-backend", "max-model-len",
         # this machine (rules_machine)
         "gpu-count", "netns-host", "kv-cache-fp8-cpu-isa", "cpu-mla-block", "vllm-device", "vllm-v2-runner",
-            "vllm-v2-ngram", "vllm-backend", "vllm-kv-connector", "vllm-weather",
+            "vllm-v2-ngram", "vllm-backend", "vllm-kv-connector", "vllm-weather", "vllm-hooks",
     ]
 
 

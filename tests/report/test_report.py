@@ -16,7 +16,8 @@ from harness.report.annotate import annotate, annotation_style, cell_results, re
 from harness.cli.main import main
 from harness.report.history import append_records, append_results_dir, load_cells
 from harness.run.record import load_records
-from harness.report.html import changes_since_previous, compare, delta_drifted, render_report
+from harness.report.html import (changes_since_previous, compare, delta_drifted, release_squares,
+                                 render_report)
 
 RECORDS = Path(__file__).resolve().parents[1] / "data" / "records"
 RUN_1, RUN_2 = "20261101T020000Z-aaaaaa", "20261102T020000Z-bbbbbb"
@@ -189,7 +190,10 @@ def test_render_report(tmp_path):
         assert data.startswith(b"\x89PNG") and len(data) > 1000
     heatmaps = [s for s in images if "heatmap-" in s]
     trends = [s for s in images if "trend-" in s]
-    assert sorted(heatmaps) == ["img/heatmap-Qwen3-0.6B.png", "img/heatmap-tiny-llama-gsm.png"]
+    # the records ran on two vLLM releases: the release x cell heatmap is there too
+    assert sorted(heatmaps) == ["img/heatmap-Qwen3-0.6B.png", "img/heatmap-tiny-llama-gsm.png",
+                                "img/heatmap-vllm-releases.png"]
+    assert "Verdicts by vLLM release" in html and "0.32.0, 0.32.1" in html
     assert len(trends) == 5            # every cell with two entries; the new one has one
     regressions = html.split('id="regressions"')[1].split('id="heatmaps"')[0]
     for cell in (FAIL_CELL, ERROR_CELL, DRIFT_CELL):
@@ -277,3 +281,16 @@ def test_a_soak_record_gets_its_plot_over_the_request_index(tmp_path):
     assert svg.lstrip().startswith("<?xml") and "<svg" in svg
     assert "request index (soak)" in svg and "agreement with the baseline" in svg
     assert FAIL_CELL in soaks and "the first at soak request 400" in soaks
+
+
+def test_release_squares_hold_each_cells_newest_outcome_per_release():
+    rows = [{"cell_id": "a", "vllm_version": "0.30.0", "outcome": "FAIL"},
+            {"cell_id": "a", "vllm_version": "0.30.0", "outcome": "PASS"},     # newer run
+            {"cell_id": "a", "vllm_version": "0.9.0", "outcome": "PASS"},
+            {"cell_id": "b-fault-corrupt-block", "vllm_version": "0.30.0", "outcome": "CAUGHT"},
+            {"cell_id": "c", "vllm_version": None, "outcome": "PASS"}]           # unknown release
+    releases, cells, squares = release_squares(rows)
+    assert releases == ["0.9.0", "0.30.0"]         # by version, not by text
+    assert cells == ["a", "b-fault-corrupt-block"]  # canaries last, no release: left out
+    assert squares[("a", "0.30.0")]["outcome"] == "PASS"
+    assert ("b-fault-corrupt-block", "0.9.0") not in squares

@@ -117,6 +117,10 @@ def patch_nixl_api(api_module: Any, delay_us: int) -> bool:
 
 def _make_hook(delay_us: int):
     def hook(module: Any) -> None:
+        from harness.serve.plugins import compat
+
+        if not compat.attach("nixl-idle"):
+            return
         try:
             patch_nixl_api(module, delay_us)
         except Exception:

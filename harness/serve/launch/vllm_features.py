@@ -147,6 +147,8 @@ def _probe() -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - an older layout: the connector rule stays silent
         registered = None
     errors = {t: transport_error(t) for t in sorted({row.transport for row in KV_CONNECTORS.values()})}
+    from harness.core import vllm_hooks
+
     features = features_from_modules(
         version=_installed_vllm_version() or getattr(sys.modules["vllm"], "__version__", "unknown"),
         device_type=str(current_platform.device_type),
@@ -158,7 +160,9 @@ def _probe() -> dict[str, Any]:
         kv_transports=[t for t, e in errors.items() if e is None],
         kv_transport_errors={t: e for t, e in errors.items() if e is not None},
     )
-    return features.to_dict()
+    return dataclasses.replace(features, hooks=vllm_hooks.report(),
+                               hook_shapes={row.name: tuple(vllm_hooks.shapes(row.name))
+                                            for row in vllm_hooks.HOOKS}).to_dict()
 
 
 # ---- cache + subprocess -------------------------------------------------------------------
@@ -186,7 +190,7 @@ def cache_key() -> str:
         raise VllmNotInstalled(f"no `vllm` package importable from {sys.executable}")
     ident = {
         "python": sys.executable,
-        "probe": 3,   # what the probe reads: a new field re-probes
+        "probe": 5,   # what the probe reads: a new field re-probes
         "vllm": _installed_vllm_version(),
         "vllm_mtime": _mtime_ns("vllm"),
         "transport_mtimes": {top: _mtime_ns(top) if importlib.util.find_spec(top) else 0
@@ -231,3 +235,16 @@ def detect(use_cache: bool = True, cache_dir: str | os.PathLike[str] | None = No
 def detect_platform() -> PlatformInfo:
     """This machine, with the installed vLLM probed (cached; see `detect`)."""
     return PlatformInfo.detect(vllm=detect())
+
+
+def hooks_not_available() -> dict[str, str]:
+    """Verdict check -> "<check>: not available on vLLM <version>: hook <name>: <missing>", for
+    each check a hook of the compatibility table leaves out on the installed vLLM (from the
+    cached probe; {} when vLLM cannot be probed here: its servers say so in their logs)."""
+    from harness.core import vllm_hooks
+
+    try:
+        features = detect()
+    except Exception:  # noqa: BLE001 - no vLLM here (a deployment the harness did not start)
+        return {}
+    return vllm_hooks.not_available_checks(features.hooks_missing(), features.version)

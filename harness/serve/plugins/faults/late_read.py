@@ -121,6 +121,10 @@ def patch_class(cls: type, hold: Hold) -> None:
     match_original = getattr(cls, "get_num_new_matched_tokens", None)
     if match_original is None or getattr(match_original, _MARK, False):
         return
+    from harness.serve.plugins import compat
+
+    if not compat.attach("late-read"):
+        return
 
     @functools.wraps(match_original)
     def get_num_new_matched_tokens(self, request, *args, **kwargs):

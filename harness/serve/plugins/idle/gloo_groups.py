@@ -76,6 +76,10 @@ def register() -> None:
     """vLLM ``general_plugins`` entry point (harness.serve.plugins.entry)."""
     import torch.distributed as dist    # vLLM imported torch already; this costs nothing
 
+    from harness.serve.plugins import compat
+
+    if not compat.attach("gloo-groups"):
+        return
     if patch_new_group(dist):
         # WARNING, like mq_spin: INFO of a plugin loaded this early is dropped
         logger.warning("pd-accuracy gloo_groups: a world of one rank shares one gloo group")

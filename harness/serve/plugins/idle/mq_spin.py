@@ -86,6 +86,10 @@ def register() -> None:
         return
 
     def hook(module: Any) -> None:
+        from harness.serve.plugins import compat
+
+        if not compat.attach("mq-spin"):
+            return
         try:
             if patch_spin_condition(module, sleep_us):
                 # WARNING, like kv-digest-setup: INFO of a plugin loaded this early is dropped

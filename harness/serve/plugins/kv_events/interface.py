@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable
 
+from harness.serve.plugins import compat
 from harness.serve.plugins.kv_events.view import KVView, build_view
 
 logger = logging.getLogger("vllm.pd_accuracy.kv_events")
@@ -365,6 +366,8 @@ def _groups(block_ids: Any) -> tuple[tuple[int, ...], ...]:
 
 
 def _patch_factory(module: Any) -> None:
+    if not compat.attach("kv-events"):
+        return      # this vLLM lacks a method the events wrap: its connectors stay as built
     factory = module.KVConnectorFactory
     original = factory.get_connector_class
     if getattr(original, _MARK, False):

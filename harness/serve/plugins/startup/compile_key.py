@@ -59,6 +59,10 @@ def register() -> None:
     """vLLM ``general_plugins`` entry point (harness.serve.plugins.entry)."""
     import vllm.envs
 
+    from harness.serve.plugins import compat
+
+    if not compat.attach("compile-key"):
+        return
     if patch_envs(vllm.envs):
         logger.info("pd-accuracy compile-key: %s left out of the torch.compile cache key",
                     ", ".join(PER_SERVER_FACTORS))

