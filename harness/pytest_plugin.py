@@ -102,7 +102,7 @@ def gpu_workers(config: pytest.Config) -> int:
     import os
 
     from harness import matrix
-    from harness.cli.run_packed import kv_cache_bytes, weight_bytes
+    from harness.run.packed import kv_cache_bytes, weight_bytes
     from harness.core.options import RunOptions
     from harness.core.platform import PlatformInfo, detect_gpus, query_gpu_used_bytes
     from harness.run.packing import group_jobs, groups_at_once, max_parallel_groups, read_gpu_rooms

@@ -76,6 +76,13 @@ class JobResult:
 
 
 @dataclass
+def _write_agent_shim(folder: Path) -> None:
+    """A `buildkite-agent` on the jobs' PATH that answers the meta-data calls steps make."""
+    shim = folder / "buildkite-agent"
+    shim.write_text(_AGENT_SHIM)
+    shim.chmod(0o755)
+
+
 class FarmResult:
     jobs: list[JobResult]
 
@@ -210,9 +217,7 @@ class Farm:
         with tempfile.TemporaryDirectory(prefix="pd-farm-bin-") as shim_dir, \
                 ThreadPoolExecutor(max_workers=max(1, self.packer.max_groups
                                                    + self.cpu_slots)) as pool:
-            shim = Path(shim_dir) / "buildkite-agent"
-            shim.write_text(_AGENT_SHIM)
-            shim.chmod(0o755)
+            _write_agent_shim(Path(shim_dir))
             try:
                 while pending or running:
                     for job in list(pending):
@@ -439,7 +444,7 @@ def _gpu_packing(cells: Sequence[Any], queues: Mapping[int, str] | None, paralle
     """Each one-group GPU step's peak memory (harness.run.packing, as `run` plans it) and the
     free bytes of the GPUs the farm uses: one-group steps then share GPUs by memory."""
     from harness.ci.pipeline import DEFAULT_QUEUES, layout_of, normalize_queues, plan_batches
-    from harness.cli.run_packed import kv_cache_bytes, weight_bytes
+    from harness.run.packed import kv_cache_bytes, weight_bytes
     from harness.core.options import RunOptions
     from harness.core.platform import query_gpu_used_bytes
     from harness.run.packing import group_jobs, read_gpu_rooms

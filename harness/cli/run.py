@@ -378,7 +378,7 @@ def run_command(args: argparse.Namespace, on_runner=None) -> int:
         return EXIT_USAGE
     if parallel != 1 and packs(cells, parallel):
         from harness.cli.run_packed import packed_command
-        return packed_command(args, cells, options, parallel, finish, on_runner)
+        return packed_command(args, run_parser(), cells, options, parallel, finish, on_runner)
     from harness.serve.launch.server_spec import Features
 
     features = Features.detect()

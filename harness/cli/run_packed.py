@@ -49,15 +49,16 @@ def child_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     return argv
 
 
-def packed_command(args: argparse.Namespace, cells: Sequence[Cell], options: RunOptions,
-                   parallel: int | None, finish: Callable, on_runner: Callable | None = None
-                   ) -> int:
+def packed_command(args: argparse.Namespace, parser: argparse.ArgumentParser,
+                   cells: Sequence[Cell], options: RunOptions, parallel: int | None,
+                   finish: Callable, on_runner: Callable | None = None) -> int:
     """Plan the groups, run them packed, collect every record, print and exit as `run` does.
-    `on_runner` gets what `bench` reads of a runner (the run directory)."""
-    from harness.cli.run import run_parser
+    `parser` is `run`'s (the children repeat its options); `on_runner` gets what `bench` reads
+    of a runner (the run directory)."""
     from harness.core.platform import detect_gpus, query_gpu_used_bytes
     from harness.judge.verdict import Policy
-    from harness.run.packed import PackedRun, collect_results
+    from harness.run.packed import (PackedRun, collect_results, host_room, kv_cache_bytes,
+                                    weight_bytes)
     from harness.run.packing import (STARTING_PER_GPU, Packer, group_jobs, max_parallel_groups,
                                      read_gpu_rooms)
     from harness.run.record import Recorder
@@ -83,7 +84,7 @@ def packed_command(args: argparse.Namespace, cells: Sequence[Cell], options: Run
     run_dir = Path(options.results_dir) / run_id
     # a per-GPU cap on servers in start-up; a CPU run keeps the caller's (or none)
     starting = options.max_starting or (None if on_cpu else STARTING_PER_GPU * len(rooms))
-    child_argv = child_options(args, run_parser())
+    child_argv = child_options(args, parser)
 
     def argv_of(job) -> list[str]:
         return [sys.executable, "-m", "harness.cli.main", "run", *child_argv,
@@ -115,38 +116,6 @@ def packed_command(args: argparse.Namespace, cells: Sequence[Cell], options: Run
                         lambda m: print(redact(m), flush=True))
     results = collect_results(cells, turns, run_dir, recorder)
     return finish(results, args, _RunPlace(run_dir, run_id), started)
-
-
-def host_room():
-    """A CPU run's one room: the host's memory available now."""
-    import psutil
-
-    from harness.run.packing import GpuRoom
-
-    memory = psutil.virtual_memory()
-    return GpuRoom(0, memory.total, memory.available)
-
-
-def kv_cache_bytes(cell: Cell, options: RunOptions) -> int:
-    """The KV cache a server of `cell` gets (harness.serve.deploy.plan_server's rule)."""
-    from harness.serve.deploy import DEFAULT_KV_CACHE_BYTES
-    from harness.serve.launch.models import resolve
-
-    return options.kv_cache_bytes or resolve(cell.model).kv_cache_bytes or DEFAULT_KV_CACHE_BYTES
-
-
-def weight_bytes(cell: Cell) -> int:
-    """The weights a server of `cell` places on its GPU, from its config.json's shape."""
-    import json
-
-    from harness.run.packing import model_weight_bytes
-    from harness.serve.launch.models import resolve
-
-    model = resolve(cell.model)
-    config = Path(model.path) / "config.json"
-    if not model.local or not config.is_file():
-        return 0   # a hub id not cached here: the overhead term carries it
-    return model_weight_bytes(json.loads(config.read_text()), cell.dtype)
 
 
 __all__ = ["child_options", "packed_command"]

@@ -384,6 +384,22 @@ def random_weights_verdict(cmp: Comparison, checks: list[Check], path: list[str]
                    expected_failure, tuple(path), not_available=na)
 
 
+def _left_out(cmp: Comparison, not_available: Mapping[str, str] | None,
+              weather: WeatherJudgement | None) -> tuple[dict[str, str], tuple[str, ...]]:
+    """The transfer checks left out of this verdict (name -> why) and the record's lines for
+    every check not available, the byte account that could not be stated among them."""
+    skipped = dict(not_available or {})
+    if weather is not None:
+        skipped.update({name: f"{name}: accounted per request by the weather ({why})"
+                        for name, why in weather.accounted_checks.items()})
+    na = tuple(skipped.values())
+    why_no_bytes = cmp.transfer.byte_account_skipped
+    if cmp.transfer.byte_account is None and why_no_bytes and "kv-bytes-exact" not in skipped:
+        # an expectation that cannot be exact is said, never passed (geometry not modelled)
+        na += (f"kv-bytes-exact: not available: {why_no_bytes}",)
+    return skipped, na
+
+
 def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | None = None,
            reference: ReferenceAccuracy | None = None, previous_n: int | None = None,
            not_available: Mapping[str, str] | None = None,
@@ -402,15 +418,7 @@ def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | N
     the model has no trained weights, so the transfer checks and the digest decide alone at the
     first look (random_weights_verdict). `weather`: the per-request judgement of a cell under
     weather (its checks come first; `cmp` then holds the answered questions only)."""
-    skipped = dict(not_available or {})
-    if weather is not None:
-        skipped.update({name: f"{name}: accounted per request by the weather ({why})"
-                        for name, why in weather.accounted_checks.items()})
-    na = tuple(skipped.values())
-    why_no_bytes = cmp.transfer.byte_account_skipped
-    if cmp.transfer.byte_account is None and why_no_bytes and "kv-bytes-exact" not in skipped:
-        # an expectation that cannot be exact is said, never passed (geometry not modelled)
-        na += (f"kv-bytes-exact: not available: {why_no_bytes}",)
+    skipped, na = _left_out(cmp, not_available, weather)
     checks: list[Check] = []
     path: list[str] = []
     if reference is not None and cmp.n > 0:

@@ -309,6 +309,18 @@ def plot_soak(cell_id: str, soak: Mapping[str, Any], path: Path) -> Path:
 
 
 # ---- the report -------------------------------------------------------------------------------
+def _soak_plots(rows: Sequence[Mapping[str, Any]], out: Path, img: Path) -> list[dict[str, Any]]:
+    """One soak plot per row that ran the soak weather: agreement and mismatches per window."""
+    soaks = []
+    for row in rows:
+        soak = soak_of(row)
+        if soak is not None:
+            path = plot_soak(str(row["cell_id"]), soak, img / f"soak-{_slug(str(row['cell_id']))}.svg")
+            soaks.append({"cell_id": row["cell_id"], "src": path.relative_to(out).as_posix(),
+                          "line": soak.get("line", ""), "outcome": _outcome(row)})
+    return soaks
+
+
 def render_report(history_db: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
                   title: str = "P/D accuracy report",
                   max_trend_plots: int = DEFAULT_MAX_TREND_PLOTS) -> Path:
@@ -350,13 +362,7 @@ def render_report(history_db: str | os.PathLike[str], out_dir: str | os.PathLike
         trends.append({"cell_id": cell_id, "src": path.relative_to(out).as_posix(),
                        "changed": cell_id in changed})
 
-    soaks = []
-    for row in newest:   # canaries too: a late fault shows where it began
-        soak = soak_of(row)
-        if soak is not None:
-            path = plot_soak(str(row["cell_id"]), soak, img / f"soak-{_slug(str(row['cell_id']))}.svg")
-            soaks.append({"cell_id": row["cell_id"], "src": path.relative_to(out).as_posix(),
-                          "line": soak.get("line", ""), "outcome": _outcome(row)})
+    soaks = _soak_plots(newest, out, img)   # canaries too: a late fault shows where it began
 
     def record_link(row: Mapping[str, Any]) -> str | None:
         path = row.get("record_path")

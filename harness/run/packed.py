@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from harness.core.cell import Cell
+from harness.core.options import RunOptions
 from harness.judge.verdict import Verdict, error
-from harness.run.packing import GIB, GroupJob, Packer
+from harness.run.packing import GIB, GpuRoom, GroupJob, Packer, model_weight_bytes
 from harness.run.record import CellResult, Recorder, load_records
 from harness.serve.supervision.process import ManagedProcess
 
@@ -157,5 +158,33 @@ def collect_results(cells: Sequence[Cell], turns: Sequence[GroupTurn], run_dir: 
     return results
 
 
-__all__ = ["GroupTurn", "PackedRun", "collect_results", "peak_overlap",
-           "started_while_another_ran"]
+# what the packer is told of a cell and of the host, read from the cell's model and options
+def host_room() -> GpuRoom:
+    """A CPU run's one room: the host's memory available now."""
+    import psutil
+
+    memory = psutil.virtual_memory()
+    return GpuRoom(0, memory.total, memory.available)
+
+
+def kv_cache_bytes(cell: Cell, options: RunOptions) -> int:
+    """The KV cache a server of `cell` gets (harness.serve.deploy.plan_server's rule)."""
+    from harness.serve.deploy import DEFAULT_KV_CACHE_BYTES
+    from harness.serve.launch.models import resolve
+
+    return options.kv_cache_bytes or resolve(cell.model).kv_cache_bytes or DEFAULT_KV_CACHE_BYTES
+
+
+def weight_bytes(cell: Cell) -> int:
+    """The weights a server of `cell` places on its GPU, from its config.json's shape."""
+    from harness.serve.launch.models import resolve
+
+    model = resolve(cell.model)
+    config = Path(model.path) / "config.json"
+    if not model.local or not config.is_file():
+        return 0   # a hub id not cached here: the overhead term carries it
+    return model_weight_bytes(json.loads(config.read_text()), cell.dtype)
+
+
+__all__ = ["GroupTurn", "PackedRun", "collect_results", "host_room", "kv_cache_bytes",
+           "peak_overlap", "started_while_another_ran", "weight_bytes"]

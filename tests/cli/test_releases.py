@@ -119,7 +119,7 @@ def test_doctor_names_what_does_not_attach_and_why():
     text = render(report)
     assert "kv-digest          NOT AVAILABLE kv-events: gone" in text
     assert "[on get_finished(finished_req_ids)]" in text
-    assert "expiry                     not available: weather expiry needs vLLM >= 0.32.0" in text
+    assert "expiry                     not available: weather expiry needs vLLM >= 0.26.0" in text
 
 
 def test_the_rule_leaves_out_a_canary_whose_hook_does_not_attach():
