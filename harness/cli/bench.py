@@ -2,7 +2,8 @@
 `pd-accuracy run` does (same arguments), or reads a finished run (`--from RUN_DIR`), then prints
 
 * every server's start-up, broken into phases read from its log (harness.serve.launch.startup_phases),
-  and the phases summed over all servers;
+  the phases summed over all servers, and each phase's median over all servers and per role
+  (baseline, prefill, decode);
 * per cell: start-up, baseline eval, P/D eval, start-up's share of the cell's wall time, and
   the KV digest's hashing time (both sides, summed over the cell's requests) against its P/D
   eval;
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +43,36 @@ def packing_of(run_dir: Path) -> dict[str, Any] | None:
     """A packed run's packing.json (harness.run.packed): groups at once, GPUs, wall time."""
     path = run_dir / "packing.json"
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+ROLES = ("baseline", "prefill", "decode")
+# a server log's stem ends in its spec's name: baseline, prefill-0, decode-1, decode-0.restart1
+_ROLE_RE = re.compile(r"-(baseline|prefill|decode)(?:-\d+)?(?:\.restart\d+)?$")
+
+
+def role_of(server: str) -> str | None:
+    """baseline, prefill or decode, from a server log's stem; None for any other log."""
+    match = _ROLE_RE.search(server)
+    return match.group(1) if match else None
+
+
+def _server_name(log_path: str) -> str:
+    """A server log's name less .log (and .log.gz: committed runs keep their logs gzipped)."""
+    name = Path(log_path).name
+    return name.removesuffix(".gz").removesuffix(".log")
+
+
+def median(values: list[Any]) -> float | None:
+    numbers = [v for v in values if isinstance(v, (int, float))]
+    return round(statistics.median(numbers), 1) if numbers else None
+
+
+def phase_medians(servers: list[dict[str, Any]], phases: tuple[str, ...]) -> dict[str, Any]:
+    """Servers that became ready, their start-up median and each phase's median (a phase a
+    server's log lacks, e.g. compile of an eager server, is left out of that phase's median)."""
+    ready = [s for s in servers if s.get("total_s") is not None]
+    return {"servers": len(ready), "startup_median_s": median([s["total_s"] for s in ready]),
+            "phase_median_s": {p: median([s.get(p) for s in ready]) for p in phases}}
 
 
 def _baseline_key(record: dict) -> str:
@@ -85,6 +118,7 @@ def bench_record(run_dir: Path, wall_s: float | None = None,
     from harness.serve.launch.startup_phases import PHASES, parse_logs, summed
 
     servers = [s for s in parse_logs(server_logs(run_dir)) if s.phases]
+    rows = [{"server": _server_name(s.log_path), "total_s": s.total_s, **s.phases} for s in servers]
     cells = cell_rows(run_dir)
     packing = packing_of(run_dir)
     if packing and wall_s is None:
@@ -99,9 +133,11 @@ def bench_record(run_dir: Path, wall_s: float | None = None,
         "wall_s": wall_s,
         "peak_rss_bytes": peak_rss_bytes,
         "host_cpu_busy_share": cpu_busy_share,
-        "servers": [{"server": Path(s.log_path).stem, "total_s": s.total_s, **s.phases}
-                    for s in servers],
+        "servers": rows,
         "phases_summed_s": summed(servers),
+        "phase_median_s": phase_medians(rows, PHASES)["phase_median_s"],
+        "by_role": {role: phase_medians([r for r in rows if role_of(r["server"]) == role], PHASES)
+                    for role in ROLES},
         "phases": list(PHASES),
         "server_startup_median_s": ready[len(ready) // 2] if ready else None,
         "server_startup_range_s": [ready[0], ready[-1]] if ready else None,
@@ -145,6 +181,13 @@ def print_bench(record: dict[str, Any]) -> None:
         table.add_row(s["server"], *(fmt(s.get(p)) for p in phases), fmt(s["total_s"]))
     table.add_row("all servers (summed)", *(fmt(record["phases_summed_s"][p]) for p in phases),
                   fmt(sum(record["phases_summed_s"].values())))
+    table.add_row("median, all servers", *(fmt(record["phase_median_s"][p]) for p in phases),
+                  fmt(median([s["total_s"] for s in record["servers"]])))
+    for role, mine in record["by_role"].items():
+        if mine["servers"]:
+            table.add_row(f"median, {mine['servers']} {role}",
+                          *(fmt(mine["phase_median_s"][p]) for p in phases),
+                          fmt(mine["startup_median_s"]))
     console.print(table)
     cells = Table(title="cells")
     for col in ("cell", "outcome", "waited for servers s", "baseline eval s", "P/D eval s",

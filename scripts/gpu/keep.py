@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Copy the part of a GPU run worth committing into results/reference/.
 
-    .venv/bin/python scripts/gpu/keep.py results/gpu/<TAG> results/reference/<DIR>/<TAG> [--samples GLOB]
+    python3 scripts/gpu/keep.py RUN results/reference/<DIR>/<NAME> [--samples GLOB]
 
-Kept: cells.json, groups.txt, console/ (one log per baseline group) and every verdict record.
+RUN is one run directory of `pd-accuracy run` or `bench` (packed: packing.json and one folder per
+baseline group). Kept: packing.json, bench.json, console/ (one log per group) and every verdict
+record.
 For each cell that did not PASS also its run's server/proxy logs and KV digest files and the per-question answers of
 baseline and P/D when both were evaluated (both gzip: `zless`). --samples GLOB (on the cell id) keeps the answers of passing cells too.
 A whole run is ~30 MB; what is kept is a few hundred KB, so device carries stay under 64 MiB.
@@ -36,14 +38,16 @@ def keep(run: Path, dest: Path, samples_glob: str | None) -> list[str]:
             shutil.copy2(run / name, dest / name)
     if (run / "console").is_dir():
         shutil.copytree(run / "console", dest / "console", dirs_exist_ok=True)
-    # run_profile.sh's records/<run>/, or a packed run's <group run>/ (harness.run.packed)
-    pattern = "records/*/*.json" if (run / "records").is_dir() else "*/*.json"
+    # a packed run's <group>/ (harness.run.packed), a one-group run's own directory, or the
+    # records/<group run>/ of the reference runs before `run` packed GPUs itself
+    pattern = ("records/*/*.json" if (run / "records").is_dir()
+               else "*/*.json" if (run / "packing.json").exists() else "*.json")
     for rec_path in sorted(run.glob(pattern)):
         rec = json.loads(rec_path.read_text())
         if "verdict" not in rec:
             continue
         run_dir, cell_id = rec_path.parent, rec["cell"]["id"]
-        out_dir = dest / ("records" if pattern.startswith("records") else ".") / run_dir.name
+        out_dir = dest / run_dir.relative_to(run)
         out_dir.mkdir(parents=True, exist_ok=True)
         shutil.copy2(rec_path, out_dir / rec_path.name)
         failed = outcome_of(rec) != "PASS"
@@ -71,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("dest", type=Path)
     ap.add_argument("--samples", metavar="GLOB", help="also keep the answers of these passing cells")
     args = ap.parse_args(argv)
-    if not ((args.run / "cells.json").exists() or (args.run / "packing.json").exists()):
-        print(f"error: {args.run} is neither a run_profile.sh run (cells.json) nor a packed "
-              f"run (packing.json)", file=sys.stderr)
+    if not any((args.run / name).exists() for name in ("packing.json", "logs", "records")):
+        print(f"error: {args.run} is not a run directory (no packing.json, logs/ or records/)",
+              file=sys.stderr)
         return 2
     for line in keep(args.run, args.dest, args.samples):
         print(line)

@@ -10,7 +10,7 @@
 # expected failures match them all the same. Results under $OUT (at most 8 files, < 15 MiB each):
 # soak-expiry.tgz (records, pruned logs), soak-expiry-summary.md, console.log.
 #
-# Expects what scripts/gpu/run_profile.sh expects: vLLM 0.26.0 in /tmp/site (or the wheelhouse
+# Expects what scripts/gpu/offline_env.sh expects: vLLM 0.26.0 in /tmp/site (or the wheelhouse
 # parts in /tmp/parts), the harness's pure-Python deps as .whl/*.whl, the harness at $PWD.
 #   bash scripts/gpu/soak_and_expiry.sh        (SOAK_REQUESTS, BUDGET_S, OUT may be overridden)
 set -uo pipefail
@@ -24,7 +24,7 @@ site=/tmp/site
 if [ ! -f $site/.unpacked ] && ls /tmp/parts/part.* > /dev/null 2>&1; then
   mkdir -p $site && cat /tmp/parts/part.* | xz -d -T0 | tar x -C $site && touch $site/.unpacked
 fi
-# the harness's deps and its vLLM plugin entry points (run_profile.sh's install); this
+# the harness's deps and its vLLM plugin entry points (as offline_env.sh installs them); this
 # checkout comes first on the path, so an older harness in $site is never the one that runs
 if [ ! -f $site/.harness ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target $site .whl/*.whl &&

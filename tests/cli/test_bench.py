@@ -40,3 +40,44 @@ def test_cpu_load_is_printed(capsys):
     print_cpu_load(Console(width=200), sampler.summary())
     out = capsys.readouterr().out
     assert "run queue (procs_running): mean" in out and "steal" in out and "system" in out
+
+
+def _log(imports: int, ready: int) -> str:
+    """A server log: launched at 12:00:00, API server up after `imports` s, HTTP up at `ready` s."""
+    return ("=== 2026-12-02T12:00:00 start server: python -m vllm.entrypoints.openai.api_server\n"
+            f"(APIServer pid=1) INFO 12-02 12:00:{imports:02d} [api_utils.py:1] vLLM\n"
+            f"(APIServer pid=1) INFO 12-02 12:00:{ready:02d} [entry.py:1] Starting vLLM server on "
+            "http://127.0.0.1:1\n")
+
+
+def test_bench_from_a_packed_run_gives_phase_medians_per_role(tmp_path):
+    """`bench --from` of a packed run: each phase's median over all servers and per role (what
+    docs/startup.md's GPU table reports), read from every group's logs, gzipped ones too."""
+    import gzip
+
+    from harness.cli.bench import bench_record, role_of
+
+    (tmp_path / "packing.json").write_text('{"wall_s": 60.0, "gpus": 1}\n')
+    logs = {"g1/logs/baseline-aaa-baseline.log": _log(10, 20),
+            "g1/logs/pair-aaa-128-128-1-1-ok-prefill-0.log": _log(2, 10),
+            "g1/logs/pair-aaa-128-128-1-1-ok-decode-0.log": _log(4, 14),
+            "g2/logs/baseline-bbb-baseline.log": _log(20, 40),
+            "g2/logs/pair-bbb-128-128-1-1-ok-decode-0.restart1.log": _log(6, 30),
+            "g2/logs/proxy-123.log": "not a server\n"}
+    for rel, text in logs.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    gz = tmp_path / "g2/logs/pair-bbb-128-128-1-1-ok-prefill-0.log.gz"
+    gz.write_bytes(gzip.compress(_log(4, 12).encode()))
+
+    record = bench_record(tmp_path)
+    assert len(record["servers"]) == 6
+    assert record["phase_median_s"]["imports"] == 5.0          # 2, 4, 4, 6, 10, 20
+    assert record["by_role"]["baseline"] == {
+        "servers": 2, "startup_median_s": 30.0,
+        "phase_median_s": {**{p: None for p in record["phases"]}, "imports": 15.0, "ready": 15.0}}
+    assert record["by_role"]["prefill"]["startup_median_s"] == 11.0
+    assert record["by_role"]["decode"]["servers"] == 2
+    assert record["by_role"]["decode"]["phase_median_s"]["ready"] == 17.0   # 10, 24
+    assert role_of("proxy-123") is None and role_of("server-template") is None
