@@ -76,13 +76,6 @@ class JobResult:
 
 
 @dataclass
-def _write_agent_shim(folder: Path) -> None:
-    """A `buildkite-agent` on the jobs' PATH that answers the meta-data calls steps make."""
-    shim = folder / "buildkite-agent"
-    shim.write_text(_AGENT_SHIM)
-    shim.chmod(0o755)
-
-
 class FarmResult:
     jobs: list[JobResult]
 
