@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import shutil
 import subprocess
 import sys
@@ -39,6 +40,9 @@ STAMP = ".pd-accuracy-release"
 REMOVED = ("torchvision", "torchaudio", "torchcodec")
 NO_DEPS = ("nixl==1.5.1", "nixl-cu12==1.5.1")
 BESIDE = ("lm-eval[api]==0.4.13",)
+# ending a run's process group: SIGTERM, this long for it to go, then SIGKILL
+TERM_GRACE_S = 30.0
+KILL_WAIT_S = 10.0
 
 
 def envs_root(env: Mapping[str, str] | None = None) -> Path:
@@ -144,7 +148,8 @@ def run_environment(python: Path, env: Mapping[str, str] | None = None) -> dict[
 def run_in(python: Path, argv: Sequence[str], *, capture: bool = False,
            env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
     """``pd-accuracy ARGV`` in a release's environment; its exit code is the command's. The
-    child runs in its own process group, which is ended on every exit path."""
+    child runs in its own process group, which is ended on every exit path (an exception or
+    KeyboardInterrupt here included): see :func:`end_group`."""
     command = [str(python), "-m", "harness.cli", *argv]
     child = subprocess.Popen(command, env=run_environment(python, env), cwd=str(REPO_ROOT),
                              start_new_session=True,
@@ -153,10 +158,40 @@ def run_in(python: Path, argv: Sequence[str], *, capture: bool = False,
     try:
         out, _ = child.communicate()
     finally:
-        if child.poll() is None:
-            os.killpg(child.pid, 15)
-            child.wait()
+        end_group(child)
     return subprocess.CompletedProcess(command, child.returncode, out or "", "")
+
+
+def _signal_group(pgid: int, signum: int) -> bool:
+    """Send ``signum`` to process group ``pgid``; False when the group has no process left."""
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        return False
+    except PermissionError:      # a member we may not signal: the group is still there
+        return True
+    return True
+
+
+def end_group(child: subprocess.Popen, grace: float | None = None) -> None:
+    """End ``child``'s process group (the child leads it: ``start_new_session``): SIGTERM, up to
+    ``grace`` seconds (TERM_GRACE_S) for the child to exit, then SIGKILL to what is left of the
+    group. Bounded: a child that ignores SIGTERM cannot hang the caller, and an interrupt while
+    waiting still sends the SIGKILL. A child that already exited costs no wait: what it left
+    in its group is killed at once. (Only the child is waited for: a member it orphaned is
+    reaped by init, and may stay a zombie where init does not reap.)"""
+    grace = TERM_GRACE_S if grace is None else grace
+    try:
+        if _signal_group(child.pid, signal.SIGTERM):
+            child.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        if _signal_group(child.pid, signal.SIGKILL):
+            try:
+                child.wait(timeout=KILL_WAIT_S)
+            except subprocess.TimeoutExpired:
+                pass
 
 
 WORST_FIRST = (EXIT_ERROR, EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_USAGE, EXIT_OK)   # worst first
@@ -217,6 +252,6 @@ def run_releases(names: str, argv: Sequence[str], results_dir: str, dry_run: boo
     return worst_exit(list(codes.values()))
 
 
-__all__ = ["PACKAGE_ENV", "Release", "ReleaseEnv", "ReleaseError", "default_package",
-           "parse_release", "parse_releases", "release_env", "run_environment", "run_in",
-           "run_releases", "strip_option", "worst_exit"]
+__all__ = ["PACKAGE_ENV", "Release", "ReleaseEnv", "ReleaseError", "TERM_GRACE_S",
+           "default_package", "end_group", "parse_release", "parse_releases", "release_env",
+           "run_environment", "run_in", "run_releases", "strip_option", "worst_exit"]
