@@ -248,7 +248,8 @@ def generate_pipeline(cells: Iterable[Cell], *, profile: str,
     ``["--limit", "20"]``). `report_dir` adds a history + HTML report command to the final step.
     `vllm_releases` adds the release axis: one CPU step running the smoke cells once per vLLM
     release (`run --vllm`), its records beside the others' (the annotation and report read
-    them; the report's release x cell heatmap shows them).
+    them; the report's release x cell heatmap shows them). `pd-accuracy pipeline` passes the
+    profile's `vllm_releases` (the matrix) unless `--vllm-releases` overrides them.
     Every document is validated (`validate_uploads`) unless `validate` is False.
     """
     from buildkite_sdk import CommandStep, Pipeline
@@ -263,7 +264,7 @@ def generate_pipeline(cells: Iterable[Cell], *, profile: str,
                                    steps, max_steps)
     if vllm_releases:
         docs[-1].append(release_axis_step(vllm_releases, results_dir, queue_for(0, queues)[1],
-                                          retry_limit))
+                                          retry_limit, run_args))
         group_keys = [*group_keys, RELEASE_AXIS_KEY]
     annotate = CommandStep(
         label="P/D accuracy annotation",
@@ -295,9 +296,9 @@ RELEASE_AXIS_MINUTES = 12        # per release: a smoke run took 7-9 min on the 
 
 
 def release_axis_step(releases: Sequence[str], results_dir: str, queue: str,
-                      retry_limit: int = DEFAULT_RETRY_LIMIT) -> Any:
+                      retry_limit: int = DEFAULT_RETRY_LIMIT, run_args: Sequence[str] = ()) -> Any:
     """The CPU step that runs the smoke cells once per vLLM release, each in its own cached
-    environment (harness.run.releases; uv makes them)."""
+    environment (harness.run.releases; uv makes them); `run_args` as every step's run."""
     from buildkite_sdk import AutomaticRetry, CommandStep, CommandStepRetry
 
     out = f"{results_dir}/vllm-releases"
@@ -306,7 +307,7 @@ def release_axis_step(releases: Sequence[str], results_dir: str, queue: str,
         key=RELEASE_AXIS_KEY,
         commands=["python3 -m pip install -q uv",
                   shlex.join([RUN_COMMAND, "run", "--profile", RELEASE_AXIS_PROFILE, "--vllm",
-                              ",".join(releases), "--results-dir", out])],
+                              ",".join(releases), "--results-dir", out, *run_args])],
         agents={"queue": queue},
         env={"PD_ACCURACY_RESULTS_DIR": out, "PYTHONUNBUFFERED": "1"},
         timeout_in_minutes=RELEASE_AXIS_MINUTES * len(releases) + 15,

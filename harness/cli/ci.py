@@ -9,8 +9,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
+
 from harness.core.outcomes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+
+if TYPE_CHECKING:
+    from harness.matrix import MatrixSpec
 
 # Pipelines are generated on a CPU agent for the GPU farm, so the matrix is not expanded for
 # this machine; each job's `pd-accuracy run` re-expands for its own agent.
@@ -33,17 +37,41 @@ def _queues(text: str | None) -> dict[int, str] | None:
     return normalize_queues(data)
 
 
-def _cells(profile: str, matrix_path: str | None, platform_spec: str) -> list:
+def _cells(spec: "MatrixSpec", profile: str, platform_spec: str) -> list:
     """The cells of `profile` for the target machines (not this one): 'any' applies only the
     matrix's validity rules; a spec like 'cuda:8' also drops what such a machine cannot run."""
     from harness import matrix
     from harness.core.platform import PlatformInfo
 
     platform = None if platform_spec == "any" else PlatformInfo.from_spec(platform_spec)
-    expansion = matrix.expand(matrix.load_matrix(matrix_path), profile, platform)
+    expansion = matrix.expand(spec, profile, platform)
     if not expansion.cells:
         raise ValueError(f"profile {profile!r} expands to no cells on {platform_spec}")
     return list(expansion.cells)
+
+
+RELEASES_OFF = "none"
+
+
+def pipeline_releases(option: str | None, profile_releases: Sequence[str]) -> list[str]:
+    """The releases of the pipeline's release step: the profile's ``vllm_releases`` unless
+    ``--vllm-releases`` is given; ``--vllm-releases none`` switches the step off. A bad release
+    is a ReleaseError (a ValueError, one line)."""
+    from harness.core.vllm_releases import ReleaseError, parse_releases
+
+    if option is None:
+        return list(profile_releases)
+    if option.strip().lower() == RELEASES_OFF:
+        return []
+    names = [part.strip() for part in option.split(",") if part.strip()]
+    if not names:
+        raise ReleaseError(f"--vllm-releases names no release (`--vllm-releases {RELEASES_OFF}`:"
+                           f" no release step)")
+    try:
+        parse_releases(names, source="the list")
+    except ReleaseError as exc:
+        raise ReleaseError(f"--vllm-releases: {exc}") from None
+    return names
 
 
 def _run_args(args: argparse.Namespace) -> list[str]:
@@ -57,8 +85,12 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     from harness.ci import pipeline, test_areas
 
     try:
+        from harness.matrix import load_matrix
+
         queues = _queues(args.queues)
-        cells = _cells(args.profile, args.matrix, args.platform)
+        spec = load_matrix(args.matrix)
+        cells = _cells(spec, args.profile, args.platform)
+        releases = pipeline_releases(args.vllm_releases, spec.profile(args.profile).vllm_releases)
         common: dict[str, Any] = dict(profile=args.profile, queues=queues,
                                       results_dir=args.results_dir,
                                       timeout_minutes=args.timeout_minutes,
@@ -70,7 +102,6 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
             texts = [yaml.safe_dump(test_areas.vllm_test_areas_document(steps), sort_keys=False,
                                     width=100_000)]
         else:
-            releases = [r.strip() for r in (args.vllm_releases or "").split(",") if r.strip()]
             docs = pipeline.generate_pipeline(cells, max_steps=args.max_steps,
                                               report_dir=args.report_dir,
                                               vllm_releases=releases, **common)
@@ -202,8 +233,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, help="questions per cell (passed to `run --limit`)")
     p.add_argument("--device", help="test-areas: ci-infra device of GPU steps (e.g. h200)")
     p.add_argument("--vllm-releases", metavar="R1,R2,...",
-                   help="also a CPU step running the smoke cells once per vLLM release "
-                        "(`run --vllm`; docs/releases.md)")
+                   help="a CPU step running the smoke cells once per vLLM release (`run "
+                        "--vllm`; docs/releases.md); default: the profile's vllm_releases; "
+                        f"'{RELEASES_OFF}': no release step")
     p.add_argument("--setup", action="append", metavar="CMD",
                    help="test-areas: command run before pd-accuracy in every step (repeatable)")
     p.set_defaults(func=cmd_pipeline)

@@ -83,6 +83,7 @@ def run_list(args: argparse.Namespace) -> int:
             "excluded": [{"id": x.cell.cell_id, "rule": x.rule, "reason": x.reason}
                          for x in expansion.excluded] if args.show_excluded else [],
             "pairwise": [{**dataclasses.asdict(c), "line": c.line()} for c in expansion.coverage],
+            "vllm_releases": list(spec.profile(args.profile).vllm_releases),
         }
         print(json.dumps(payload, indent=1))
         return EXIT_OK
@@ -115,4 +116,13 @@ def run_list(args: argparse.Namespace) -> int:
         console.print(f"[dim]{len(expansion.excluded)} cell(s) excluded; --show-excluded lists them with reasons[/]")
     for coverage in expansion.coverage:   # a pairwise grid: its covering array against the product
         console.print(f"pairwise {coverage.line()}", highlight=False, soft_wrap=True)
+    releases = spec.profile(args.profile).vllm_releases
+    if releases:
+        console.print(releases_line(releases), highlight=False, soft_wrap=True)
     return EXIT_OK
+
+
+def releases_line(releases: Any) -> str:
+    """What `list` says of a profile's vllm_releases (docs/releases.md)."""
+    return (f"vLLM releases: {', '.join(releases)} (the pipeline's release step runs the smoke "
+            f"cells on each)")

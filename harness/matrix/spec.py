@@ -21,6 +21,7 @@ from harness.core.bounded_yaml import BoundedYAMLError, load_bounded
 from harness.core.catalog import BlockSizeProvider, ModelCatalog, ModelInfo
 from harness.core.cell import Cell, weather_items
 from harness.core.model_config import facts_from_config, find_config, read_config
+from harness.core.vllm_releases import ReleaseError, parse_releases
 from harness.matrix.axes import PAIR_AXES, as_list, env_items, pairs
 from harness.matrix.errors import MatrixError, UnknownProfileError
 from harness.matrix.schema import check_structure
@@ -128,6 +129,8 @@ class Profile:
     pairwise: tuple[Mapping[str, Any], ...] = ()
     expected_failures: tuple[Rulebook, ...] = ()
     exclude: tuple[Rulebook, ...] = ()
+    # the pipeline's release step (docs/releases.md): this profile's own, never an include's
+    vllm_releases: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, name: str, body: Mapping[str, Any] | None) -> "Profile":
@@ -142,6 +145,7 @@ class Profile:
             pairwise=tuple(dict(g or {}) for g in body.get("pairwise") or []),
             expected_failures=Rulebook.parse_list(body.get("expected_failures")),
             exclude=Rulebook.parse_list(body.get("exclude")),
+            vllm_releases=tuple(str(r).strip() for r in body.get("vllm_releases") or ()),
         )
 
 
@@ -203,6 +207,7 @@ def load_matrix(path: str | Path | None = None,
         for inc in profile.include:
             if inc not in profiles:
                 raise MatrixError(f"{where}: profiles.{profile.name}.include: unknown profile {inc!r}")
+        _check_releases(profile, where)
     spec = MatrixSpec(
         path=str(path),
         models=ModelCatalog(models, block_size_provider or required_block_size, config_facts),
@@ -213,6 +218,17 @@ def load_matrix(path: str | Path | None = None,
     for name in profiles:
         _include_order(spec, name, ())   # reject include cycles at load time
     return spec
+
+
+def _check_releases(profile: Profile, where: str) -> None:
+    """A profile's vllm_releases must name releases as `run --vllm` would take them (versions,
+    existing .whl files or checkouts, each once): else one line, before anything runs."""
+    if not profile.vllm_releases:
+        return
+    try:
+        parse_releases(profile.vllm_releases, source="the list")
+    except ReleaseError as exc:
+        raise MatrixError(f"{where}: profiles.{profile.name}.vllm_releases: {exc}") from None
 
 
 def _read_yaml(path: Path) -> Any:

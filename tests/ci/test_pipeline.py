@@ -332,7 +332,9 @@ def test_cli_pipeline_options(tmp_path, capsys):
     steps = cell_steps(docs)
     # the nightly's CPU cells (soaks, the combos CPU array) go to its cpu queue
     assert {s["agents"]["queue"] for s in steps} == {"cpu", "h200-1", "h200-2"}
-    assert all(" --limit 10 " in s["commands"][0] for s in steps)
+    # every `pd-accuracy run`, the release step's (from the nightly profile) too
+    assert all(" --limit 10" in s["commands"][-1] for s in steps)
+    assert "pd-accuracy-vllm-releases" in {s["key"] for s in steps}
     # too many steps for one upload on stdout: refused, nothing printed
     assert main(["pipeline", "--profile", "pr", "--max-steps", "20"]) == 2
     assert main(["pipeline", "--profile", "pr", "--platform", "cpu"]) == 2    # no GPU cell fits
@@ -375,6 +377,10 @@ def test_nightly_generation_command_takes_schedule_env():
     assert argv[argv.index("--parallelism") + 1] == "3"
     assert argv[argv.index("--queues") + 1] == queues
     assert argv[argv.index("--out-dir") + 1] == ".pd-accuracy-pipeline"
+    # the releases: the nightly profile's unless the schedule names others (or `none`)
+    assert "--vllm-releases" not in argv
+    argv = _shell_argv(command, {"PD_ACCURACY_VLLM_RELEASES": "0.31.0,0.32.0"})
+    assert argv[argv.index("--vllm-releases") + 1] == "0.31.0,0.32.0"
 
 
 # ---- vLLM ci-infra test_areas -----------------------------------------------------------------
@@ -423,3 +429,78 @@ def test_the_nightly_release_axis_is_one_cpu_step_the_annotation_waits_for():
     assert "pd-accuracy-vllm-releases" in annotate["depends_on"]
     plain = generate_pipeline(cells, profile="smoke")
     assert not any(s.get("key") == "pd-accuracy-vllm-releases" for s in plain[-1]["steps"])
+
+
+# ---- the release step from the matrix ---------------------------------------------------------
+RELEASE_MATRIX = """
+models:
+  d: {kind: dense, num_kv_heads: 4}
+profiles:
+  base:
+    defaults: {device: cpu, backend: CPU_ATTN}
+    grids: [{model: d, block_size: 32}]
+  night:
+    include: [base]
+    vllm_releases: ["0.27.1", "0.29.0"]
+"""
+
+
+def _release_steps(main, capsys, argv: list[str]) -> list[dict]:
+    assert main(["pipeline", *argv]) == 0
+    doc = yaml.safe_load(capsys.readouterr().out)
+    return [s for s in command_steps([doc]) if s["key"] == "pd-accuracy-vllm-releases"]
+
+
+def test_the_pipeline_takes_the_release_step_from_the_profile(tmp_path, capsys):
+    from harness.cli.main import main
+
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(RELEASE_MATRIX)
+    (step,) = _release_steps(main, capsys, ["--matrix", str(matrix), "--profile", "night"])
+    assert "--vllm 0.27.1,0.29.0 " in step["commands"][-1]
+    # not inherited: a profile without the key gets no release step
+    assert _release_steps(main, capsys, ["--matrix", str(matrix), "--profile", "base"]) == []
+    # the shipped nightly: the releases of the committed SUMMARY
+    (step,) = [s for s in cell_steps(generate_nightly(main, tmp_path, capsys))
+               if s["key"] == "pd-accuracy-vllm-releases"]
+    assert "--vllm 0.27.1,0.29.0,0.31.0,0.32.0 " in step["commands"][-1]
+
+
+def generate_nightly(main, tmp_path, capsys) -> list[dict]:
+    out = tmp_path / "nightly"
+    assert main(["pipeline", "--profile", "nightly", "--out-dir", str(out)]) == 0
+    capsys.readouterr()
+    return [yaml.safe_load(f.read_text()) for f in sorted(out.glob("pipeline-*.yml"))]
+
+
+def test_vllm_releases_on_the_command_line_overrides_the_profile(tmp_path, capsys):
+    from harness.cli.main import main
+
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(RELEASE_MATRIX)
+    base = ["--matrix", str(matrix), "--profile", "night"]
+    (step,) = _release_steps(main, capsys, [*base, "--vllm-releases", "0.31.0, 0.32.0"])
+    assert "--vllm 0.31.0,0.32.0 " in step["commands"][-1]
+    (step,) = _release_steps(main, capsys, ["--matrix", str(matrix), "--profile", "base",
+                                            "--vllm-releases", "0.32.0"])
+    assert "--vllm 0.32.0 " in step["commands"][-1]
+    assert _release_steps(main, capsys, [*base, "--vllm-releases", "none"]) == []
+
+
+@pytest.mark.parametrize("value,message", [
+    ("", "pd-accuracy: --vllm-releases names no release (`--vllm-releases none`: no release "
+         "step)"),
+    ("0.31.0,0.31.0", "pd-accuracy: --vllm-releases: the list names a release twice: "
+                      "0.31.0,0.31.0"),
+    ("0.30.0,latest", "pd-accuracy: --vllm-releases: vLLM release 'latest': expected a version "
+                      "(0.29.0), a .whl file or a vLLM checkout directory"),
+])
+def test_a_bad_vllm_releases_option_is_one_line(tmp_path, capsys, value, message):
+    from harness.cli.main import main
+
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(RELEASE_MATRIX)
+    assert main(["pipeline", "--matrix", str(matrix), "--profile", "night",
+                 "--vllm-releases", value]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.splitlines() == [message]

@@ -88,7 +88,14 @@ def test_path_text(path, text):
      "m.yaml: expected_failures[0]: needs the keys match and reason (and, for an expected failure, fails_with)"),
     ("profiles: {smoke: {includes: [pr]}}",
      "m.yaml: profiles.smoke: unknown key(s) ['includes']; known: description, include, defaults, "
-     "grids, pairwise, expected_failures, exclude"),
+     "grids, pairwise, expected_failures, exclude, vllm_releases"),
+    # an unquoted 0.30 is the float 0.3 in YAML: refused, not silently 0.3
+    ("profiles: {smoke: {vllm_releases: ['0.29.0', 0.30]}}",
+     "m.yaml: profiles.smoke.vllm_releases[1]: a vLLM release is a string: a quoted version "
+     "('0.30.0'), a .whl file or a checkout directory, got 0.3"),
+    ("profiles: {smoke: {vllm_releases: '0.29.0'}}",
+     "m.yaml: profiles.smoke.vllm_releases: must be a list of vLLM releases, e.g. "
+     "['0.29.0', '0.32.0']"),
     ("profile: {smoke: {}}",
      "m.yaml: unknown top-level key(s) ['profile']; known: defaults, models, hybrid_block_sizes, "
      "expected_failures, profiles"),
