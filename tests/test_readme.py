@@ -68,5 +68,11 @@ def test_readme_links_every_docs_page():
     assert docs <= linked, sorted(docs - linked)
 
 
-def test_readme_has_the_one_gpu_machine_section():
-    assert "<!-- one-gpu-machine: filled by the GPU work -->" in section("One GPU machine")
+def test_readme_one_gpu_machine_says_the_commands_and_the_pr_cell_count():
+    from harness.core.platform import PlatformInfo
+
+    text = " ".join(section("One GPU machine").split())
+    assert "pd-accuracy run --profile pr " in text
+    assert "pd-accuracy farm --local --gpus 1 --profile pr" in text
+    cells = expand(load_matrix(), "pr", PlatformInfo.from_spec("cuda:1")).cells
+    assert f"run <run id>: {len(cells)} cell(s)" in text, len(cells)
