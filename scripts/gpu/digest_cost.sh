@@ -8,26 +8,20 @@
 #
 #   bash scripts/gpu/digest_cost.sh                 # from the repository root, <= 4 min wall
 #
-# Expects vLLM (0.26.0, CUDA) importable from /tmp/site (SITE=...) and the harness in this
-# checkout; writes under $OUT (default /tmp/out): digest-cost.md, digest-cost.json, the records
+# Expects what scripts/gpu/offline_env.sh expects (PD_ACCURACY_GPU_VLLM, default 0.34.0) and the
+# harness in this checkout; writes under $OUT (default /tmp/out): digest-cost.md, digest-cost.json, the records
 # (records.tgz, digest lines left out) and one console log per group. COMPARE=1 also runs the
 # qwen3 cell with blake2b at the same time (the old path, for a same-machine comparison).
 set -uo pipefail
-SITE=${SITE:-/tmp/site}
 OUT=${OUT:-/tmp/out}
 LIMIT=${LIMIT:-50}
 BUDGET_S=${BUDGET_S:-225}          # the records must be back within 4 minutes
 started=$(date +%s)
 root=$PWD
-export PYTHONPATH=$root:$SITE${PYTHONPATH:+:$PYTHONPATH}   # this checkout's harness first
-export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PATH=$SITE/bin:$PATH HF_HUB_OFFLINE=1
+source scripts/gpu/offline_env.sh "${PD_ACCURACY_GPU_VLLM:-0.34.0}" || exit 3
+export PYTHONPATH=$root:$PYTHONPATH   # this checkout's harness first
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export VLLM_FLASHINFER_ALLREDUCE_BACKEND=trtllm CUDA_VISIBLE_DEVICES=${GPUS:-0}
-# vLLM loads the digest plugin through the harness's entry points: give it them if missing
-if ! python3 -c "import importlib.metadata as m, sys; sys.exit(not any(e.name == 'pd_accuracy_kv_digest' for e in m.entry_points(group='vllm.general_plugins')))"; then
-  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
-    --target /tmp/site-pd-accuracy . && export PYTHONPATH=$PYTHONPATH:/tmp/site-pd-accuracy
-fi
 python3 -c "import harness, sys; sys.exit(not harness.__file__.startswith('$root'))" || {
   echo "digest_cost.sh: harness is not imported from $root" >&2; exit 2; }
 nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader

@@ -8,7 +8,7 @@
 # NAME names the files; BUDGET_S bounds the run (SIGINT, then the records written so far return).
 set -uo pipefail
 name=$1 budget=$2; shift 2
-source "$(dirname "$0")/offline_env.sh" || exit 3
+source "$(dirname "$0")/offline_env.sh" "${PD_ACCURACY_GPU_VLLM:-0.34.0}" || exit 3
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 res=/tmp/res-$name
 started=$(date +%s)

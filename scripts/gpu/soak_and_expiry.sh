@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The soak and the GPU expiry cells on one H200 (vLLM 0.26.0), in at most 4 minutes of wall time:
+# The soak and the GPU expiry cells on one GPU, in at most 4 minutes of wall time:
 #   - tiny-llama-gsm x FLASH_ATTN x V1 and V2 under `expiry` (declared upstream failures in the
 #     matrix: XFAIL expected, XPASS the day a late read fails loudly or answers right);
 #   - a GPU soak of SOAK_REQUESTS requests (default 2,000; the nightly's 20,000 do not fit four
@@ -10,8 +10,8 @@
 # expected failures match them all the same. Results under $OUT (at most 8 files, < 15 MiB each):
 # soak-expiry.tgz (records, pruned logs), soak-expiry-summary.md, console.log.
 #
-# Expects what scripts/gpu/offline_env.sh expects: vLLM 0.26.0 in /tmp/site (or the wheelhouse
-# parts in /tmp/parts), the harness's pure-Python deps as .whl/*.whl, the harness at $PWD.
+# Expects what scripts/gpu/offline_env.sh expects (the wheelhouse parts of the release in
+# PD_ACCURACY_GPU_VLLM, default 0.34.0, in /tmp/parts), the harness at $PWD.
 #   bash scripts/gpu/soak_and_expiry.sh        (SOAK_REQUESTS, BUDGET_S, OUT may be overridden)
 set -uo pipefail
 TAG=soak-expiry
@@ -20,18 +20,10 @@ BUDGET_S=${BUDGET_S:-215}          # the runs; the rest of the 4 minutes packs t
 SOAK_REQUESTS=${SOAK_REQUESTS:-2000}
 started=$(date +%s)
 
-site=/tmp/site
-if [ ! -f $site/.unpacked ] && ls /tmp/parts/part.* > /dev/null 2>&1; then
-  mkdir -p $site && cat /tmp/parts/part.* | xz -d -T0 | tar x -C $site && touch $site/.unpacked
-fi
-# the harness's deps and its vLLM plugin entry points (as offline_env.sh installs them); this
-# checkout comes first on the path, so an older harness in $site is never the one that runs
-if [ ! -f $site/.harness ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target $site .whl/*.whl &&
-  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target $site . &&
-  touch $site/.harness
-fi
-export PYTHONPATH=$PWD:$site CUDA_HOME=/usr/local/cuda PATH=$site/bin:$PATH
+# vLLM and the harness's entry points (RELEASE: 0.34.0 by default); this checkout comes first
+# on the path, so an older harness in the site is never the one that runs
+source scripts/gpu/offline_env.sh "${PD_ACCURACY_GPU_VLLM:-0.34.0}" || exit 3
+export PYTHONPATH=$PWD:$PYTHONPATH
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 HF_HUB_OFFLINE=1
 export VLLM_FLASHINFER_ALLREDUCE_BACKEND=trtllm
 export CUDA_VISIBLE_DEVICES=0 PD_ACCURACY_MAX_STARTING=8
