@@ -69,8 +69,11 @@ def diagnose(features: Any) -> dict[str, Any]:
                f"transport {row.transport} does not import ({error or 'not found'})")
         connectors.append({"kv_connector": value, "vllm_class": row.vllm_name,
                            "attaches": why is None, "why": why})
+    runners = [{"runner": r, "runs": features.runner_missing(r) is None,
+                "why": features.runner_missing(r)} for r in ("v1", "v2")]
     return {"vllm": version, "platform": features.platform, "hooks": hooks, "checks": checks,
-            "canaries": canaries, "weathers": weathers, "connectors": connectors}
+            "canaries": canaries, "weathers": weathers, "connectors": connectors,
+            "runners": runners}
 
 
 def _older(version: str, minimum: str) -> bool:
@@ -90,11 +93,13 @@ def render(report: dict[str, Any]) -> str:
         uses = f" [on {', '.join(h['uses'])}]" if h.get("uses") else ""
         lines.append(f"  {h['hook']:<18} {state:<13} {h['missing'] or '; '.join(h['serves'])}"
                      f"{uses}")
-    for section, key, ok in (("checks", "check", "runs"), ("canaries", "canary", "runs"),
-                             ("weathers", "weather", "runs"),
-                             ("connectors", "kv_connector", "attaches")):
-        lines += ["", f"{section}:"]
-        for item in report[section]:
+    for title, section, key, ok in (("model runners", "runners", "runner", "runs"),
+                                    ("checks", "checks", "check", "runs"),
+                                    ("canaries", "canaries", "canary", "runs"),
+                                    ("weathers", "weathers", "weather", "runs"),
+                                    ("connectors", "connectors", "kv_connector", "attaches")):
+        lines += ["", f"{title}:"]
+        for item in report.get(section, ()):
             state = "runs" if item[ok] else "not available"
             lines.append(f"  {item[key]:<26} {state}{': ' + item['why'] if item['why'] else ''}")
     off = [h["hook"] for h in report["hooks"] if h["attaches"] is False]

@@ -6,6 +6,7 @@ starts, run the cells, print the verdict table, write records (and JUnit XML). W
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
@@ -218,8 +219,10 @@ def adhoc_cell(args: argparse.Namespace, platform, catalog) -> Cell:
     return matrix.normalize_cell(cell, catalog)
 
 
-def select_cells(args: argparse.Namespace) -> tuple[list[Cell], object]:
-    """The cells to run, validated; raises UsageError with one line on bad input."""
+def select_cells(args: argparse.Namespace) -> tuple[list[Cell], object, list]:
+    """The cells to run, validated, and the selected cells the installed vLLM release cannot
+    run (matrix.not_applicable: listed and recorded, never started); raises UsageError with one
+    line on bad input."""
     from harness import matrix
     from harness.core.model_config import ModelConfigError
     from harness.core.platform import PlatformInfo
@@ -228,6 +231,7 @@ def select_cells(args: argparse.Namespace) -> tuple[list[Cell], object]:
     platform = (PlatformInfo.from_spec(args.platform) if args.platform
                 else detect_platform())
     catalog = None
+    not_applicable: list = []
     if args.model:
         if args.profile:
             raise UsageError("give either --profile or --model, not both")
@@ -249,6 +253,9 @@ def select_cells(args: argparse.Namespace) -> tuple[list[Cell], object]:
             cells = matrix.select(cells, args.only.split(",") if args.only else None, args.keyword)
         except matrix.MatrixError as exc:
             raise UsageError(str(exc)) from None
+        unrunnable = {e.cell.cell_id: e for e in matrix.not_applicable(expansion)}
+        picked = matrix.select([e.cell for e in unrunnable.values()], None, args.keyword)
+        not_applicable = [unrunnable[c.cell_id] for c in picked]
         if args.shard:
             try:
                 cells = matrix.shard(cells, *matrix.parse_shard(args.shard))
@@ -271,7 +278,17 @@ def select_cells(args: argparse.Namespace) -> tuple[list[Cell], object]:
             resolve(model)
         except ModelNotFound as exc:
             raise UsageError(str(exc)) from None
-    return cells, catalog
+    return cells, catalog, not_applicable
+
+
+def print_not_applicable(excluded: Sequence, out=None) -> None:
+    """One line per reason, then the cells: what this release cannot run, before anything starts."""
+    by_reason: dict[str, list[str]] = {}
+    for e in excluded:
+        by_reason.setdefault(e.reason, []).append(e.cell.cell_id)
+    for reason, ids in by_reason.items():
+        print(f"{len(ids)} cell(s) {reason}; not started: {', '.join(ids)}", file=out or sys.stdout,
+              flush=True)
 
 
 def options_from(args: argparse.Namespace) -> RunOptions:
@@ -349,10 +366,11 @@ def run_command(args: argparse.Namespace, on_runner=None) -> int:
         return run_releases(args.vllm, args.argv, args.results_dir, args.dry_run)
     try:
         options = options_from(args)
-        cells, catalog = select_cells(args)
+        cells, catalog, not_applicable = select_cells(args)
     except UsageError as exc:
         run_checks.print_problems([str(exc)], sys.stderr)
         return EXIT_USAGE
+    print_not_applicable(not_applicable)
     if not cells:
         print("pd-accuracy: error: no cell selected", file=sys.stderr)
         return EXIT_USAGE
@@ -376,9 +394,10 @@ def run_command(args: argparse.Namespace, on_runner=None) -> int:
     except UsageError as exc:
         run_checks.print_problems([str(exc)], sys.stderr)
         return EXIT_USAGE
+    finish_run = functools.partial(finish, not_applicable=not_applicable)
     if parallel != 1 and packs(cells, parallel):
         from harness.cli.run_packed import packed_command
-        return packed_command(args, run_parser(), cells, options, parallel, finish, on_runner)
+        return packed_command(args, run_parser(), cells, options, parallel, finish_run, on_runner)
     from harness.serve.launch.server_spec import Features
 
     features = Features.detect()
@@ -393,7 +412,7 @@ def run_command(args: argparse.Namespace, on_runner=None) -> int:
         results = runner.run(cells)
     finally:
         runner.close()
-    return finish(results, args, runner, started)
+    return finish_run(results, args, runner, started)
 
 
 def parallel_groups(args: argparse.Namespace) -> int | None:
@@ -472,8 +491,13 @@ def final_line(outcomes: list[str], seconds: float, run_dir: object) -> str:
     return f"{summary_line(outcomes)} in {seconds:.0f}s; records under {run_dir}"
 
 
-def finish(results, args: argparse.Namespace, runner, started: float) -> int:
-    """The verdict table, JUnit XML, the canaries missed and the summary line; the exit code."""
+def finish(results, args: argparse.Namespace, runner, started: float,
+           not_applicable: Sequence = ()) -> int:
+    """The verdict table, JUnit XML, the canaries missed and the summary line; the exit code.
+    The cells this vLLM release cannot run go to the run folder (`not_applicable.json`)."""
+    if not_applicable:
+        from harness.run.record import write_not_applicable
+        write_not_applicable(Path(runner.run_dir), runner.run_id, not_applicable)
     print_table(results)
     if args.junit_xml:
         write_junit(args.junit_xml, results, runner.run_id)

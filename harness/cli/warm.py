@@ -35,7 +35,7 @@ def warm(args: argparse.Namespace) -> int:
 
     try:
         options = options_from(args)
-        cells, _ = select_cells(args)
+        cells, _, _ = select_cells(args)
     except UsageError as exc:
         run_checks.print_problems([str(exc)], sys.stderr)
         return EXIT_USAGE

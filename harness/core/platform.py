@@ -16,6 +16,11 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 
+# a runner a vLLM release no longer ships -> what its users read (vllm/platforms/interface.py of
+# 0.34.0: "VLLM_USE_V2_MODEL_RUNNER=0 is no longer supported: Model Runner V1 has been removed")
+RUNNERS_REMOVED = {"v1": "Model Runner V1 was removed in 0.34.0"}
+
+
 @dataclass(frozen=True)
 class VllmFeatures:
     """Capabilities of the installed vLLM, as read from the package itself."""
@@ -38,6 +43,30 @@ class VllmFeatures:
     hooks: Mapping[str, str | None] | None = None
     # each hook -> the alternatives of its needs this vLLM has (an older method, signature)
     hook_shapes: Mapping[str, tuple[str, ...]] | None = None
+    # the model runners this release ships ("v1", "v2"); with v2_runner_env the variable picks
+    # one, without it the one there runs (0.34: V2 only); None: not probed
+    model_runners: tuple[str, ...] | None = None
+
+    def runner_missing(self, runner: str) -> str | None:
+        """Why this release cannot run model runner `runner` ("v1" | "v2"), or None: it can.
+
+        Which runners a release has is read from its package (``model_runners``); an older probe
+        that did not read them falls back to the variable: V2 needs VLLM_USE_V2_MODEL_RUNNER."""
+        if self.model_runners is not None:
+            if runner in self.model_runners:
+                if len(self.model_runners) > 1 and not self.v2_runner_env:
+                    return (f"the installed vLLM {self.version} ships runners "
+                            f"{', '.join(self.model_runners)} and no VLLM_USE_V2_MODEL_RUNNER "
+                            "to choose one")
+                return None
+            removed = RUNNERS_REMOVED.get(runner)
+            if removed is not None:
+                return f"not applicable on vLLM {self.version}: {removed}"
+            return (f"not applicable on vLLM {self.version}: it ships model runner(s) "
+                    f"{', '.join(self.model_runners) or 'none'}, not {runner}")
+        if runner == "v2" and not self.v2_runner_env:
+            return f"the installed vLLM {self.version} has no VLLM_USE_V2_MODEL_RUNNER"
+        return None
 
     def hooks_missing(self) -> dict[str, str]:
         """The hooks that do not attach on this vLLM -> what it lacks."""
@@ -50,7 +79,8 @@ class VllmFeatures:
     def from_dict(cls, data: Mapping[str, Any]) -> "VllmFeatures":
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in names}
-        for key in ("kv_roles", "attention_backends", "kv_connectors", "kv_transports"):
+        for key in ("kv_roles", "attention_backends", "kv_connectors", "kv_transports",
+                    "model_runners"):
             if kwargs.get(key) is not None:
                 kwargs[key] = tuple(kwargs[key])
         if kwargs.get("kv_transport_errors") is not None:

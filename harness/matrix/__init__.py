@@ -11,7 +11,8 @@ fields), expansion, selection, and rules (validity rules, defined in rules_cell,
 and rules_machine).
 """
 from harness.matrix.errors import DuplicateCellIdError, MatrixError, UnknownCellError, UnknownProfileError
-from harness.matrix.expansion import Excluded, Expansion, expand
+from harness.matrix.expansion import (RELEASE_RULES, Excluded, Expansion, NotApplicable, expand,
+                                      not_applicable)
 from harness.matrix.rules import (
     EXCLUDING_KINDS,
     InvalidCellError,
@@ -26,7 +27,8 @@ from harness.matrix.spec import DEFAULT_MATRIX, MATRIX_DIR, MatrixSpec, Profile,
 
 __all__ = [
     "DEFAULT_MATRIX", "EXCLUDING_KINDS", "MATRIX_DIR", "DuplicateCellIdError", "Excluded", "Expansion",
-    "InvalidCellError", "MatrixError", "MatrixSpec", "Problem", "Profile", "Rulebook", "Selector",
+    "InvalidCellError", "MatrixError", "MatrixSpec", "NotApplicable", "Problem", "Profile", "Rulebook", "Selector",
     "UnknownCellError", "UnknownProfileError", "check_cell", "describe_rules", "expand",
-    "load_matrix", "normalize_cell", "parse_shard", "select", "shard", "validate_or_die",
+    "load_matrix", "normalize_cell", "not_applicable", "parse_shard", "RELEASE_RULES", "select",
+    "shard", "validate_or_die",
 ]

@@ -29,6 +29,31 @@ class Excluded:
     reason: str
 
 
+# the rules that say the installed vLLM release lacks what a cell needs (its runner, backend,
+# connector, a hook, a weather's settings): such a cell is "not applicable on vLLM X", and a
+# release x cell view shows it as its own state
+RELEASE_RULES = ("vllm-runner", "vllm-v2-ngram", "vllm-backend", "vllm-kv-connector",
+                 "vllm-weather", "vllm-hooks")
+
+
+@dataclass(frozen=True)
+class NotApplicable:
+    """A cell the installed vLLM release cannot run, and why (one line naming the release)."""
+
+    cell: Cell
+    rule: str
+    reason: str
+    vllm_version: str | None
+
+
+def not_applicable(expansion: "Expansion") -> list[NotApplicable]:
+    """The cells of `expansion` that its machine's vLLM release cannot run (RELEASE_RULES)."""
+    features = expansion.platform.vllm if expansion.platform is not None else None
+    version = features.version if features is not None else None
+    return [NotApplicable(e.cell, e.rule, e.reason, version)
+            for e in expansion.excluded if e.rule in RELEASE_RULES]
+
+
 @dataclass
 class Expansion:
     profile: str
@@ -101,15 +126,15 @@ class _Candidate:
     xfail: list[Rulebook] = field(default_factory=list)
 
 
-def _collect(spec: MatrixSpec, name: str, coverage: list[PairwiseCoverage] | None = None
-             ) -> list[_Candidate]:
+def _collect(spec: MatrixSpec, name: str, coverage: list[PairwiseCoverage] | None = None,
+             release: str | None = None) -> list[_Candidate]:
     """Cells of a profile and its includes, with that level's selectors applied; each pairwise
     grid's coverage is appended to `coverage`."""
     profile = spec.profile(name)
     coverage = [] if coverage is None else coverage
     candidates: list[_Candidate] = []
     for inc in profile.include:
-        candidates.extend(_collect(spec, inc, coverage))
+        candidates.extend(_collect(spec, inc, coverage, release))
     for i, grid in enumerate(profile.grids):
         axes = {**spec.defaults, **profile.defaults, **grid}
         where = f"{Path(spec.path).name}: profiles.{name}.grids[{i}]"
@@ -123,9 +148,9 @@ def _collect(spec: MatrixSpec, name: str, coverage: list[PairwiseCoverage] | Non
     for cand in candidates:
         model = spec.models.get(cand.cell.model)
         for book in profile.exclude:
-            if cand.excluded is None and book.selector.matches(cand.cell, model):
+            if cand.excluded is None and book.selector.matches(cand.cell, model, release):
                 cand.excluded = Excluded(cand.cell, f"profile-exclude:{name}", book.reason)
-        cand.xfail.extend(b for b in profile.expected_failures if b.selector.matches(cand.cell, model))
+        cand.xfail.extend(b for b in profile.expected_failures if b.selector.matches(cand.cell, model, release))
     return candidates
 
 
@@ -139,7 +164,9 @@ def expand(spec: MatrixSpec, profile: str, platform: PlatformInfo | None = None)
     """
     seen: dict[str, _Candidate] = {}
     coverage: list[PairwiseCoverage] = []
-    for cand in _collect(spec, profile, coverage):
+    # the installed vLLM release bounds `vllm:` selectors (None: any release, not probed)
+    release = platform.vllm.version if platform is not None and platform.vllm is not None else None
+    for cand in _collect(spec, profile, coverage, release):
         cand.cell = host_dtype(cand.cell, platform)
         cid = cand.cell.cell_id
         if cid in seen:
@@ -158,7 +185,7 @@ def expand(spec: MatrixSpec, profile: str, platform: PlatformInfo | None = None)
     for cid, cand in seen.items():
         model = spec.models.get(cand.cell.model)
         xfail = list(cand.xfail) + [b for b in spec.expected_failures
-                                    if b.selector.matches(cand.cell, model)]
+                                    if b.selector.matches(cand.cell, model, release)]
         if cand.excluded is not None:
             excluded.append(cand.excluded)
             continue

@@ -104,12 +104,17 @@ def _vllm_device(cell: Cell, ctx: RuleContext) -> str | None:
     return None
 
 
-@rule("vllm-v2-runner", "unavailable")
-def _vllm_v2(cell: Cell, ctx: RuleContext) -> str | None:
-    """The installed vLLM knows VLLM_USE_V2_MODEL_RUNNER when a v2 cell asks for it."""
+@rule("vllm-runner", "unavailable")
+def _vllm_runner(cell: Cell, ctx: RuleContext) -> str | None:
+    """The installed vLLM ships the cell's model runner, and its prefill runner (0.34.0 ships
+    V2 only: a V1 cell is not applicable there and never started)."""
     features = ctx.platform and ctx.platform.vllm
-    if features is not None and cell.runner == "v2" and not features.v2_runner_env:
-        return f"the installed vLLM {features.version} has no VLLM_USE_V2_MODEL_RUNNER"
+    if features is None:
+        return None
+    for runner in dict.fromkeys((cell.runner, cell.prefill_runner or cell.runner)):
+        why = features.runner_missing(runner)
+        if why:
+            return why
     return None
 
 

@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
 from harness.core.bounded_yaml import BoundedYAMLError, load_bounded
 from harness.core.catalog import BlockSizeProvider, ModelCatalog, ModelInfo
 from harness.core.cell import Cell, weather_items
@@ -32,6 +35,24 @@ DEFAULT_MATRIX = MATRIX_DIR / "default.yaml"
 
 
 # ---- selectors ------------------------------------------------------------------------------
+
+def release_specifiers(text: Any) -> SpecifierSet:
+    """A `vllm:` selector value (PEP 440 specifiers, e.g. ">=0.26,<0.27" or "==0.34.*")."""
+    try:
+        return SpecifierSet(str(text))
+    except InvalidSpecifier:
+        raise MatrixError(f"vllm: {str(text)[:80]!r} is no PEP 440 version specifier set "
+                          "(e.g. \">=0.26,<0.27\" or \"==0.34.*\")") from None
+
+
+def release_in(release: str, specifiers: SpecifierSet) -> bool:
+    """Whether vLLM `release` lies in `specifiers`: a local version (0.34.0+cu130) or a dev build
+    counts as its release; a version that is no PEP 440 version matches nothing."""
+    try:
+        return specifiers.contains(Version(release), prereleases=True)
+    except InvalidVersion:
+        return False
+
 
 def _glob_match(pattern: Any, value: Any) -> bool:
     if isinstance(pattern, str) and isinstance(value, str):
@@ -52,10 +73,13 @@ class Selector:
 
     @classmethod
     def parse(cls, data: Mapping[str, Any]) -> "Selector":
-        """A schema-checked `match:` mapping -> Selector."""
+        """A schema-checked `match:` mapping -> Selector (MatrixError: a `vllm:` that is no
+        PEP 440 specifier set)."""
         criteria = []
         for key, value in data.items():
-            if key in PAIR_AXES:
+            if key == "vllm":
+                value = release_specifiers(value)
+            elif key in PAIR_AXES:
                 value = tuple(pairs(value))
             elif key == "extra_env":
                 value = env_items(value)
@@ -68,9 +92,19 @@ class Selector:
             criteria.append((key, value))
         return cls(tuple(criteria))
 
-    def matches(self, cell: Cell, model: ModelInfo) -> bool:
+    @property
+    def releases(self) -> SpecifierSet | None:
+        """The vLLM releases this selector is bounded to (its `vllm:`), or None: any."""
+        return dict(self.criteria).get("vllm")
+
+    def matches(self, cell: Cell, model: ModelInfo, release: str | None = None) -> bool:
+        """Whether `cell` (of `model`) on vLLM `release` is selected. A `vllm:` bound matches a
+        release inside it; an unknown release (None: no vLLM probed) is not excluded by it."""
         for key, wanted in self.criteria:
-            if key in PAIR_AXES:
+            if key == "vllm":
+                if release is not None and not release_in(release, wanted):
+                    return False
+            elif key in PAIR_AXES:
                 p_field, d_field = PAIR_AXES[key]
                 if (getattr(cell, p_field), getattr(cell, d_field)) not in wanted:
                     return False
@@ -111,8 +145,11 @@ class Rulebook:
                     re.compile(pattern)
                 except re.error as exc:
                     raise MatrixError(f"fails_with {pattern!r} is no regular expression: {exc}") from None
-            books.append(cls(Selector.parse(entry["match"]), " ".join(entry["reason"].split()),
-                             pattern))
+            selector = Selector.parse(entry["match"])
+            reason = " ".join(entry["reason"].split())
+            if selector.releases is not None:   # the report names the releases it was measured on
+                reason = f"declared for vLLM {selector.releases}: {reason}"
+            books.append(cls(selector, reason, pattern))
         return tuple(books)
 
 

@@ -201,9 +201,9 @@ def append_records(db_path: str | os.PathLike[str], records: Iterable[Mapping[st
 def append_results_dir(db_path: str | os.PathLike[str],
                        results_dir: str | os.PathLike[str]) -> int:
     """Append every record found (recursively) below `results_dir`; returns how many."""
-    from harness.run.record import load_records
+    from harness.run.record import load_not_applicable, load_records
 
-    return append_records(db_path, load_records(results_dir))
+    return append_records(db_path, [*load_records(results_dir), *load_not_applicable(results_dir)])
 
 
 def load_runs(db_path: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -41,6 +41,9 @@ OUTCOME_COLOURS = {
     "FAIL": "#e53935", "ERROR": "#8e24aa", "CAUGHT": "#90caf9", "MISSED": "#b71c1c",
 }
 MISSING_COLOUR = "#eeeeee"
+# a cell its vLLM release cannot run (harness.run.record.NOT_APPLICABLE_OUTCOME): never started
+NOT_APPLICABLE = "N/A"
+NOT_APPLICABLE_COLOUR = "#9e9e9e"
 DEFAULT_MAX_TREND_PLOTS = 150
 
 
@@ -209,14 +212,15 @@ def plot_release_heatmap(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     from matplotlib.patches import Patch
 
     releases, cells, squares = release_squares(rows)
-    palette = [MISSING_COLOUR] + [OUTCOME_COLOURS[o] for o in OUTCOME_ORDER]
+    order = [*OUTCOME_ORDER, NOT_APPLICABLE]
+    palette = [MISSING_COLOUR] + [OUTCOME_COLOURS[o] for o in OUTCOME_ORDER] + [NOT_APPLICABLE_COLOUR]
     codes = [[0] * len(releases) for _ in cells]
     fig = _figure(max(4.0, 3.5 + 0.9 * len(releases)), max(2.0, 1.2 + 0.32 * len(cells)))
     ax = fig.add_subplot()
     for (cell, release), row in squares.items():
         i, j = cells.index(cell), releases.index(release)
         outcome = _outcome(row)
-        codes[i][j] = 1 + (OUTCOME_ORDER.index(outcome) if outcome in OUTCOME_ORDER else 1)
+        codes[i][j] = 1 + (order.index(outcome) if outcome in order else 1)
         ax.text(j, i, outcome[:6], ha="center", va="center", fontsize=7)
     ax.imshow(codes, cmap=ListedColormap(palette), vmin=-0.5, vmax=len(palette) - 0.5,
               aspect="auto")
@@ -225,8 +229,10 @@ def plot_release_heatmap(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     ax.set_yticks(range(len(cells)), cells, fontsize=7)
     ax.set_title("newest verdict per vLLM release", fontsize=9)
     present = sorted({_outcome(r) for r in squares.values()}, key=lambda o: (
-        OUTCOME_ORDER.index(o) if o in OUTCOME_ORDER else len(OUTCOME_ORDER)))
-    ax.legend(handles=[Patch(color=OUTCOME_COLOURS.get(o, MISSING_COLOUR), label=o)
+        order.index(o) if o in order else len(order)))
+    colours = {**OUTCOME_COLOURS, NOT_APPLICABLE: NOT_APPLICABLE_COLOUR}
+    ax.legend(handles=[Patch(color=colours.get(o, MISSING_COLOUR),
+                             label="not applicable" if o == NOT_APPLICABLE else o)
                        for o in present],
               loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -328,7 +334,9 @@ def render_report(history_db: str | os.PathLike[str], out_dir: str | os.PathLike
     out = Path(out_dir)
     img = out / "img"
     img.mkdir(parents=True, exist_ok=True)
-    rows = [with_canary_outcome(r) for r in load_cells(history_db)]
+    every_row = [with_canary_outcome(r) for r in load_cells(history_db)]
+    # a cell its release cannot run has no verdict: only the release x cell heatmap shows it
+    rows = [r for r in every_row if _outcome(r) != NOT_APPLICABLE]
     runs = load_runs(history_db)
     by_cell = history_by_cell(rows)
     newest = sorted((entries[-1] for entries in by_cell.values()),
@@ -347,10 +355,10 @@ def render_report(history_db: str | os.PathLike[str], out_dir: str | os.PathLike
                          "cells": len(members)})
 
     release_map = None
-    if len({r.get("vllm_version") for r in rows if r.get("vllm_version")}) >= 2:
-        path = plot_release_heatmap(rows, img / "heatmap-vllm-releases.png")
+    if len({r.get("vllm_version") for r in every_row if r.get("vllm_version")}) >= 2:
+        path = plot_release_heatmap(every_row, img / "heatmap-vllm-releases.png")
         release_map = {"src": path.relative_to(out).as_posix(),
-                       "releases": release_squares(rows)[0]}
+                       "releases": release_squares(every_row)[0]}
 
     changed = {c.cell_id for c in changes}
     trend_ids = [cid for cid, entries in by_cell.items()

@@ -65,7 +65,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from harness.core.atomic import atomic_write_json
 from harness.eval.metrics import legacy_counter_names
@@ -119,6 +119,40 @@ def write_record(results_dir: str | os.PathLike[str], record: Mapping[str, Any])
     name = f"{record['cell']['id']}.json"
     path = under(results_dir, record["run_id"], name)
     return atomic_write_json(path, redact_data(dict(record)))
+
+
+NOT_APPLICABLE_FILE = "not_applicable.json"
+NOT_APPLICABLE_OUTCOME = "N/A"
+
+
+def write_not_applicable(run_dir: Path, run_id: str, cells: Sequence[Any]) -> Path:
+    """The run's cells that its vLLM release cannot run (matrix.NotApplicable), beside the
+    records: never started, each with the reason, so a release x cell view can show them."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    body = {"run_id": run_id, "created_at": now,
+            "cells": [{"cell": {**c.cell.to_dict(), "id": c.cell.cell_id}, "rule": c.rule,
+                       "reason": c.reason, "vllm": c.vllm_version} for c in cells]}
+    path = Path(run_dir) / NOT_APPLICABLE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, body)
+    return path
+
+
+def load_not_applicable(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every run's not-applicable cells below `root`, as record-shaped rows (outcome "N/A")."""
+    out = []
+    for p in sorted(Path(root).rglob(NOT_APPLICABLE_FILE)):
+        try:
+            body = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        for entry in body.get("cells") or ():
+            out.append({"run_id": body.get("run_id"), "created_at": body.get("created_at"),
+                        "cell": entry.get("cell") or {}, "versions": {"vllm": entry.get("vllm")},
+                        "verdict": {"status": NOT_APPLICABLE_OUTCOME,
+                                    "outcome": NOT_APPLICABLE_OUTCOME,
+                                    "reason": entry.get("reason")}})
+    return out
 
 
 def load_records(root: str | os.PathLike[str]) -> list[dict[str, Any]]:

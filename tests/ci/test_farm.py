@@ -308,7 +308,7 @@ def test_farm_runs_the_pr_profile_on_one_gpu_with_groups_side_by_side(tmp_path, 
     assert main(["farm", "--local", "--profile", "pr", "--gpus", "1", "--log-dir", "logs"]) == 0
     runs = [a for a in map(json.loads, calls.read_text().splitlines()) if a[0] == "run"]
     cells = matrix.expand(matrix.load_matrix(), "pr", platform.PlatformInfo.from_devices(h200)).cells
-    assert len(cells) == 27
+    assert len(cells) == 32
     assert sorted(i for a in runs for i in a[a.index("--only") + 1].split(",")) == \
         sorted(c.cell_id for c in cells)
     log = "\n".join(p.read_text() for p in (tmp_path / "logs").glob("*.log"))

@@ -216,10 +216,10 @@ def test_cpu_full_runs_the_cpu_engine_settings_and_says_why_not_the_others():
     assert len(why) == 2 + 3 + 2
 
 
-def test_pr_adds_the_two_cheapest_gpu_engine_cells():
+def test_pr_adds_the_two_cheapest_gpu_engine_cells_on_both_runners():
     e = expand(load_matrix(), "pr", GPU2)
-    assert engine_cells(e.cells) == {"v1-FLASH_ATTN-p128d128-tiny-llama-gsm-tp1x1-dlayout_NHD",
-                                     "v1-FLASH_ATTN-p128d128-tiny-llama-gsm-tp1x1-cg_NONE"}
+    assert engine_cells(e.cells) == {f"{r}-FLASH_ATTN-p128d128-tiny-llama-gsm-tp1x1-{axis}"
+                                     for r in ("v1", "v2") for axis in ("dlayout_NHD", "cg_NONE")}
     plain = e.by_id()["v1-FLASH_ATTN-p128d128-tiny-llama-gsm-tp1x1"]
     # the decode's layout is not the baseline's: the NHD cell starts no baseline of its own
     assert e.by_id()["v1-FLASH_ATTN-p128d128-tiny-llama-gsm-tp1x1-dlayout_NHD"].baseline_key == plain.baseline_key

@@ -38,6 +38,12 @@ def features(**changes) -> VllmFeatures:
     return VllmFeatures(**{**base, **changes})
 
 
+# the features of vLLM 0.34.0 (its runners as the probe reads them: V2 only, no variable) and
+# of 0.33.0 (both runners, chosen by VLLM_USE_V2_MODEL_RUNNER)
+V034 = features(version="0.34.0", v2_runner_env=False, model_runners=("v2",))
+V033 = features(version="0.33.0", v2_runner_env=True, model_runners=("v1", "v2"))
+
+
 def cpu_cell(**kw) -> Cell:
     return Cell(**{"model": "dense", "max_model_len": 1024, **kw})
 
@@ -177,7 +183,10 @@ CASES = [
     ("cpu-mla-block", cpu_cell(model="mla", **blocks(64)),
      cpu_cell(model="mla", dtype="float32", **blocks(128)), AMX),
     ("vllm-device", cpu_cell(), gpu_cell(), None),
-    ("vllm-v2-runner", gpu_cell(runner="v1"), gpu_cell(runner="v2"), None),
+    ("vllm-runner", gpu_cell(runner="v1"), gpu_cell(runner="v2"), None),
+    # vLLM 0.34.0 ships runner V2 only: a V1 cell (or a V1 prefill) is not applicable there
+    ("vllm-runner", gpu_cell(runner="v2"), gpu_cell(runner="v1"), "v2-only"),
+    ("vllm-runner", gpu_cell(runner="v2"), gpu_cell(runner="v2", prefill_runner="v1"), "v2-only"),
     ("vllm-backend", gpu_cell(backend="FLASH_ATTN"), gpu_cell(backend="TRITON_ATTN"), None),
     ("vllm-kv-connector", cpu_cell(), cpu_cell(), None),
     ("vllm-kv-connector", cpu_cell(kv_connector="nixl-push"), cpu_cell(kv_connector="nixl-push"), "push"),
@@ -208,7 +217,9 @@ def _platform_for(rule: str, violating: bool, platform: PlatformInfo | None) -> 
     """Rules about the installed vLLM need a platform whose features differ per side."""
     if rule == "vllm-device":
         return PlatformInfo(device="cuda", gpu_count=2, gpu_memory_bytes=(1, 1), vllm=features(platform="cpu"))
-    if rule == "vllm-v2-runner":
+    if rule == "vllm-runner" and platform == "v2-only":
+        return PlatformInfo(device="cuda", gpu_count=2, vllm=V034)
+    if rule == "vllm-runner":
         return PlatformInfo(device="cuda", gpu_count=2, vllm=features(v2_runner_env=not violating))
     if rule == "vllm-backend":
         return PlatformInfo(device="cuda", gpu_count=2, vllm=features(attention_backends=("FLASH_ATTN",)))
@@ -356,7 +367,7 @@ def test_rules_are_checked_and_listed_by_subject_in_a_fixed_order():
         "hybrid-tp-multiple", "granite-hybrid-cpu-prefix-caching", "tp-divides-kv-heads",
         "backend-head-size", "flashinfer-sliding-window", "mla-backend", "max-model-len",
         # this machine (rules_machine)
-        "gpu-count", "netns-host", "kv-cache-fp8-cpu-isa", "cpu-mla-block", "vllm-device", "vllm-v2-runner",
+        "gpu-count", "netns-host", "kv-cache-fp8-cpu-isa", "cpu-mla-block", "vllm-device", "vllm-runner",
             "vllm-v2-ngram", "vllm-backend", "vllm-kv-connector", "vllm-weather", "vllm-hooks",
     ]
 

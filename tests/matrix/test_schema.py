@@ -37,7 +37,7 @@ def test_selector_keys_are_axes_cell_fields_and_model_facts():
     keys = set(SCHEMA["$defs"]["selector"]["properties"])
     cell_fields = {f.name for f in dataclasses.fields(Cell)}
     assert set(AXES) <= keys
-    assert keys - set(AXES) - cell_fields == {"id", "kind", "family", "ssm"}
+    assert keys - set(AXES) - cell_fields == {"id", "kind", "family", "ssm", "vllm"}
 
 
 def test_model_facts_are_model_info_fields():

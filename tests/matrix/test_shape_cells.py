@@ -41,15 +41,16 @@ SHAPES = ("(" + " or ".join(SHAPES_TERMS) + ") and not e5m2 and not spec_ngram-p
 # weather cells, P V2 -> D V1 with ngram drafts, gemma-3-4b's grouped byte expectation
 # (2026-12-04); the load-failures and soak weathers came later
 WEATHER_TERMS = (
-    "FLASH_ATTN-p128d128-tiny-llama-gsm-tp1x1-kvc_multi_nixl_offload",
-    "FLASH_ATTN-p128d128-tiny-llama-gsm-tp1x1-kvc_mooncake",
-    "FLASH_ATTN-p128d128-tiny-llama-gsm-tp1x1-kvc_example",
+    "v1-FLASH_ATTN-p128d128-tiny-llama-gsm-tp1x1-kvc_multi_nixl_offload",
+    "v1-FLASH_ATTN-p128d128-tiny-llama-gsm-tp1x1-kvc_mooncake",
+    "v1-FLASH_ATTN-p128d128-tiny-llama-gsm-tp1x1-kvc_example",
     "(FLASH_ATTN-p128d128-tiny-llama-gsm-tp1x1 and (w_load or w_preemption))",
     "v1-FLASH_ATTN-p128d128-tiny-llama-gsm-tp1x1-spec_ngram-prunner_v2",
     "v1-FLASH_ATTN-p128d128-shape-gemma-3-4b-tp1x1",
 )
 CONNECTORS_WEATHER = ("(" + " or ".join(WEATHER_TERMS) + ") and not w_load_failures"
-                      " and not w_soak and not spec_ngram-w_")
+                      " and not w_soak and not spec_ngram-w_ and not v2-FLASH_ATTN-p128d128-"
+                      "tiny-llama-gsm-tp1x1-w_load-fault")
 
 
 @lru_cache(maxsize=None)

