@@ -6,7 +6,6 @@ starts, run the cells, print the verdict table, write records (and JUnit XML). W
 from __future__ import annotations
 
 import argparse
-import functools
 import logging
 import os
 import sys
@@ -394,25 +393,31 @@ def run_command(args: argparse.Namespace, on_runner=None) -> int:
     except UsageError as exc:
         run_checks.print_problems([str(exc)], sys.stderr)
         return EXIT_USAGE
-    finish_run = functools.partial(finish, not_applicable=not_applicable)
+    def started(runner) -> None:
+        """The run has its folder: record what this release cannot run, before any server."""
+        if not_applicable:
+            from harness.run.record import write_not_applicable
+            write_not_applicable(Path(runner.run_dir), runner.run_id, not_applicable)
+        if on_runner is not None:
+            on_runner(runner)
+
     if parallel != 1 and packs(cells, parallel):
         from harness.cli.run_packed import packed_command
-        return packed_command(args, run_parser(), cells, options, parallel, finish_run, on_runner)
+        return packed_command(args, run_parser(), cells, options, parallel, finish, started)
     from harness.serve.launch.server_spec import Features
 
     features = Features.detect()
     policy = Policy.from_options(options)
-    started = time.monotonic()
+    began = time.monotonic()
     runner = Runner(options, policy, features=features, progress=lambda m: print(redact(m), flush=True),
                     hybrid_models=hybrid_models, run_id=args.run_id)
-    if on_runner is not None:
-        on_runner(runner)
+    started(runner)
     print(f"run {runner.run_id}: {len(cells)} cell(s), results in {runner.run_dir}", flush=True)
     try:
         results = runner.run(cells)
     finally:
         runner.close()
-    return finish_run(results, args, runner, started)
+    return finish(results, args, runner, began)
 
 
 def parallel_groups(args: argparse.Namespace) -> int | None:
@@ -491,13 +496,8 @@ def final_line(outcomes: list[str], seconds: float, run_dir: object) -> str:
     return f"{summary_line(outcomes)} in {seconds:.0f}s; records under {run_dir}"
 
 
-def finish(results, args: argparse.Namespace, runner, started: float,
-           not_applicable: Sequence = ()) -> int:
-    """The verdict table, JUnit XML, the canaries missed and the summary line; the exit code.
-    The cells this vLLM release cannot run go to the run folder (`not_applicable.json`)."""
-    if not_applicable:
-        from harness.run.record import write_not_applicable
-        write_not_applicable(Path(runner.run_dir), runner.run_id, not_applicable)
+def finish(results, args: argparse.Namespace, runner, started: float) -> int:
+    """The verdict table, JUnit XML, the canaries missed and the summary line; the exit code."""
     print_table(results)
     if args.junit_xml:
         write_junit(args.junit_xml, results, runner.run_id)

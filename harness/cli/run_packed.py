@@ -108,6 +108,9 @@ def packed_command(args: argparse.Namespace, parser: argparse.ArgumentParser,
                        progress=lambda m: print(redact(m), flush=True))
     try:
         turns = packed.run()
+    except (KeyboardInterrupt, SystemExit) as stop:
+        # no verdict after a stop (the recorder refuses one): show what the groups judged
+        return judged_before_stop(cells, run_dir, stop, time.monotonic() - started)
     finally:
         packed.write_record({"cells": len(cells), "gpus": len(devices),
                              "gpu_names": [d.name for d in devices],
@@ -119,3 +122,22 @@ def packed_command(args: argparse.Namespace, parser: argparse.ArgumentParser,
 
 
 __all__ = ["child_options", "packed_command"]
+
+
+def judged_before_stop(cells: Sequence[Cell], run_dir: Path, stop: BaseException,
+                       seconds: float) -> int:
+    """After a stop signal: the verdict table of the records the groups wrote before it, one
+    line saying how many cells that is, and the stop's exit status (130 for SIGINT)."""
+    from harness.cli.run import print_table
+    from harness.judge.verdict import Verdict
+    from harness.run.record import CellResult, load_records
+
+    wanted = {c.cell_id: c for c in cells}
+    results = [CellResult(wanted[r["cell"]["id"]], Verdict.from_dict(r["verdict"]),
+                          Path(r["_path"]), r)
+               for r in load_records(run_dir) if r["cell"].get("id") in wanted]
+    print_table(results)
+    print(f"interrupted after {seconds:.0f}s: {len(results)} of {len(cells)} cells judged; "
+          f"records under {run_dir}", flush=True)
+    code = stop.code if isinstance(stop, SystemExit) and isinstance(stop.code, int) else 130
+    return code

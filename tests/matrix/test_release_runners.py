@@ -203,3 +203,14 @@ def test_every_declared_failure_names_its_releases():
                                             for b in p.expected_failures]
     assert books and all(b.selector.releases is not None for b in books), [
         b.reason[:60] for b in books if b.selector.releases is None]
+
+
+def test_a_stopped_packed_run_shows_what_was_judged(tmp_path, capsys):
+    from harness.cli.run_packed import judged_before_stop
+    from harness.core.cell import Cell
+
+    cells = [Cell(model="tiny-llama-gsm", device="cuda", kv_buffer_device="cuda",
+                  backend="FLASH_ATTN", runner="v2")]
+    assert judged_before_stop(cells, tmp_path, KeyboardInterrupt(), 12.3) == 130
+    assert "interrupted after 12s: 0 of 1 cells judged" in capsys.readouterr().out
+    assert judged_before_stop(cells, tmp_path, SystemExit(143), 1.0) == 143
