@@ -143,7 +143,7 @@ def cmd_annotate(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     except (OSError, subprocess.CalledProcessError) as exc:
         return _fail(f"posting the annotation failed: {exc}", EXIT_ERROR)
-    print(f"{result.path}: {result.cells} cells, style {result.style}"
+    print(f"{result.path}: {result.summary}; style {result.style}"
           + (", posted to Buildkite" if result.posted else ""))
     return EXIT_OK
 

@@ -149,7 +149,8 @@ def test_canary_regressions_are_newly_missed_not_new_fail(tmp_path):
 def test_annotation_counts_an_old_caught_canary_as_caught(tmp_path):
     records = [record(REAL, PASS), old_caught_canary()]
     markdown = render_markdown(records)
-    assert markdown.startswith("### P/D accuracy: 1 cell (1 PASS)")
+    # counted as `run` counts it: a canary is a canary caught, never a PASS or a FAIL
+    assert markdown.startswith("### P/D accuracy: 2 cells: 1 PASS, 1 canary caught\n")
     cells_table, canary_section = markdown.split("#### Canaries")
     assert CANARY not in cells_table
     assert "1 canary: 1 caught" in canary_section
@@ -167,7 +168,7 @@ def test_a_missed_canary_makes_the_annotation_an_error(canary):
     assert annotation_style(cell_results(records)) == "error"
     markdown = render_markdown(records)
     assert "1 canary: 1 missed" in markdown
-    assert markdown.startswith("### P/D accuracy: 1 cell (1 PASS)")
+    assert markdown.startswith("### P/D accuracy: 2 cells: 1 PASS, 1 canary missed\n")
 
 
 def test_annotation_of_canaries_only():

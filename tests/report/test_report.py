@@ -43,15 +43,16 @@ def test_markdown_table_has_each_cell_once_worst_first():
     markdown = render_markdown(load_records(RECORDS / RUN_2))
     rows = table_rows(markdown)
     assert list(rows) == [FAIL_CELL, ERROR_CELL, NEW_CELL, XFAIL_CELL, RECOVERED_CELL, DRIFT_CELL]
-    assert markdown.startswith("### P/D accuracy: 6 cells (1 FAIL, 1 ERROR, 1 INCONCLUSIVE, "
-                               "1 XFAIL, 2 PASS)")
-    outcome, base, pd, delta, p, mde, n, transfer, links = rows[FAIL_CELL]
-    assert (outcome, base, pd, delta, p, mde, n) == \
-        ("FAIL", "0.900", "0.700", "-0.200 [-0.300, -0.100]", "2.0e-04", "0.120", "50")
+    assert markdown.startswith("### P/D accuracy: 6 cells: 2 PASS, 1 XFAIL, 1 FAIL, 1 ERROR, "
+                               "1 INCONCLUSIVE\n")
+    outcome, base, pd, delta, interval, n, transfer, links = rows[FAIL_CELL]
+    # percent and points; this old record has no look: its 95 % interval, said to be descriptive
+    assert (outcome, base, pd, delta, interval, n) == \
+        ("FAIL", "90.0 %", "70.0 %", "-20.0", "[-30.0, -10.0] pts (95 %, descriptive)", "50")
     assert transfer == ("15000/15000 prompt tokens external, 7.0 MiB through the connector, "
                         "0 failed transfers, check passed")
     assert "[decode-0](" in links and "[record](" in links
-    assert rows[ERROR_CELL][1:7] == ["-"] * 6            # an ERROR has no metrics
+    assert rows[ERROR_CELL][1:6] == ["-"] * 5            # an ERROR has no metrics
     assert "expected failure: upstream" in markdown       # why the XFAIL is expected
     assert "decode server died during startup" in markdown
     assert not re.search(r"[\U0001F300-\U0001FAFF\u2600-\u27BF]", markdown)   # no emoji
@@ -145,7 +146,8 @@ def test_cli_annotate(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("BUILDKITE", raising=False)
     out = tmp_path / "ann.md"
     assert main(["annotate", "--results-dir", str(RECORDS / RUN_2), "--out", str(out)]) == 0
-    assert "6 cells, style error" in capsys.readouterr().out
+    assert ("6 cells: 2 PASS, 1 XFAIL, 1 FAIL, 1 ERROR, 1 INCONCLUSIVE; style error"
+            in capsys.readouterr().out)
     assert main(["annotate", "--results-dir", str(tmp_path / "nope"), "--out", str(out)]) == 2
     empty = tmp_path / "empty"
     empty.mkdir()
