@@ -107,7 +107,8 @@ def brief(text: Any, chars: int = 200) -> str:
     """A long note (a declared expected failure's) cut at a word boundary; the matrix keeps it."""
     import textwrap
 
-    return textwrap.shorten(str(text or ""), width=chars, placeholder=" … (whole note: the matrix)")
+    return textwrap.shorten(str(text or ""), width=chars, placeholder=" … (whole note: the matrix)",
+                            break_on_hyphens=False)
 
 
 def jinja_env():
@@ -156,7 +157,7 @@ def latest_per_cell(records: Iterable[Mapping[str, Any]]) -> list[tuple[Mapping[
             for rs in by_cell.values()]
 
 
-def _artifact_files(record: Mapping[str, Any]) -> list[tuple[str, Path]]:
+def artifact_files(record: Mapping[str, Any]) -> list[tuple[str, Path]]:
     """(name, path) of the record itself and of its log/sample artifacts that exist."""
     if not record.get("_path"):
         return []
@@ -206,7 +207,7 @@ def cell_results(records: Iterable[Mapping[str, Any]], *, link_base: Path = Path
             transfer=transfer_summary(metrics, verdict.get("checks") or ()),
             attempts=attempts,
             links=[(name, _link(p, base=link_base, artifact_root=artifact_root))
-                   for name, p in _artifact_files(record)],
+                   for name, p in artifact_files(record)],
             fault=fault,
             accuracy=accuracy_of(record),
         ))

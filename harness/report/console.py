@@ -20,6 +20,7 @@ import re
 import shutil
 import sys
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -45,7 +46,8 @@ def short_reason(reason: str, chars: int = REASON_CHARS) -> str:
     """`reason` on one line, at most `chars` long, cut at a word boundary ("…" where cut); a
     token longer than LONG_WORD (a request id) keeps its head: the table never folds a word."""
     words = [w if len(w) <= LONG_WORD else w[:LONG_WORD - 1] + "…" for w in redact(reason).split()]
-    return textwrap.shorten(" ".join(words), width=chars, placeholder=" …")
+    return textwrap.shorten(" ".join(words), width=chars, placeholder=" …",
+                            break_on_hyphens=False)
 
 
 def table_rows(records: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:
@@ -143,13 +145,14 @@ class _Tee(io.TextIOBase):
 
     def __init__(self, real: Any, log: list[str]) -> None:
         self.real, self.log = real, log
-        self._after_frame = False
+        self._thread = threading.local()    # bars of two threads (the A/A re-run's) interleave
 
     def write(self, text: str) -> int:
         frame = bool(PROGRESS.search(text))
-        # tqdm ends a bar with a lone "\n" after its last frame: it belongs to the bar
-        bar_end = self._after_frame and text == "\n"
-        self._after_frame = frame or (self._after_frame and text == "")
+        # tqdm ends a bar with a lone "\n" after its last frame, in the bar's thread
+        after_frame = getattr(self._thread, "after_frame", False)
+        bar_end = after_frame and text == "\n"
+        self._thread.after_frame = frame or (after_frame and text == "")
         if frame or bar_end:
             if self.isatty():
                 self.real.write(text)
