@@ -145,3 +145,24 @@ def test_bars_still_reach_a_terminal_but_not_the_log(tmp_path, monkeypatch):
         stop_console_log()
     assert BAR.search(err.getvalue())                       # redrawn in place for a person
     assert path is not None and path.read_text() == "after the bar\n"
+
+
+def test_the_annotation_counts_and_numbers_are_the_runs(tmp_path, capsys, monkeypatch):
+    """The committed CPU smoke: the annotation's heading is the line `run` ended with, the
+    command says the same, counts are integers and the interval is the verdict's."""
+    from harness.cli.main import main
+    from harness.cli.run import final_line
+
+    monkeypatch.delenv("BUILDKITE", raising=False)
+    recs = load_records(SMOKE)
+    run_said = final_line([r["verdict"]["outcome"] for r in recs], 0, "x").split(" in 0s")[0]
+    assert run_said == "11 cells: 4 PASS, 1 XFAIL, 6 canaries caught"
+    out = tmp_path / "annotation.md"
+    assert main(["annotate", "--results-dir", str(SMOKE), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.splitlines()[0] == f"### P/D accuracy: {run_said}"
+    assert f"{out}: {run_said}; style success" in capsys.readouterr().out
+    xfail = next(line for line in text.splitlines()
+                 if line.startswith("| `v1-CPU_ATTN-p64d128-tiny-llama-gsm-tp1x1-eager` |"))
+    assert "| -98.0 | [-99.8, -69.7] pts (99.61 %, verdict) | 50 |" in xfail
+    assert "22997/22997 prompt tokens external" in xfail and ".0/" not in xfail
