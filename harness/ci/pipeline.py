@@ -210,7 +210,8 @@ def annotate_commands(results_dir: str, *, annotation_path: str = DEFAULT_ANNOTA
     if report_dir:
         commands.append(
             shlex.join([RUN_COMMAND, "report", "--results-dir", results_dir, "--out-dir",
-                        report_dir]) + ' --history "$${PD_ACCURACY_HISTORY:-results/history.sqlite}"')
+                        report_dir]) + ' --history "$${PD_ACCURACY_HISTORY:-results/history.sqlite}"'
+            + " --append")
     return commands
 
 

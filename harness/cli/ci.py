@@ -143,7 +143,7 @@ def cmd_annotate(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     except (OSError, subprocess.CalledProcessError) as exc:
         return _fail(f"posting the annotation failed: {exc}", EXIT_ERROR)
-    print(f"{result.path}: {result.cells} cells, style {result.style}"
+    print(f"{result.path}: {result.summary}; style {result.style}"
           + (", posted to Buildkite" if result.posted else ""))
     return EXIT_OK
 
@@ -159,19 +159,36 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from harness.report.history import append_results_dir, load_cells
+    """Render the HTML report. It writes only under --out-dir: the records of --results-dir are
+    rendered from a temporary store (with --history's rows, for trends), unless --append asks to
+    add them to the history store first."""
+    import shutil
+    import tempfile
+
+    from harness.report.history import DEFAULT_HISTORY_PATH, append_results_dir, load_cells
     from harness.report.html import render_report
 
-    if args.results_dir:
-        if not Path(args.results_dir).is_dir():
-            return _fail(f"results directory {args.results_dir} does not exist")
-        append_results_dir(args.history, args.results_dir)
-    elif not Path(args.history).exists():
-        return _fail(f"history {args.history} does not exist (give --results-dir)")
-    if not load_cells(args.history):
-        print(f"pd-accuracy: warning: {args.history} holds no cells; the report is empty",
-              file=sys.stderr)
-    index = render_report(args.history, args.out_dir)
+    history = args.history or DEFAULT_HISTORY_PATH
+    if args.results_dir and not Path(args.results_dir).is_dir():
+        return _fail(f"results directory {args.results_dir} does not exist")
+    if not args.results_dir:
+        if args.append:
+            return _fail("--append needs --results-dir (the records to append)")
+        if not Path(history).is_file():
+            return _fail(f"history {history} does not exist (give --results-dir)")
+    with tempfile.TemporaryDirectory(prefix="pd-accuracy-report-") as tmp:
+        db = history
+        if args.results_dir and args.append:
+            append_results_dir(history, args.results_dir)
+        elif args.results_dir:
+            db = str(Path(tmp) / "history.sqlite")
+            if args.history and Path(args.history).is_file():
+                shutil.copyfile(args.history, db)
+            append_results_dir(db, args.results_dir)
+        if not load_cells(db):
+            print(f"pd-accuracy: warning: no cells to report in {args.results_dir or history}; "
+                  f"the report is empty", file=sys.stderr)
+        index = render_report(db, args.out_dir)
     print(index)
     return EXIT_OK
 
@@ -197,6 +214,21 @@ def _gpus_arg(text: str) -> str:
     if text != "auto" and not text.isdigit():
         raise argparse.ArgumentTypeError("--gpus takes 'auto' or a number")
     return text
+
+
+def _register_report(subparsers: argparse._SubParsersAction, history: str, report_dir: str) -> None:
+    p = subparsers.add_parser(
+        "report", help="render the HTML report of a results directory or the history",
+        description="Render the HTML report (verdict table, forest plot, heatmaps, trends) into "
+                    "--out-dir; nothing else is written unless --append asks for it.")
+    p.add_argument("--results-dir", help="report these records (with --history's, for trends)")
+    p.add_argument("--history", help=f"the history store to read (default {history} "
+                                     f"when no --results-dir is given)")
+    p.add_argument("--append", action="store_true",
+                   help="add the --results-dir records to the history store first (the "
+                        "nightly's trend store); without it the store is only read")
+    p.add_argument("--out-dir", default=report_dir)
+    p.set_defaults(func=cmd_report)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -252,11 +284,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--history", default=DEFAULT_HISTORY_PATH)
     p.set_defaults(func=cmd_history)
 
-    p = subparsers.add_parser("report", help="render the static HTML report from the history")
-    p.add_argument("--results-dir", help="append these records to the history first")
-    p.add_argument("--history", default=DEFAULT_HISTORY_PATH)
-    p.add_argument("--out-dir", default=DEFAULT_REPORT_DIR)
-    p.set_defaults(func=cmd_report)
+    _register_report(subparsers, DEFAULT_HISTORY_PATH, DEFAULT_REPORT_DIR)
 
     p = subparsers.add_parser(
         "farm", help="run a profile's generated pipeline on this machine",

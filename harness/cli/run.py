@@ -20,6 +20,7 @@ from harness.core.kv_connectors import KV_CONNECTORS
 from harness.core.weathers import WEATHERS
 from harness.cli import run_checks
 from harness.core.redact import install_log_redaction, redact
+from harness.report.console import save_console_log, start_console_log, stop_console_log
 from harness.report.junit import write_junit
 from harness.core.options import GPU_LAYOUTS, SERVER_STARTS, RunOptions, UsageError
 from harness.serve.host.start_slots import StartSlots
@@ -320,31 +321,11 @@ def run_parser() -> argparse.ArgumentParser:
     return p
 
 
-def print_table(results, console=None) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def print_table(results, stream=None) -> None:
+    """The verdict table (harness.report.console): ids whole, reasons wrapped at words."""
+    from harness.report.console import print_table as print_verdicts
 
-    from harness.serve.launch.effective_config import summary as effective_summary
-
-    console = console or Console(width=200)
-    table = Table(title="pd-accuracy verdicts", show_lines=False)
-    for col in ("cell", "outcome", "baseline", "P/D", "Δ pts [95% CI]", "McNemar p", "MDE",
-                "gen. agree", "ext. tokens", "servers ran", "reason"):
-        table.add_column(col, overflow="fold")
-    for r in results:
-        m = r.record.get("metrics") or {}
-        t = m.get("transfer") or {}
-        ci = m.get("delta_ci") or [None, None]
-        pct = lambda x: "-" if x is None else f"{100 * x:.1f}%"  # noqa: E731
-        table.add_row(
-            r.cell.cell_id, r.verdict.outcome, pct(m.get("baseline_accuracy")), pct(m.get("pd_accuracy")),
-            "-" if m.get("accuracy_delta") is None else
-            f"{100 * m['accuracy_delta']:+.1f} [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]",
-            "-" if m.get("mcnemar_p") is None else f"{m['mcnemar_p']:.3g}",
-            pct(m.get("mde")), pct(m.get("agreement")),
-            "-" if not t else f"{t.get('prompt_tokens_external', 0):.0f}",
-            effective_summary(r.record.get("effective_config")), redact(r.verdict.reason)[:160])
-    console.print(table)
+    print_verdicts(results, stream)
 
 
 def run_command(args: argparse.Namespace, on_runner=None) -> int:
@@ -353,6 +334,7 @@ def run_command(args: argparse.Namespace, on_runner=None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     install_log_redaction()
+    start_console_log()        # the run folder keeps a copy of what it prints (console.log)
     problems = run_checks.argument_problems(args)
     if problems:
         run_checks.print_problems(problems, sys.stderr)
@@ -508,6 +490,8 @@ def finish(results, args: argparse.Namespace, runner, started: float) -> int:
                   f"{redact(r.verdict.reason)[:300]}")
     worst = worst_outcome(outcomes)
     print(final_line(outcomes, time.monotonic() - started, runner.run_dir))
+    save_console_log(runner.run_dir)
+    stop_console_log()
     return EXIT_CODES[worst]
 
 

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from harness.core.outcomes import summary_line
 from harness.core.redact import redact
+from harness.report.evidence import Accuracy, accuracy_of, count, pct, pts
 from harness.report.cell_ids import canary_result, canary_summary, fault_label, is_canary
 # Worst first: tables are sorted by this, and the annotation style follows the worst present.
 from harness.core.outcomes import DISPLAY_ORDER as OUTCOME_ORDER
@@ -41,16 +43,18 @@ def outcome_of(row: Mapping[str, Any]) -> str:
 
 
 def fmt_acc(value: Any) -> str:
-    return "-" if value is None else f"{float(value):.3f}"
+    """An accuracy as a percentage ("88.0 %")."""
+    return pct(value)
 
 
 def fmt_delta(delta: Any, lo: Any = None, hi: Any = None) -> str:
+    """A delta of accuracies in points, with its interval when given: "-12.0 [-24.0, -4.0] pts"."""
     if delta is None:
         return "-"
-    text = f"{float(delta):+.3f}"
+    text = pts(delta)
     if lo is not None and hi is not None:
-        text += f" [{float(lo):+.3f}, {float(hi):+.3f}]"
-    return text
+        text += f" [{pts(lo)}, {pts(hi)}]"
+    return text + " pts"
 
 
 def fmt_p(value: Any) -> str:
@@ -73,19 +77,21 @@ def fmt_bytes(value: Any) -> str:
 
 def transfer_summary(metrics: Mapping[str, Any] | None,
                      checks: Sequence[Mapping[str, Any]] = ()) -> str:
-    """One line of transfer proof: external prompt tokens, the connector's bytes, failures, the check."""
+    """One line of transfer proof: external prompt tokens, the connector's bytes, failures, the
+    check; counts as integers ("22997/22997 prompt tokens external")."""
     transfer = (metrics or {}).get("transfer") or {}
     check = next((c for c in checks or () if c.get("name") == "transfer"), None)
     parts = []
     if transfer:
         external, total = transfer.get("prompt_tokens_external"), transfer.get("prompt_tokens_total")
         if external is not None:
-            parts.append(f"{external}/{total if total is not None else '?'} prompt tokens external")
+            parts.append(f"{count(external)}/{count(total) if total is not None else '?'} "
+                         f"prompt tokens external")
         if transfer.get("kv_bytes") is not None:
             parts.append(f"{fmt_bytes(transfer['kv_bytes'])} through the connector")
         failed = transfer.get("failed_transfers")
         if failed is not None:
-            parts.append(f"{failed} failed transfers")
+            parts.append(f"{count(failed)} failed transfers")
     if check is not None:
         parts.append(f"check {'passed' if check.get('passed') else 'FAILED'}")
     return ", ".join(parts) if parts else "no transfer data"
@@ -95,6 +101,14 @@ def md_cell(text: Any) -> str:
     """`text` safe inside a markdown table cell: redacted, HTML-escaped (Buildkite renders the
     markdown's HTML, and a reason may quote an external endpoint's error page), on one line."""
     return html.escape(redact(text)).replace("|", "\\|").replace("\n", " ").strip()
+
+
+def brief(text: Any, chars: int = 200) -> str:
+    """A long note (a declared expected failure's) cut at a word boundary; the matrix keeps it."""
+    import textwrap
+
+    return textwrap.shorten(str(text or ""), width=chars, placeholder=" … (whole note: the matrix)",
+                            break_on_hyphens=False)
 
 
 def jinja_env():
@@ -107,7 +121,8 @@ def jinja_env():
         trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
         undefined=jinja2.StrictUndefined,
     )
-    env.filters.update(acc=fmt_acc, delta=fmt_delta, pvalue=fmt_p, bytes=fmt_bytes, md=md_cell)
+    env.filters.update(acc=fmt_acc, delta=fmt_delta, pvalue=fmt_p, bytes=fmt_bytes, md=md_cell,
+                       points=pts, count=count, brief=brief)
     return env
 
 
@@ -126,6 +141,7 @@ class CellResult:
     attempts: int
     links: list[tuple[str, str]] = field(default_factory=list)   # (name, url)
     fault: str | None = None       # a canary's fault, e.g. "corrupt-block (last)"; None: a real cell
+    accuracy: Accuracy | None = None   # the numbers and interval the verdict used, in points
 
     @property
     def rank(self) -> int:
@@ -141,7 +157,7 @@ def latest_per_cell(records: Iterable[Mapping[str, Any]]) -> list[tuple[Mapping[
             for rs in by_cell.values()]
 
 
-def _artifact_files(record: Mapping[str, Any]) -> list[tuple[str, Path]]:
+def artifact_files(record: Mapping[str, Any]) -> list[tuple[str, Path]]:
     """(name, path) of the record itself and of its log/sample artifacts that exist."""
     if not record.get("_path"):
         return []
@@ -191,8 +207,9 @@ def cell_results(records: Iterable[Mapping[str, Any]], *, link_base: Path = Path
             transfer=transfer_summary(metrics, verdict.get("checks") or ()),
             attempts=attempts,
             links=[(name, _link(p, base=link_base, artifact_root=artifact_root))
-                   for name, p in _artifact_files(record)],
+                   for name, p in artifact_files(record)],
             fault=fault,
+            accuracy=accuracy_of(record),
         ))
     out.sort(key=lambda c: (c.rank, c.cell_id))
     return out
@@ -224,6 +241,7 @@ def render_markdown(records: Iterable[Mapping[str, Any]], *, title: str = "P/D a
     canaries = [r for r in everything if r.fault is not None]
     template = jinja_env().get_template("annotation.md.j2")
     context = dict(title=title, results=results, counts=outcome_counts(results),
+                   summary=summary_line(r.outcome for r in everything),
                    canaries=canaries, canary_count=canary_summary([r.outcome for r in canaries]),
                    style=annotation_style(everything), truncated=0)
     text = template.render(rows=results, **context)
@@ -239,7 +257,8 @@ class AnnotationResult:
     path: Path
     style: str
     posted: bool
-    cells: int
+    cells: int          # every cell, canaries included
+    summary: str = ""   # "11 cells: 4 PASS, 1 XFAIL, 6 canaries caught", as `run` ends
 
 
 def _in_buildkite() -> bool:
@@ -264,11 +283,13 @@ def annotate(results_dir: str | os.PathLike[str], out_path: str | os.PathLike[st
     from harness.core.atomic import atomic_write_text
 
     atomic_write_text(out, markdown)
-    style = annotation_style(cell_results(records))
+    results = cell_results(records)
+    style = annotation_style(results)
     if post:
         subprocess.run(["buildkite-agent", "annotate", "--style", style, "--context", context],
                        input=markdown, text=True, check=True)
-    return AnnotationResult(out, style, post, len(latest_per_cell(records)))
+    return AnnotationResult(out, style, post, len(results),
+                            summary_line(r.outcome for r in results))
 
 
 __all__ = ["AnnotationResult", "CellResult", "OUTCOME_ORDER", "annotate", "annotation_style",

@@ -206,16 +206,37 @@ def append_results_dir(db_path: str | os.PathLike[str],
     return append_records(db_path, [*load_records(results_dir), *load_not_applicable(results_dir)])
 
 
+def _query(db_path: str | os.PathLike[str], sql: str, params: tuple = ()) -> list[dict[str, Any]]:
+    """Rows of `sql` on the store, read only: nothing is created, migrated or written (a render
+    is no write). A store of an older schema is migrated in a temporary copy; none: no rows."""
+    path = Path(db_path)
+    if not path.is_file():
+        return []
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=60)
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version != SCHEMA_VERSION:
+        conn.close()
+        import shutil
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="pd-accuracy-history-") as tmp:
+            copy = Path(tmp) / path.name
+            shutil.copyfile(path, copy)
+            with closing(connect(copy)) as migrated:
+                return [dict(r) for r in migrated.execute(sql, params).fetchall()]
+    conn.row_factory = sqlite3.Row
+    with closing(conn):
+        return [dict(r) for r in conn.execute(sql, params).fetchall()]
+
+
 def load_runs(db_path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """All runs, oldest first."""
-    with closing(connect(db_path)) as conn:
-        rows = conn.execute("SELECT * FROM runs ORDER BY created_at, run_id").fetchall()
-    return [dict(r) for r in rows]
+    """All runs, oldest first (read only)."""
+    return _query(db_path, "SELECT * FROM runs ORDER BY created_at, run_id")
 
 
 def load_cells(db_path: str | os.PathLike[str], cell_id: str | None = None) -> list[dict[str, Any]]:
     """Cell rows joined with their run (``run_created_at``, ``git_sha``, ``vllm_version``,
-    ``profile``, ``host``), oldest first; only `cell_id`'s when given."""
+    ``profile``, ``host``), oldest first; only `cell_id`'s when given (read only)."""
     sql = ("SELECT cells.*, runs.created_at AS run_created_at, runs.git_sha, runs.vllm_version, "
            "runs.profile, runs.host FROM cells JOIN runs USING (run_id)")
     params: tuple = ()
@@ -223,9 +244,7 @@ def load_cells(db_path: str | os.PathLike[str], cell_id: str | None = None) -> l
         sql += " WHERE cells.cell_id = ?"
         params = (cell_id,)
     sql += " ORDER BY COALESCE(cells.created_at, runs.created_at), cells.run_id, cells.cell_id"
-    with closing(connect(db_path)) as conn:
-        rows = conn.execute(sql, params).fetchall()
-    return [dict(r) for r in rows]
+    return _query(db_path, sql, params)
 
 
 __all__ = ["CELL_COLUMNS", "DEFAULT_HISTORY_PATH", "RUN_COLUMNS", "append_records",

@@ -1,22 +1,26 @@
-"""Static HTML report from the history store: heatmaps, trends, regressions, every cell.
+"""The static HTML report a person reads: what each cell's verdict is and what it rests on.
 
 ``render_report(history_db, out_dir)`` writes ``out_dir/index.html`` (templates/report.html.j2)
-and its PNGs under ``out_dir/img/``:
+and its figures under ``out_dir/img/``, in this order:
 
-* one heatmap per model: rows are runner x backend, columns are the rest of the configuration
-  (blocks, TP and every variant: "p128d128 tp1x2", "p128d128 tp1x1 eager"), so each square is
-  exactly one cell, coloured by its newest verdict and labelled with its accuracy delta;
-* the canaries (cells with an injected fault): their own table, CAUGHT or MISSED, never in the
-  heatmaps, the counts or the table of cells;
-* one trend plot per real cell with at least two entries (accuracy delta with its CI, and both
-  accuracies, per run); the cells that changed come first, at most `max_trend_plots`;
-* "changes since the previous run": for each cell, its newest entry against the one before it
-  (per cell, because one nightly build holds many harness runs): new FAIL, newly ERROR, new
-  XPASS, newly MISSED (a canary), recovered, and (when none of those applies, and not for a
-  canary) significant drift of the delta — the two deltas' CIs do not overlap, or, without CIs,
-  they differ by more than the larger MDE;
-* a table of every real cell's newest entry, worst first.
+* the verdict table first: one line per cell (canaries too, with their fault), worst first,
+  sortable by any column and filterable by text, outcome and kind; a click on a line opens its
+  details: the whole reason, the transfer proof and KV digest, what the servers ran, every check
+  (harness.report.cell_view);
+* a forest plot of every cell's accuracy delta in points with the interval its verdict used and
+  the non-inferiority margin (`plot_forest`);
+* folded below, opened on a click: "changes since the previous run" for each cell, its newest
+  entry against the one before it (new FAIL, newly ERROR, new XPASS, newly MISSED, recovered,
+  and, when none applies and not for a canary, significant drift of the delta: the two deltas'
+  CIs do not overlap, or without CIs they differ by more than the larger MDE); one heatmap per
+  model (rows runner x backend, columns the rest of the configuration, one square per cell,
+  canaries left out); the vLLM release x cell heatmap, where a cell its release cannot run is
+  grey "N/A"; one trend plot per real cell with two entries or more (changed cells first, at most
+  `max_trend_plots`); each soak's windows.
 
+Units are points for deltas and percent for accuracies everywhere (harness.report.evidence);
+each outcome has one colour of its own (OUTCOME_COLOURS). Rendering writes only under
+`out_dir`; appending records to a history is a separate, asked-for step (`report --append`).
 Rows of canaries recorded before CAUGHT/MISSED existed (outcome FAIL) are judged as canaries
 here (harness.report.cell_ids.with_canary_outcome).
 """
@@ -30,20 +34,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from harness.report.annotate import OUTCOME_ORDER, fmt_delta, jinja_env, outcome_rank
+from harness.core.outcomes import summary_line
+from harness.report.annotate import OUTCOME_ORDER, fmt_delta, jinja_env
+from harness.report.evidence import pts
 from harness.report.cell_ids import (canary_summary, fault_label, is_canary, variant_of,
                                      variant_sort_key, with_canary_outcome)
+from harness.report.cell_view import cell_view
 from harness.report.history import load_cells, load_runs
-from harness.serve.launch.effective_config import summary as effective_summary
 
+# one colour per outcome, told apart by hue (an XFAIL is teal, never a pale PASS green); the
+# text drawn on each is white, except on INCONCLUSIVE's yellow (TEXT_ON)
 OUTCOME_COLOURS = {
-    "PASS": "#43a047", "XFAIL": "#a5d6a7", "INCONCLUSIVE": "#fdd835", "XPASS": "#fb8c00",
-    "FAIL": "#e53935", "ERROR": "#8e24aa", "CAUGHT": "#90caf9", "MISSED": "#b71c1c",
+    "PASS": "#2e7d32", "XFAIL": "#00838f", "INCONCLUSIVE": "#f9a825", "XPASS": "#ef6c00",
+    "FAIL": "#d32f2f", "ERROR": "#6a1b9a", "CAUGHT": "#1565c0", "MISSED": "#880e4f",
 }
+TEXT_ON = {o: "#ffffff" for o in OUTCOME_COLOURS} | {"INCONCLUSIVE": "#212121"}
 MISSING_COLOUR = "#eeeeee"
 # a cell its vLLM release cannot run (harness.run.record.NOT_APPLICABLE_OUTCOME): never started
 NOT_APPLICABLE = "N/A"
 NOT_APPLICABLE_COLOUR = "#9e9e9e"
+TEXT_ON[NOT_APPLICABLE] = "#ffffff"
 DEFAULT_MAX_TREND_PLOTS = 150
 
 
@@ -162,19 +172,18 @@ def plot_heatmap(model: str, latest: Sequence[Mapping[str, Any]], path: Path) ->
         i, j = rows.index(row), cols.index(col)
         outcome = _outcome(r)
         codes[i][j] = 1 + (OUTCOME_ORDER.index(outcome) if outcome in OUTCOME_ORDER else 1)
-        labels[i][j] = (f"{float(r['delta']):+.2f}" if r.get("delta") is not None
-                        else outcome[:4])
+        labels[i][j] = (pts(r["delta"]) if r.get("delta") is not None else outcome[:4])
     fig = _figure(max(4.0, 1.0 + 0.9 * len(cols)), max(2.0, 1.2 + 0.45 * len(rows)))
     ax = fig.add_subplot()
     ax.imshow(codes, cmap=ListedColormap(palette), vmin=-0.5, vmax=len(palette) - 0.5,
               aspect="auto")
-    for i in range(len(rows)):
-        for j in range(len(cols)):
-            if labels[i][j]:
-                ax.text(j, i, labels[i][j], ha="center", va="center", fontsize=8)
+    for (row, col), r in squares.items():
+        i, j = rows.index(row), cols.index(col)
+        ax.text(j, i, labels[i][j], ha="center", va="center", fontsize=8,
+                color=TEXT_ON.get(_outcome(r), "#212121"))
     ax.set_xticks(range(len(cols)), cols, rotation=45, ha="right", fontsize=8)
     ax.set_yticks(range(len(rows)), rows, fontsize=8)
-    ax.set_title(f"{model}\nnewest verdict, label = accuracy delta", fontsize=9)
+    ax.set_title(f"{model}\nnewest verdict, label = accuracy delta (pts)", fontsize=9)
     present = [o for o in OUTCOME_ORDER if any(_outcome(r) == o for r in squares.values())]
     ax.legend(handles=[Patch(color=OUTCOME_COLOURS[o], label=o) for o in present],
               loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
@@ -215,13 +224,15 @@ def plot_release_heatmap(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     order = [*OUTCOME_ORDER, NOT_APPLICABLE]
     palette = [MISSING_COLOUR] + [OUTCOME_COLOURS[o] for o in OUTCOME_ORDER] + [NOT_APPLICABLE_COLOUR]
     codes = [[0] * len(releases) for _ in cells]
-    fig = _figure(max(4.0, 3.5 + 0.9 * len(releases)), max(2.0, 1.2 + 0.32 * len(cells)))
+    label_in = 0.055 * max([len(c) for c in cells] or [10])    # 7-point labels: inches
+    fig = _figure(max(4.0, 2.5 + label_in + 0.9 * len(releases)), max(2.0, 1.2 + 0.32 * len(cells)))
     ax = fig.add_subplot()
     for (cell, release), row in squares.items():
         i, j = cells.index(cell), releases.index(release)
         outcome = _outcome(row)
         codes[i][j] = 1 + (order.index(outcome) if outcome in order else 1)
-        ax.text(j, i, outcome[:6], ha="center", va="center", fontsize=7)
+        ax.text(j, i, outcome[:6], ha="center", va="center", fontsize=7,
+                color=TEXT_ON.get(outcome, "#212121"))
     ax.imshow(codes, cmap=ListedColormap(palette), vmin=-0.5, vmax=len(palette) - 0.5,
               aspect="auto")
     ax.set_xticks(range(len(releases)), [f"vLLM {r}" for r in releases], rotation=45,
@@ -252,18 +263,19 @@ def plot_trend(cell_id: str, entries: Sequence[Mapping[str, Any]], path: Path) -
         if e.get("delta") is None:
             ax_delta.scatter([x], [0.0], marker="x", color=colour)
             continue
-        delta = float(e["delta"])
+        delta = 100 * float(e["delta"])
         err = None
         if e.get("ci_lo") is not None and e.get("ci_hi") is not None:
-            err = [[max(0.0, delta - float(e["ci_lo"]))], [max(0.0, float(e["ci_hi"]) - delta)]]
+            err = [[max(0.0, delta - 100 * float(e["ci_lo"]))],
+                   [max(0.0, 100 * float(e["ci_hi"]) - delta)]]
         ax_delta.errorbar([x], [delta], yerr=err, fmt="o", color=colour, capsize=3)
     ax_delta.axhline(0.0, color="#888888", linewidth=0.8)
-    ax_delta.set_ylabel("P/D - baseline", fontsize=8)
+    ax_delta.set_ylabel("P/D - baseline (pts)", fontsize=8)
     for key, label in (("baseline_acc", "baseline"), ("pd_acc", "P/D")):
-        points = [(x, float(e[key])) for x, e in zip(xs, entries) if e.get(key) is not None]
+        points = [(x, 100 * float(e[key])) for x, e in zip(xs, entries) if e.get(key) is not None]
         if points:
             ax_acc.plot(*zip(*points), marker=".", label=label)
-    ax_acc.set_ylabel("accuracy", fontsize=8)
+    ax_acc.set_ylabel("accuracy (%)", fontsize=8)
     ax_acc.legend(fontsize=7, frameon=False)
     ax_acc.set_xticks(xs, ticks, rotation=45, ha="right", fontsize=7)
     ax_delta.set_title(cell_id, fontsize=8)
@@ -314,6 +326,48 @@ def plot_soak(cell_id: str, soak: Mapping[str, Any], path: Path) -> Path:
     return path
 
 
+def plot_forest(cells: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
+    """Every cell's accuracy delta (points) with its interval, one row each in the table's
+    order, against 0 and the non-inferiority margin: a PASS needs the interval's lower end right
+    of the margin. A solid line is the interval the verdict used; a dashed one a 95 % descriptive
+    interval (the verdict rested on other checks). SVG: its text stays text. None: no cell has a
+    delta."""
+    from matplotlib.lines import Line2D
+
+    shown = [c for c in cells if c["accuracy"].delta is not None]
+    if not shown:
+        return None
+    fig = _figure(13.4, 1.3 + 0.24 * len(shown))
+    ax = fig.add_subplot()
+    for y, cell in enumerate(shown):
+        acc, colour = cell["accuracy"], OUTCOME_COLOURS.get(cell["outcome"], "#616161")
+        if acc.lo is not None and acc.hi is not None:
+            ax.plot([100 * acc.lo, 100 * acc.hi], [y, y], color=colour, linewidth=2,
+                    linestyle="-" if cell["verdict_interval"] else (0, (2, 1.5)))
+        ax.plot([100 * acc.delta], [y], marker="o", markersize=5, color=colour,
+                markerfacecolor=colour if cell["verdict_interval"] else "white")
+    margins = sorted({c["accuracy"].margin for c in shown if c["accuracy"].margin is not None})
+    for margin in margins or [0.05]:
+        ax.axvline(-100 * margin, color="#d32f2f", linestyle="--", linewidth=1)
+    ax.axvline(0.0, color="#757575", linewidth=0.8)
+    ax.set_yticks(range(len(shown)), [c["id"] for c in shown], fontsize=6.5, family="monospace")
+    ax.invert_yaxis()
+    ax.set_xlabel("P/D accuracy - baseline accuracy (points)", fontsize=8)
+    ax.tick_params(axis="x", labelsize=7)
+    present = [o for o in OUTCOME_ORDER if any(c["outcome"] == o for c in shown)]
+    handles = [Line2D([], [], color=OUTCOME_COLOURS[o], marker="o", label=o) for o in present]
+    handles += [Line2D([], [], color="#424242", label="interval the verdict used"),
+                Line2D([], [], color="#424242", linestyle=(0, (2, 1.5)), marker="o",
+                       markerfacecolor="white", label="95 % descriptive interval"),
+                Line2D([], [], color="#d32f2f", linestyle="--",
+                       label="margin: " + ", ".join(f"-{100 * m:.1f} pts" for m in margins or [0.05]))]
+    ax.legend(handles=handles, fontsize=7, frameon=False, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="svg")
+    return path
+
+
 # ---- the report -------------------------------------------------------------------------------
 def _soak_plots(rows: Sequence[Mapping[str, Any]], out: Path, img: Path) -> list[dict[str, Any]]:
     """One soak plot per row that ran the soak weather: agreement and mismatches per window."""
@@ -327,82 +381,83 @@ def _soak_plots(rows: Sequence[Mapping[str, Any]], out: Path, img: Path) -> list
     return soaks
 
 
+def _heatmaps(latest: Sequence[Mapping[str, Any]], every_row: Sequence[Mapping[str, Any]],
+              out: Path, img: Path) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """One heatmap per model of the real cells, and the release x cell heatmap (two releases
+    or more)."""
+    heatmaps = []
+    for model in sorted({str(r.get("model_short") or r.get("model")) for r in latest}):
+        members = [r for r in latest if str(r.get("model_short") or r.get("model")) == model]
+        path = plot_heatmap(model, members, img / f"heatmap-{_slug(model)}.png")
+        heatmaps.append({"model": model, "src": path.relative_to(out).as_posix(),
+                         "cells": len(members)})
+    release_map = None
+    if len({r.get("vllm_version") for r in every_row if r.get("vllm_version")}) >= 2:
+        path = plot_release_heatmap(every_row, img / "heatmap-vllm-releases.png")
+        release_map = {"src": path.relative_to(out).as_posix(),
+                       "releases": release_squares(every_row)[0]}
+    return heatmaps, release_map
+
+
+def _trends(by_cell: Mapping[str, list], changed: set[str], out: Path, img: Path,
+            max_plots: int) -> tuple[list[dict[str, Any]], int]:
+    """Trend plots of the real cells with a history, changed ones first; and how many were
+    left out past `max_plots`."""
+    ids = sorted((cid for cid, entries in by_cell.items() if len(entries) >= 2 and not is_canary(cid)),
+                 key=lambda cid: (cid not in changed, cid))
+    trends = []
+    for cell_id in ids[:max_plots]:
+        path = plot_trend(cell_id, by_cell[cell_id], img / f"trend-{_slug(cell_id)}.png")
+        trends.append({"cell_id": cell_id, "src": path.relative_to(out).as_posix(),
+                       "changed": cell_id in changed})
+    return trends, max(0, len(ids) - max_plots)
+
+
+def _chips(outcomes: Sequence[str]) -> list[tuple[str, int, str]]:
+    """(outcome, count, words) in the order and words of the run's summary line."""
+    from harness.core.outcomes import CAUGHT, MISSED, SUMMARY_ORDER
+
+    chips = []
+    for o in [*SUMMARY_ORDER, *sorted(set(outcomes) - set(SUMMARY_ORDER))]:
+        n = outcomes.count(o)
+        if n:
+            noun = "canary" if n == 1 else "canaries"
+            chips.append((o, n, f"{n} {noun} {o.lower()}" if o in (CAUGHT, MISSED) else f"{n} {o}"))
+    return chips
+
+
 def render_report(history_db: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
                   title: str = "P/D accuracy report",
                   max_trend_plots: int = DEFAULT_MAX_TREND_PLOTS) -> Path:
-    """Write the HTML report of `history_db` into `out_dir`; returns the index.html path."""
+    """Write the HTML report of `history_db` into `out_dir`; returns the index.html path. Reads
+    the history (never writes it) and each newest row's record."""
     out = Path(out_dir)
     img = out / "img"
     img.mkdir(parents=True, exist_ok=True)
     every_row = [with_canary_outcome(r) for r in load_cells(history_db)]
     # a cell its release cannot run has no verdict: only the release x cell heatmap shows it
     rows = [r for r in every_row if _outcome(r) != NOT_APPLICABLE]
-    runs = load_runs(history_db)
     by_cell = history_by_cell(rows)
-    newest = sorted((entries[-1] for entries in by_cell.values()),
-                    key=lambda r: (outcome_rank(_outcome(r)), str(r["cell_id"])))
-    latest = [r for r in newest if not is_canary(str(r["cell_id"]))]
-    canaries = [{**r, "fault": fault_label(str(r["cell_id"]))} for r in newest
-                if is_canary(str(r["cell_id"]))]
+    cells = sorted((cell_view(entries[-1], out) for entries in by_cell.values()),
+                   key=lambda c: (c["rank"], c["kind"] == "canary", c["id"]))
+    latest = [entries[-1] for cid, entries in by_cell.items() if not is_canary(cid)]
     changes = changes_since_previous(rows)
-
-    heatmaps = []
-    models = sorted({str(r.get("model_short") or r.get("model")) for r in latest})
-    for model in models:
-        members = [r for r in latest if str(r.get("model_short") or r.get("model")) == model]
-        path = plot_heatmap(model, members, img / f"heatmap-{_slug(model)}.png")
-        heatmaps.append({"model": model, "src": path.relative_to(out).as_posix(),
-                         "cells": len(members)})
-
-    release_map = None
-    if len({r.get("vllm_version") for r in every_row if r.get("vllm_version")}) >= 2:
-        path = plot_release_heatmap(every_row, img / "heatmap-vllm-releases.png")
-        release_map = {"src": path.relative_to(out).as_posix(),
-                       "releases": release_squares(every_row)[0]}
-
-    changed = {c.cell_id for c in changes}
-    trend_ids = [cid for cid, entries in by_cell.items()
-                 if len(entries) >= 2 and not is_canary(cid)]
-    trend_ids.sort(key=lambda cid: (cid not in changed, cid))
-    trends = []
-    for cell_id in trend_ids[:max_trend_plots]:
-        path = plot_trend(cell_id, by_cell[cell_id], img / f"trend-{_slug(cell_id)}.png")
-        trends.append({"cell_id": cell_id, "src": path.relative_to(out).as_posix(),
-                       "changed": cell_id in changed})
-
-    soaks = _soak_plots(newest, out, img)   # canaries too: a late fault shows where it began
-
-    def record_link(row: Mapping[str, Any]) -> str | None:
-        path = row.get("record_path")
-        if not path:
-            return None
-        return os.path.relpath(path, out.resolve()) if os.path.isabs(path) else path
-
-    def ran(row: Mapping[str, Any]) -> str:   # what its servers really ran, from its record
-        try:
-            return effective_summary(json.loads(Path(row["record_path"]).read_text()).get("effective_config"))
-        except (OSError, TypeError, ValueError, KeyError, AttributeError):
-            return "-"
-
-    counts = [(o, sum(1 for r in latest if _outcome(r) == o)) for o in OUTCOME_ORDER]
+    heatmaps, release_map = _heatmaps(latest, every_row, out, img)
+    trends, left_out = _trends(by_cell, {c.cell_id for c in changes}, out, img, max_trend_plots)
+    forest = plot_forest(cells, img / "forest.svg")
+    outcomes = [c["outcome"] for c in cells]
     html = jinja_env().get_template("report.html.j2").render(
-        title=title,
-        runs=runs,
-        latest=latest,
-        counts=[(o, n) for o, n in counts if n],
-        canaries=canaries,
-        canary_count=canary_summary([_outcome(r) for r in canaries]),
+        title=title, runs=load_runs(history_db), cells=cells, summary=summary_line(outcomes),
+        counts=[(o, outcomes.count(o)) for o in OUTCOME_ORDER if o in outcomes],
+        chips=_chips(outcomes),
+        forest=forest.relative_to(out).as_posix() if forest else None,
+        forest_left_out=sum(1 for c in cells if c["accuracy"].delta is None),
         regressions=[c for c in changes if c.is_regression],
         recoveries=[c for c in changes if not c.is_regression],
-        heatmaps=heatmaps,
-        release_map=release_map,
-        trends=trends,
-        soaks=soaks,
-        trends_left_out=max(0, len(trend_ids) - max_trend_plots),
-        colours=OUTCOME_COLOURS,
-        outcome_of=_outcome,
-        record_link=record_link,
-        ran=ran,
+        heatmaps=heatmaps, release_map=release_map, trends=trends, trends_left_out=left_out,
+        soaks=_soak_plots([entries[-1] for entries in by_cell.values()], out, img),
+        colours=OUTCOME_COLOURS, text_on=TEXT_ON, outcome_of=_outcome,
+        not_applicable_colour=NOT_APPLICABLE_COLOUR,
     )
     index = out / "index.html"
     from harness.core.atomic import atomic_write_text
@@ -411,6 +466,7 @@ def render_report(history_db: str | os.PathLike[str], out_dir: str | os.PathLike
     return index
 
 
-__all__ = ["Change", "changes_since_previous", "compare", "delta_drifted", "heatmap_squares",
-           "history_by_cell", "plot_heatmap", "plot_release_heatmap", "plot_soak", "plot_trend",
-           "release_squares", "render_report", "soak_of"]
+__all__ = ["Change", "NOT_APPLICABLE", "OUTCOME_COLOURS", "TEXT_ON", "changes_since_previous",
+           "compare", "delta_drifted", "heatmap_squares", "history_by_cell", "plot_forest",
+           "plot_heatmap", "plot_release_heatmap", "plot_soak", "plot_trend", "release_squares",
+           "render_report", "soak_of"]

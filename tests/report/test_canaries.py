@@ -118,38 +118,29 @@ def test_two_tp_variants_of_the_same_blocks_are_two_columns(tmp_path):
 
 
 # ---- HTML report ------------------------------------------------------------------------------
-def test_report_puts_canaries_in_their_own_section(tmp_path):
+def test_report_lists_canaries_as_canaries_outside_heatmaps_and_trends(tmp_path):
     db = tmp_path / "h.sqlite"
     append_records(db, [record(REAL, PASS, run_id=RUN_1), old_caught_canary(run_id=RUN_1),
                         record(REAL, PASS), old_caught_canary()])
     html = render_report(db, tmp_path / "report").read_text()
-    head, rest = html.split("<body>")[1].split('id="regressions"', 1)
-    canaries = rest.split('id="canaries"')[1].split('id="heatmaps"')[0]
-    cells = rest.split('id="cells"')[1]
-    assert "1 cell in 2 runs" in head and "1 PASS" in head and "FAIL" not in head
-    assert "1 canary: 1 caught" in canaries and CANARY in canaries
-    assert "corrupt-block (last)" in canaries and "outcome-CAUGHT" in canaries
-    assert CANARY not in cells and REAL in cells
-    assert "trend-" + CANARY not in html                # canaries have no trend plot
-    assert not re.search(r"[\U0001F300-\U0001FAFF\u2600-\u27BF]", html)
-
-
-def test_canary_regressions_are_newly_missed_not_new_fail(tmp_path):
-    rows = [with_canary_outcome(r) for r in history(tmp_path, [
-        old_caught_canary(run_id=RUN_1),
-        record(CANARY, FAIL, outcome=MISSED, reason="decode server died", fault="corrupt-block",
-               delta=-0.5)])]
-    assert [(c.kind, c.cell_id) for c in changes_since_previous(rows)] == [("newly MISSED", CANARY)]
-    rows = [with_canary_outcome(r) for r in history(tmp_path / "b", [
-        old_caught_canary(run_id=RUN_1, delta=0.0), old_caught_canary(delta=-0.9)])]
-    assert changes_since_previous(rows) == []           # a canary's delta does not drift
+    head, rest = html.split("<body>")[1].split('id="cells"', 1)
+    table = rest.split('id="forest"')[0]
+    assert "2 cells:" in head and "1 PASS" in head and "1 canary caught" in head
+    assert "FAIL" not in head                     # an old caught canary is no FAIL
+    canary = table.split(f'data-id="{CANARY}"')[1].split("</tbody>")[0]
+    assert 'data-kind="canary"' in table and "o-CAUGHT" in canary
+    assert "corrupt-block (last)" in canary       # its fault, on its line
+    assert 'data-kind="cell"' in table and REAL in table
+    assert "heatmap-" + CANARY not in html and "trend-" + CANARY not in html
+    assert not re.search(r"[\U0001F300-\U0001FAFF\u2600-\u27BF]", html.replace("\u25B2", "").replace("\u25BC", ""))
 
 
 # ---- annotation -------------------------------------------------------------------------------
 def test_annotation_counts_an_old_caught_canary_as_caught(tmp_path):
     records = [record(REAL, PASS), old_caught_canary()]
     markdown = render_markdown(records)
-    assert markdown.startswith("### P/D accuracy: 1 cell (1 PASS)")
+    # counted as `run` counts it: a canary is a canary caught, never a PASS or a FAIL
+    assert markdown.startswith("### P/D accuracy: 2 cells: 1 PASS, 1 canary caught\n")
     cells_table, canary_section = markdown.split("#### Canaries")
     assert CANARY not in cells_table
     assert "1 canary: 1 caught" in canary_section
@@ -167,7 +158,7 @@ def test_a_missed_canary_makes_the_annotation_an_error(canary):
     assert annotation_style(cell_results(records)) == "error"
     markdown = render_markdown(records)
     assert "1 canary: 1 missed" in markdown
-    assert markdown.startswith("### P/D accuracy: 1 cell (1 PASS)")
+    assert markdown.startswith("### P/D accuracy: 2 cells: 1 PASS, 1 canary missed\n")
 
 
 def test_annotation_of_canaries_only():

@@ -86,9 +86,10 @@ def test_cli_history_append(tmp_path, capsys):
     assert main(["history", "--append", str(tmp_path / "missing"), "--history", str(db)]) == 2
 
 
-def test_a_version_1_store_is_migrated_in_place(tmp_path):
-    """A store written before the connector seam has a nixl_bytes column: it becomes kv_bytes,
-    its rows kept."""
+def test_a_version_1_store_is_read_as_is_and_migrated_in_place_on_append(tmp_path):
+    """A store written before the connector seam has a nixl_bytes column: a read sees it as
+    kv_bytes and leaves the file alone (a render writes nothing); an append migrates it in
+    place, its rows kept."""
     db = tmp_path / "old.sqlite"
     conn = sqlite3.connect(db)
     ddl = _DDL.replace("kv_bytes INTEGER", "nixl_bytes INTEGER")
@@ -98,7 +99,15 @@ def test_a_version_1_store_is_migrated_in_place(tmp_path):
     conn.execute("PRAGMA user_version = 1")
     conn.commit()
     conn.close()
+    before = db.read_bytes()
     [row] = load_cells(db)
     assert row["kv_bytes"] == 123 and "nixl_bytes" not in row
+    assert db.read_bytes() == before
+    connect(db).close()
     conn = sqlite3.connect(db)
     assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert conn.execute("SELECT kv_bytes FROM cells").fetchone()[0] == 123
+
+
+def test_reading_a_missing_store_creates_nothing(tmp_path):
+    assert load_cells(tmp_path / "none" / "h.sqlite") == [] and not (tmp_path / "none").exists()

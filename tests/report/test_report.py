@@ -43,15 +43,16 @@ def test_markdown_table_has_each_cell_once_worst_first():
     markdown = render_markdown(load_records(RECORDS / RUN_2))
     rows = table_rows(markdown)
     assert list(rows) == [FAIL_CELL, ERROR_CELL, NEW_CELL, XFAIL_CELL, RECOVERED_CELL, DRIFT_CELL]
-    assert markdown.startswith("### P/D accuracy: 6 cells (1 FAIL, 1 ERROR, 1 INCONCLUSIVE, "
-                               "1 XFAIL, 2 PASS)")
-    outcome, base, pd, delta, p, mde, n, transfer, links = rows[FAIL_CELL]
-    assert (outcome, base, pd, delta, p, mde, n) == \
-        ("FAIL", "0.900", "0.700", "-0.200 [-0.300, -0.100]", "2.0e-04", "0.120", "50")
+    assert markdown.startswith("### P/D accuracy: 6 cells: 2 PASS, 1 XFAIL, 1 FAIL, 1 ERROR, "
+                               "1 INCONCLUSIVE\n")
+    outcome, base, pd, delta, interval, n, transfer, links = rows[FAIL_CELL]
+    # percent and points; this old record has no look: its 95 % interval, said to be descriptive
+    assert (outcome, base, pd, delta, interval, n) == \
+        ("FAIL", "90.0 %", "70.0 %", "-20.0", "[-30.0, -10.0] pts (95 %, descriptive)", "50")
     assert transfer == ("15000/15000 prompt tokens external, 7.0 MiB through the connector, "
                         "0 failed transfers, check passed")
     assert "[decode-0](" in links and "[record](" in links
-    assert rows[ERROR_CELL][1:7] == ["-"] * 6            # an ERROR has no metrics
+    assert rows[ERROR_CELL][1:6] == ["-"] * 5            # an ERROR has no metrics
     assert "expected failure: upstream" in markdown       # why the XFAIL is expected
     assert "decode server died during startup" in markdown
     assert not re.search(r"[\U0001F300-\U0001FAFF\u2600-\u27BF]", markdown)   # no emoji
@@ -145,7 +146,8 @@ def test_cli_annotate(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("BUILDKITE", raising=False)
     out = tmp_path / "ann.md"
     assert main(["annotate", "--results-dir", str(RECORDS / RUN_2), "--out", str(out)]) == 0
-    assert "6 cells, style error" in capsys.readouterr().out
+    assert ("6 cells: 2 PASS, 1 XFAIL, 1 FAIL, 1 ERROR, 1 INCONCLUSIVE; style error"
+            in capsys.readouterr().out)
     assert main(["annotate", "--results-dir", str(tmp_path / "nope"), "--out", str(out)]) == 2
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -187,7 +189,7 @@ def test_render_report(tmp_path):
     images = re.findall(r'<img src="([^"]+)"', html)
     for src in images:
         data = (index.parent / src).read_bytes()
-        assert data.startswith(b"\x89PNG") and len(data) > 1000
+        assert (data.startswith(b"\x89PNG") or b"<svg" in data[:400]) and len(data) > 1000
     heatmaps = [s for s in images if "heatmap-" in s]
     trends = [s for s in images if "trend-" in s]
     # the records ran on two vLLM releases: the release x cell heatmap is there too
@@ -195,15 +197,22 @@ def test_render_report(tmp_path):
                                 "img/heatmap-vllm-releases.png"]
     assert "Verdicts by vLLM release" in html and "0.32.0, 0.32.1" in html
     assert len(trends) == 5            # every cell with two entries; the new one has one
+    # the verdict table comes first, then the forest plot, then everything else
+    assert html.index('id="cells"') < html.index('id="forest"') < html.index('id="regressions"')
+    assert "img/forest.svg" in images
     regressions = html.split('id="regressions"')[1].split('id="heatmaps"')[0]
     for cell in (FAIL_CELL, ERROR_CELL, DRIFT_CELL):
         assert cell in regressions
     assert "new FAIL" in regressions and "newly ERROR" in regressions and "drift" in regressions
     assert "Recovered" in regressions and RECOVERED_CELL in regressions
-    table = html.split('id="cells"')[1]
-    assert table.count("<tr>") == 1 + 6
+    table = html.split('id="cells"')[1].split('id="forest"')[0]
+    assert table.count('<tbody class="cell"') == 6             # one line per cell
     assert table.index(FAIL_CELL) < table.index(ERROR_CELL) < table.index(DRIFT_CELL)
-    link = re.search(r'<a href="([^"]+)"><code>' + re.escape(FAIL_CELL), table).group(1)
+    # in points: the FAIL cell's delta of -0.200 is -20.0, its 95 % interval descriptive
+    line = table.split(f'data-id="{FAIL_CELL}"')[1].split("</tr>")[0]
+    assert "-20.0" in line and "[-30.0, -10.0] 95 %" in line and "-0.200" not in line
+    details = table.split(f'data-id="{FAIL_CELL}"')[1].split("</tbody>")[0]
+    link = re.search(r'<a href="([^"]+)">record</a>', details).group(1)
     assert (index.parent / link).resolve().is_file()
 
 
@@ -213,7 +222,7 @@ def test_report_escapes_html(tmp_path):
     db = tmp_path / "h.sqlite"
     append_records(db, [record])
     html = render_report(db, tmp_path / "r").read_text()
-    assert "<script>" not in html and "&lt;script&gt;" in html
+    assert "<script>alert(1)" not in html and "&lt;script&gt;alert(1)" in html
 
 
 def test_report_shows_what_the_servers_ran(tmp_path):
@@ -229,10 +238,9 @@ def test_report_shows_what_the_servers_ran(tmp_path):
     db = tmp_path / "h.sqlite"
     append_results_dir(db, records)
     table = render_report(db, tmp_path / "r").read_text().split('id="cells"')[1]
-    assert "<th>Servers ran</th>" in table
-    row = table.split(FAIL_CELL)[-1].split("</tr>")[0]
-    assert "decode: block 128, CPU_ATTN, bfloat16, LBHNC, v1" in row
-    assert table.count("<td>-</td>") >= 5       # records without a read-back say so
+    details = table.split(f'data-id="{FAIL_CELL}"')[1].split("</tbody>")[0]
+    assert "<dt>Servers ran</dt><dd>decode: block 128, CPU_ATTN, bfloat16, LBHNC, v1</dd>" in details
+    assert table.count("<dt>Servers ran</dt><dd>-</dd>") >= 5   # no read-back: they say so
 
 
 def test_trend_plots_are_capped_changed_cells_first(tmp_path):
@@ -245,17 +253,28 @@ def test_trend_plots_are_capped_changed_cells_first(tmp_path):
     assert "3 more cells have a history" in html
 
 
-def test_cli_report(tmp_path, capsys):
+def test_cli_report_writes_only_its_out_dir_unless_asked(tmp_path, capsys, monkeypatch):
     results = tmp_path / "runs"
     shutil.copytree(RECORDS / RUN_2, results / RUN_2)   # one run: no trend plots, fast
-    db = tmp_path / "history.sqlite"
+    monkeypatch.chdir(tmp_path)
     out = tmp_path / "report"
-    assert main(["report", "--results-dir", str(results), "--history", str(db),
-                 "--out-dir", str(out)]) == 0
+    assert main(["report", "--results-dir", str(results), "--out-dir", str(out)]) == 0
     assert (out / "index.html").is_file()
     assert capsys.readouterr().out.strip() == str(out / "index.html")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report", "runs"]   # no history
+    db = tmp_path / "history.sqlite"
+    assert main(["report", "--results-dir", str(results), "--history", str(db),
+                 "--out-dir", str(out)]) == 0
+    assert not db.exists()                               # read, never created
+    assert main(["report", "--results-dir", str(results), "--history", str(db), "--append",
+                 "--out-dir", str(out)]) == 0
+    assert len(load_cells(db)) == 6                      # asked: appended
+    before = db.read_bytes()
+    assert main(["report", "--history", str(db), "--out-dir", str(out)]) == 0
+    assert db.read_bytes() == before
     assert main(["report", "--history", str(tmp_path / "none.sqlite"),
                  "--out-dir", str(out)]) == 2
+    assert main(["report", "--append", "--history", str(db), "--out-dir", str(out)]) == 2
 
 
 def test_a_soak_record_gets_its_plot_over_the_request_index(tmp_path):
