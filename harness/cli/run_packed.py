@@ -128,8 +128,8 @@ def judged_before_stop(cells: Sequence[Cell], run_dir: Path, stop: BaseException
                        seconds: float) -> int:
     """After a stop signal: the verdict table of the records the groups wrote before it, one
     line saying how many cells that is, and the stop's exit status (130 for SIGINT)."""
-    from harness.cli.run import print_table
     from harness.judge.verdict import Verdict
+    from harness.report.console import print_table
     from harness.run.record import CellResult, load_records
 
     wanted = {c.cell_id: c for c in cells}
