@@ -101,6 +101,13 @@ def cell_rows(run_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _records_hardware(run_dir: Path) -> dict[str, Any] | None:
+    """The hardware the run's first record names, or None where it has none."""
+    from harness.run.record import load_records
+
+    return next((r["hardware"] for r in load_records(run_dir) if r.get("hardware")), None)
+
+
 def busy_share(before: Any, after: Any) -> float | None:
     """The share of the host's CPU time between two `psutil.cpu_times()` readings that was
     not idle (idle and iowait count as idle)."""
@@ -125,11 +132,21 @@ def bench_record(run_dir: Path, wall_s: float | None = None,
         wall_s = packing.get("wall_s")
     ready = sorted(s.total_s for s in servers if s.total_s is not None)
     # wall time: each baseline group once; start-up: what the run sat waiting for servers
-    groups = {c["group"]: c["group_total_s"] for c in cells if c["group_total_s"]}
-    waited = sum(c["startup_wait_s"] or 0.0 for c in cells)
+    # a group's wall time; a group stopped before it ended wrote none: its longest cell then
+    groups: dict[str, float] = {}
+    for c in cells:
+        groups[c["group"]] = c["group_total_s"] or max(groups.get(c["group"], 0.0),
+                                                       c["total_s"] or 0.0)
+    # the cells of a group share its servers: their start-up wait is counted once per group
+    waits: dict[str, float] = {}
+    for c in cells:
+        waits[c["group"]] = max(waits.get(c["group"], 0.0), c["startup_wait_s"] or 0.0)
+    waited = sum(waits.values())
     return {
         "run_dir": str(run_dir),
-        "hardware": hardware("cpu"),   # CPU timings compare only across equal cpu_isa
+        # the machine the servers ran on, as the records say (a packed run's parent runs none);
+        # CPU timings compare only across equal cpu_isa
+        "hardware": _records_hardware(run_dir) or hardware("cpu"),
         "wall_s": wall_s,
         "peak_rss_bytes": peak_rss_bytes,
         "host_cpu_busy_share": cpu_busy_share,

@@ -81,3 +81,33 @@ def test_bench_from_a_packed_run_gives_phase_medians_per_role(tmp_path):
     assert record["by_role"]["decode"]["servers"] == 2
     assert record["by_role"]["decode"]["phase_median_s"]["ready"] == 17.0   # 10, 24
     assert role_of("proxy-123") is None and role_of("server-template") is None
+
+
+def test_bench_of_a_stopped_packed_run_counts_each_group_once(tmp_path):
+    """Cells of one group share its start-up wait (counted once); a group stopped before it
+    ended wrote no group_total_s (its longest cell stands in); the machine is the records'."""
+    import json
+
+    from harness.cli.bench import bench_record
+
+    def record(group: str, cell: str, wait: float, total: float, group_total=None) -> None:
+        timings = {"startup_s": wait, "startup_wait_s": wait, "baseline_eval_s": 1.0,
+                   "pd_eval_s": 2.0, "total_s": total}
+        if group_total is not None:
+            timings["group_total_s"] = group_total
+        body = {"schema_version": 2, "run_id": group, "created_at": "2026-12-07T00:00:00Z",
+                "cell": {"id": cell, "model": "m", "prefill_block_size": 16,
+                         "decode_block_size": 16},
+                "verdict": {"status": "PASS", "outcome": "PASS", "reason": ""},
+                "metrics": {}, "timings": timings,
+                "hardware": {"platform": "cuda", "gpus": ["NVIDIA H100 80GB HBM3"]}}
+        (tmp_path / group).mkdir(exist_ok=True)
+        (tmp_path / group / f"{cell}.json").write_text(json.dumps(body))
+
+    record("g1", "a", 100.0, 150.0)              # stopped: no group_total_s
+    record("g1", "a-canary", 100.0, 140.0)
+    record("g2", "b", 50.0, 80.0, group_total=90.0)
+    bench = bench_record(tmp_path)
+    assert bench["hardware"]["platform"] == "cuda"
+    assert bench["startup_wait_s"] == 150.0 and bench["cell_wall_s"] == 240.0
+    assert bench["startup_share_of_cell_time"] == 150.0 / 240.0
