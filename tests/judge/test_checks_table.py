@@ -1,5 +1,5 @@
-"""The verdict's checks are one table, and README's "What each check catches" names exactly its
-checks."""
+"""The verdict's checks are one table, and docs/judging.md's "What each check catches" names
+exactly its checks."""
 from __future__ import annotations
 
 import re
@@ -8,17 +8,17 @@ from pathlib import Path
 from harness.core.outcomes import ERROR, FAIL
 from harness.judge.verdict import CHECKS, Check, check_row, first_failing
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+JUDGING = Path(__file__).resolve().parents[2] / "docs" / "judging.md"
 
 
 def readme_check_names() -> set[str]:
-    text = README.read_text()
+    text = JUDGING.read_text()
     section = text.split("## What each check catches", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line]
     return {name for row in rows[1:] for name in re.findall(r"`([a-z0-9-]+)`", row.split(" | ")[0])}
 
 
-def test_the_readme_table_names_the_checks_table():
+def test_the_docs_table_names_the_checks_table():
     assert readme_check_names() == {row.name for row in CHECKS}
 
 
