@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import ast
 import graphlib
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "harness"
 # bottom first: a package may import its own modules and those of packages before it
-LAYERS = ("core", "zoo", "matrix", "serve", "eval", "judge", "run", "report", "ci", "cli")
+LAYERS = ("core", "protocol", "zoo", "matrix", "serve", "eval", "judge", "run", "report", "ci", "cli")
 TOP_LEVEL_ALLOWED = {"__init__", "pytest_plugin", "pytest_suite"}
 # serve/'s rooms, bottom first; `deploy` (the module at serve/'s top) composes them all
 SERVE_ROOMS = ("plugins", "connectors", "host", "launch", "net", "supervision", "template", "proxy",
@@ -136,6 +138,63 @@ def test_every_serve_module_is_in_a_room():
     rooms = {p.stem if p.is_file() else p.name for p in (ROOT / "serve").iterdir()
              if p.name != "__init__.py" and p.name != "__pycache__"}
     assert rooms == set(SERVE_ROOMS)
+
+
+def test_the_protocol_needs_nothing_but_the_standard_library_and_core():
+    """Reading what a server wrote must not load what runs inside one (vLLM, torch, numpy)."""
+    wrong = []
+    for name, path in modules().items():
+        if package_of(name) != "protocol":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                tops = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                tops = [node.module]
+            else:
+                continue
+            wrong += [f"{name} imports {top}" for top in tops
+                      if top.split(".")[0] not in sys.stdlib_module_names
+                      and top != "harness.core" and not top.startswith(("harness.core.",
+                                                                         "harness.protocol"))]
+    assert not wrong, "\n".join(wrong)
+
+
+def in_server_modules() -> set[str]:
+    """What vLLM loads inside its servers: serve/plugins/ and every module pyproject.toml hands
+    vLLM as a general plugin (a connector's own, e.g. NIXL's idle poll)."""
+    project = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())
+    entry = project["project"]["entry-points"]["vllm.general_plugins"].values()
+    return ({m for m in modules() if m.startswith("harness.serve.plugins")}
+            | {value.split(":")[0] for value in entry})
+
+
+# plugin modules read from outside the servers, until what they write moves to harness.protocol
+PLUGIN_IMPORTS_LEFT = {
+    ("harness.cli.run_checks", "harness.serve.plugins.kv_digest.device_hash"),
+    ("harness.judge.kv_digest_check", "harness.serve.plugins.kv_digest.digest"),
+    ("harness.run.kv_digest_evidence", "harness.serve.plugins.kv_digest.device_hash"),
+    ("harness.run.kv_digest_evidence", "harness.serve.plugins.kv_digest.digest"),
+    ("harness.run.kv_digest_evidence", "harness.serve.plugins.kv_digest.hook"),
+    ("harness.run.weather.expiry", "harness.serve.plugins.faults.late_read"),
+    ("harness.serve.deploy", "harness.serve.plugins.kv_digest.hook"),
+    ("harness.serve.launch.server_spec", "harness.serve.plugins.startup.compile_key"),
+    ("harness.serve.launch.server_spec", "harness.serve.plugins.startup.fork_start"),
+    ("harness.serve.launch.thread_budget", "harness.serve.plugins.idle.gloo_groups"),
+    ("harness.serve.launch.thread_budget", "harness.serve.plugins.idle.mq_spin"),
+}
+
+
+def test_only_the_servers_import_a_plugin():
+    """The harness reads what the in-server plugins write through harness.protocol: a plugin
+    module imported outside the servers would load vLLM-side code to parse a line."""
+    inside = in_server_modules()
+    found = {(module, dep) for module, deps in import_graph().items() if module not in inside
+             for dep in deps if dep in inside}
+    wrong = sorted(found - PLUGIN_IMPORTS_LEFT)
+    assert not wrong, f"plugin modules imported outside the servers: {wrong}"
+    stale = sorted(PLUGIN_IMPORTS_LEFT - found)
+    assert not stale, f"listed but no longer there: {stale}"
 
 
 def test_every_subpackage_has_a_layer():

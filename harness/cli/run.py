@@ -528,8 +528,8 @@ def dry_run(cells: Sequence[Cell], options: RunOptions, hybrid_models: Sequence[
 
     from harness.serve.deploy import DeployContext, Placement, plan_baseline, plan_pair
     from harness.serve.launch.models import resolve
-    from harness.serve.plugins.faults.spec import FAULT_KINDS as SERVER_FAULTS
-    from harness.serve.plugins.faults.spec import PREFILL_FAULT_KINDS
+    from harness.protocol.faults import FAULT_KINDS as SERVER_FAULTS
+    from harness.protocol.faults import PREFILL_FAULT_KINDS
     from harness.serve.host.ports import PortAllocator
     from harness.run.group_plan import weather_servers
 

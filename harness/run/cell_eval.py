@@ -31,7 +31,7 @@ from harness.serve.connectors.registry import connector_for
 from harness.serve.deploy import DeployContext, Deployment, Endpoint, ProxyDeployment
 from harness.serve.launch.server_spec import draft_model_path
 from harness.serve.launch.vllm_features import hooks_not_available
-from harness.serve.plugins.faults.spec import request_tag_for
+from harness.protocol.faults import request_tag_for
 from harness.serve.supervision.process import most_decisive_line
 from harness.serve.proxy.hops import PROXY_FAULTS
 from harness.core.weathers import DEFAULT_WEATHER

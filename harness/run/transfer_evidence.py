@@ -24,7 +24,7 @@ from harness.serve.deploy import Deployment
 from harness.serve.launch.effective_config import FORCED_BLOCK_RE
 from harness.serve.net.netns import process_env
 from harness.serve.proxy.hops import answer_of
-from harness.serve.plugins.faults.spec import APPLIED_PREFIX, parse_fault_log
+from harness.protocol.faults import APPLIED_PREFIX, parse_fault_log
 
 
 def read_proxy_records(path: str | None) -> list[dict]:

@@ -29,7 +29,7 @@ from harness.serve.launch.placement import Placement
 from harness.serve.host.ports import PortAllocator
 from harness.serve.supervision import autogroup
 from harness.serve.supervision.process import ManagedProcess, ServerStartTimeout
-from harness.serve.plugins.faults.spec import BY_REQUEST
+from harness.protocol.faults import BY_REQUEST
 from harness.serve.plugins.kv_digest.hook import DIGEST_FILE_ENV
 from harness.serve.launch.server_spec import (Features, ServerSpec, build_argv, build_env,
                                        cpu_affinity, engine_settings, forks_engine,

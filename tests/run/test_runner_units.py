@@ -6,7 +6,7 @@ import json
 from harness.eval.metrics import TransferCounters
 from harness.run.provenance import hardware, versions
 from harness.run.transfer_evidence import count_fault_lines, read_proxy_records, transfer_proof
-from harness.serve.plugins.faults.spec import APPLIED_PREFIX
+from harness.protocol.faults import APPLIED_PREFIX
 
 COUNTERS = TransferCounters(prompt_tokens_external=300.0, kv_bytes=1e6, kv_transfers=3.0)
 
