@@ -176,7 +176,6 @@ PLUGIN_IMPORTS_LEFT = {
     ("harness.run.kv_digest_evidence", "harness.serve.plugins.kv_digest.device_hash"),
     ("harness.run.kv_digest_evidence", "harness.serve.plugins.kv_digest.digest"),
     ("harness.run.kv_digest_evidence", "harness.serve.plugins.kv_digest.hook"),
-    ("harness.run.weather.expiry", "harness.serve.plugins.faults.late_read"),
     ("harness.serve.deploy", "harness.serve.plugins.kv_digest.hook"),
     ("harness.serve.launch.server_spec", "harness.serve.plugins.startup.compile_key"),
     ("harness.serve.launch.server_spec", "harness.serve.plugins.startup.fork_start"),

@@ -25,7 +25,7 @@ from harness.run.weather import weather_for
 from harness.run.weather.base import WeatherRun
 from harness.serve.connectors import registry
 from harness.serve.connectors.base import KvConnector, LogPatterns, MetricMap
-from harness.serve.plugins.faults.late_read import HELD_PREFIX
+from harness.protocol.late_read import HELD_PREFIX
 from harness.serve.proxy.hops import new_request_id
 
 CPU = PlatformInfo()
