@@ -171,12 +171,6 @@ def in_server_modules() -> set[str]:
 
 # plugin modules read from outside the servers, until what they write moves to harness.protocol
 PLUGIN_IMPORTS_LEFT = {
-    ("harness.cli.run_checks", "harness.serve.plugins.kv_digest.device_hash"),
-    ("harness.judge.kv_digest_check", "harness.serve.plugins.kv_digest.digest"),
-    ("harness.run.kv_digest_evidence", "harness.serve.plugins.kv_digest.device_hash"),
-    ("harness.run.kv_digest_evidence", "harness.serve.plugins.kv_digest.digest"),
-    ("harness.run.kv_digest_evidence", "harness.serve.plugins.kv_digest.hook"),
-    ("harness.serve.deploy", "harness.serve.plugins.kv_digest.hook"),
     ("harness.serve.launch.server_spec", "harness.serve.plugins.startup.compile_key"),
     ("harness.serve.launch.server_spec", "harness.serve.plugins.startup.fork_start"),
     ("harness.serve.launch.thread_budget", "harness.serve.plugins.idle.gloo_groups"),

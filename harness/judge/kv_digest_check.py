@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from harness.serve.plugins.kv_digest.digest import KV_NAMES, STATE, KVDigest, LayerKey
+from harness.protocol.kv_digest import KV_NAMES, STATE, KVDigest, LayerKey
 
 
 def describe(evidence: dict) -> tuple[bool, str]:
