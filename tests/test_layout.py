@@ -160,34 +160,31 @@ def test_the_protocol_needs_nothing_but_the_standard_library_and_core():
     assert not wrong, "\n".join(wrong)
 
 
-def in_server_modules() -> set[str]:
-    """What vLLM loads inside its servers: serve/plugins/ and every module pyproject.toml hands
-    vLLM as a general plugin (a connector's own, e.g. NIXL's idle poll)."""
+def vllm_plugin_modules() -> set[str]:
+    """The modules pyproject.toml hands vLLM as general plugins (entry points)."""
     project = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())
-    entry = project["project"]["entry-points"]["vllm.general_plugins"].values()
-    return ({m for m in modules() if m.startswith("harness.serve.plugins")}
-            | {value.split(":")[0] for value in entry})
+    return {value.split(":")[0]
+            for value in project["project"]["entry-points"]["vllm.general_plugins"].values()}
 
 
-# plugin modules read from outside the servers, until what they write moves to harness.protocol
-PLUGIN_IMPORTS_LEFT = {
-    ("harness.serve.launch.server_spec", "harness.serve.plugins.startup.compile_key"),
-    ("harness.serve.launch.server_spec", "harness.serve.plugins.startup.fork_start"),
-    ("harness.serve.launch.thread_budget", "harness.serve.plugins.idle.gloo_groups"),
-    ("harness.serve.launch.thread_budget", "harness.serve.plugins.idle.mq_spin"),
-}
+def in_server_modules() -> set[str]:
+    """What vLLM loads inside its servers: serve/plugins/ and every general plugin (a
+    connector's own too, e.g. NIXL's idle poll)."""
+    return {m for m in modules() if m.startswith("harness.serve.plugins")} | vllm_plugin_modules()
+
+
+def test_every_vllm_plugin_entry_point_is_a_module_here():
+    missing = sorted(vllm_plugin_modules() - set(modules()))
+    assert not missing, f"pyproject.toml hands vLLM plugins that do not exist: {missing}"
 
 
 def test_only_the_servers_import_a_plugin():
     """The harness reads what the in-server plugins write through harness.protocol: a plugin
     module imported outside the servers would load vLLM-side code to parse a line."""
     inside = in_server_modules()
-    found = {(module, dep) for module, deps in import_graph().items() if module not in inside
-             for dep in deps if dep in inside}
-    wrong = sorted(found - PLUGIN_IMPORTS_LEFT)
-    assert not wrong, f"plugin modules imported outside the servers: {wrong}"
-    stale = sorted(PLUGIN_IMPORTS_LEFT - found)
-    assert not stale, f"listed but no longer there: {stale}"
+    wrong = sorted(f"{module} imports {dep}" for module, deps in import_graph().items()
+                   if module not in inside for dep in deps if dep in inside)
+    assert not wrong, "plugin modules imported outside the servers:\n" + "\n".join(wrong)
 
 
 def test_every_subpackage_has_a_layer():

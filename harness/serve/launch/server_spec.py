@@ -18,9 +18,8 @@ from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR
 from harness.core.weathers import ServerChanges
 from harness.serve.connectors.registry import connector_for
 from harness.serve.launch import thread_budget
-from harness.serve.plugins.startup.compile_key import ENV as COMPILE_KEY_ENV
-from harness.serve.plugins.startup.fork_start import ENV as FORK_START_ENV
 from harness.protocol.faults import BY_REQUEST, PREFILL_FAULT_ENV
+from harness.protocol.switches import COMPILE_KEY_ENV, FORK_START_ENV
 from harness.protocol.faults import FAULT_KINDS as SERVER_FAULTS
 
 ROLES = ("baseline", "prefill", "decode")

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from typing import MutableMapping
 
-from harness.serve.plugins.idle.gloo_groups import ENV as SHARE_GLOO_GROUPS_ENV
-from harness.serve.plugins.idle.mq_spin import ENV as MQ_SPIN_SLEEP_ENV
+from harness.protocol.switches import MQ_SPIN_SLEEP_ENV, SHARE_GLOO_GROUPS_ENV
 
 # variable -> value for every CPU server (GPU servers keep vLLM's spinning: a GPU host has
 # cores to spare and the spin is what keeps its steps back to back)
