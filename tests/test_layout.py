@@ -116,6 +116,18 @@ def test_dependencies_point_down():
     assert not wrong, "\n".join(sorted(wrong))
 
 
+# packages that judge or show what ran and need none of the machinery that ran it: what the
+# servers wrote reaches them through harness.protocol
+NOT_ON_SERVE = ("eval", "judge", "report")
+
+
+def test_judging_and_reporting_import_nothing_of_serve():
+    wrong = sorted(f"{module} imports {dep}" for module, deps in import_graph().items()
+                   if package_of(module) in NOT_ON_SERVE for dep in deps
+                   if package_of(dep) == "serve")
+    assert not wrong, "\n".join(wrong)
+
+
 def serve_room_of(module: str) -> str | None:
     parts = module.split(".")
     return parts[2] if len(parts) > 2 and parts[1] == "serve" else None

@@ -325,7 +325,7 @@ def print_table(results, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from harness.serve.launch.effective_config import summary as effective_summary
+    from harness.protocol.effective_config import summary as effective_summary
 
     console = console or Console(width=200)
     table = Table(title="pd-accuracy verdicts", show_lines=False)

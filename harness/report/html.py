@@ -34,7 +34,7 @@ from harness.report.annotate import OUTCOME_ORDER, fmt_delta, jinja_env, outcome
 from harness.report.cell_ids import (canary_summary, fault_label, is_canary, variant_of,
                                      variant_sort_key, with_canary_outcome)
 from harness.report.history import load_cells, load_runs
-from harness.serve.launch.effective_config import summary as effective_summary
+from harness.protocol.effective_config import summary as effective_summary
 
 OUTCOME_COLOURS = {
     "PASS": "#43a047", "XFAIL": "#a5d6a7", "INCONCLUSIVE": "#fdd835", "XPASS": "#fb8c00",

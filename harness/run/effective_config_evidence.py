@@ -8,7 +8,7 @@ from typing import Any, Mapping
 from harness.core.cell import Cell
 from harness.judge.effective_config import judged_as_ran
 from harness.judge.verdict import Verdict
-from harness.serve.launch.effective_config import EffectiveConfig, parse_server_log
+from harness.protocol.effective_config import EffectiveConfig, parse_server_log
 
 SERVER_ROLES = ("baseline", "prefill", "decode")
 

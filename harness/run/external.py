@@ -152,7 +152,7 @@ def scrape(endpoints: Iterable[Endpoint], environ: Mapping[str, str], timeout_s:
         response = exact_headers.get(endpoint.url, headers=endpoint.headers(environ),
                                      timeout=timeout_s)
         response.raise_for_status()
-        counters = parse_transfer_counters(response.text, connector_for(kv_connector), role)
+        counters = parse_transfer_counters(response.text, connector_for(kv_connector).metrics, role)
         for key, value in asdict(counters).items():
             total[key] += value
     return TransferCounters(**total)

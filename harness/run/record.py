@@ -47,7 +47,7 @@ Schema (version 2) — every key is always present; unknown values are null:
         "decode-0": {"role": "decode-0", "block_size": 128, "attention_backend": "CPU_ATTN",
                      "kv_cache_dtype": "bfloat16", "kv_cache_layout": "LBHNC", "runner": "v1",
                      ..., "sources": {"block_size": "log: ..."}, "not_exposed": {...}},
-        ...} | null                                  # log (harness.serve.launch.effective_config)
+        ...} | null                                  # log (harness.protocol.effective_config)
     }
 
 `effective_config` is written by every run since it was added; older records lack it (readers

@@ -9,7 +9,7 @@ from harness.core.outcomes import ERROR, EXIT_ERROR, PASS, XFAIL
 from harness.judge.effective_config import judged_as_ran, mismatches
 from harness.judge.verdict import Check, Verdict
 from harness.run.effective_config_evidence import with_effective_config
-from harness.serve.launch.effective_config import parse_server_log
+from harness.protocol.effective_config import parse_server_log
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "server_logs"
 DECODE = (LOGS / "cpu-llama-p32-decode.log").read_text()

@@ -131,13 +131,13 @@ def test_push_hands_the_decode_coordinates_and_accounts_the_prefills_blocks():
 def test_push_counters_come_from_the_writer():
     """A pull decode READs and counts; a push prefill WRITEs and counts: the same page read as
     the other role gives the prompt tokens only (decode) or the transfer counters only (prefill)."""
-    pull = parse_transfer_counters(AFTER_PD, PULL, "decode")
+    pull = parse_transfer_counters(AFTER_PD, PULL.metrics, "decode")
     assert pull.kv_bytes == pytest.approx(1.1e6) and pull.prompt_tokens_external == 1088.0
-    push_decode = parse_transfer_counters(AFTER_PD, PUSH, "decode")
+    push_decode = parse_transfer_counters(AFTER_PD, PUSH.metrics, "decode")
     assert push_decode.kv_bytes == 0.0 and push_decode.kv_transfers == 0.0
     assert push_decode.prompt_tokens_external == 1088.0
     assert push_decode.failed_notifications == pull.failed_notifications
-    push_prefill = parse_transfer_counters(AFTER_PD, PUSH, "prefill")
+    push_prefill = parse_transfer_counters(AFTER_PD, PUSH.metrics, "prefill")
     assert push_prefill.kv_bytes == pytest.approx(1.1e6) and push_prefill.kv_transfers == 1.0
     assert push_prefill.prompt_tokens_external == 0.0 and push_prefill.requests_finished == 0.0
     assert push_decode.plus(push_prefill) == pull
@@ -188,8 +188,8 @@ def test_mooncake_counters_come_from_the_writer_and_the_decodes_failed_reads():
             'vllm:mooncake_transfers_total{engine="0"} 2.0\n'
             "# TYPE vllm:mooncake_num_failed_recvs counter\n"
             'vllm:mooncake_num_failed_recvs_total{engine="0"} 1.0\n')
-    prefill = parse_transfer_counters(page, MOONCAKE, "prefill")
-    decode = parse_transfer_counters(page, MOONCAKE, "decode")
+    prefill = parse_transfer_counters(page, MOONCAKE.metrics, "prefill")
+    decode = parse_transfer_counters(page, MOONCAKE.metrics, "decode")
     assert (prefill.kv_bytes, prefill.kv_transfers, prefill.failed_notifications) == (4096, 2, 0)
     assert (decode.kv_bytes, decode.failed_notifications) == (0, 1)
 
