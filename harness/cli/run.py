@@ -481,7 +481,7 @@ def deployment_command(args: argparse.Namespace, on_runner=None) -> int:
 def kv_connector_help() -> str:
     """Every kv_connector value with its vLLM class, from the one table (those the harness does
     not drive say so; `pd-accuracy list --show-excluded` says why)."""
-    named = [f"{value} ({row.vllm_name}{'' if row.module else ', not driven'})"
+    named = [f"{value} ({row.vllm_name}{'' if row.driven else ', not driven'})"
              for value, row in KV_CONNECTORS.items()]
     return f"what moves the KV (default {_CELL.kv_connector}): " + ", ".join(named)
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -31,10 +29,9 @@ from harness.serve.proxy.hops import new_request_id
 CPU = PlatformInfo()
 CATALOG = load_matrix().models
 VALUE = "made-up"
-MODULE = "made_up_connector_for_tests"
 
 ROW = ConnectorRow(
-    "MadeUpConnector", "json:loads", ("cpu", "cuda"), module=MODULE, label="MadeUp",
+    "MadeUpConnector", "json:loads", ("cpu", "cuda"), driven=True, label="MadeUp",
     weathers=("expiry", "load-failures"), block_sizes=ANY_BLOCKS,
     refusals={KV_DTYPE_MIX: Refusal(how="its handshake says 'dtypes differ, made-up'",
                                     fails_with="dtypes differ, made-up")},
@@ -52,13 +49,11 @@ CONNECTOR = KvConnector(
 
 @pytest.fixture
 def made_up(monkeypatch):
-    module = types.ModuleType(MODULE)
-    module.CONNECTOR = CONNECTOR
-    monkeypatch.setitem(sys.modules, MODULE, module)
     monkeypatch.setitem(kv_connectors.KV_CONNECTORS, VALUE, ROW)
-    registry.connector_for.cache_clear()
+    monkeypatch.setitem(registry.CONNECTORS, VALUE, CONNECTOR)
+    registry.log_patterns.cache_clear()
     yield
-    registry.connector_for.cache_clear()
+    registry.log_patterns.cache_clear()
 
 
 def problems(cell: Cell) -> dict[str, object]:

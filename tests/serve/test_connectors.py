@@ -2,7 +2,6 @@
 the evidence, and how the harness reads a pair's counters and proxy records through it."""
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from harness.core.kv_connectors import (DEFAULT_KV_CONNECTOR, KV_CONNECTORS, con
                                         driven_connectors)
 from harness.eval.metrics import TransferCounters, parse_transfer_counters
 from harness.serve.connectors.base import KV_COUNTERS, KvConnector, MetricMap
-from harness.serve.connectors.registry import connector_for
+from harness.serve.connectors.registry import CONNECTORS, connector_for
 from harness.serve.launch.server_spec import Features, ServerSpec, build_argv, build_env
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "metrics"
@@ -24,18 +23,27 @@ RECEIVED = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine
             "remote_port": 5600, "tp_size": 1, "transfer_mode": "push"}
 
 
+def test_every_driven_row_has_a_registered_connector_and_no_other_row_one():
+    assert set(CONNECTORS) == set(driven_connectors())
+
+
 @pytest.mark.parametrize("value", driven_connectors())
-def test_every_row_names_a_module_whose_connector_is_its_own(value):
+def test_every_driven_row_has_a_connector_of_its_own(value):
     connector = connector_for(value)
     assert isinstance(connector, KvConnector)
     assert connector.value == value and connector.vllm_name == connector_row(value).vllm_name
-    assert importlib.import_module(connector_row(value).module).CONNECTOR is connector
     assert set(connector.metrics.samples.values()) <= set(KV_COUNTERS)
 
 
 def test_an_unknown_connector_names_the_known_ones():
     with pytest.raises(KeyError, match="nixl, nixl-push"):
         connector_for("no-such")
+
+
+def test_a_driven_row_no_module_registers_says_so(monkeypatch):
+    monkeypatch.setitem(KV_CONNECTORS, "unregistered", KV_CONNECTORS["nixl"])
+    with pytest.raises(KeyError, match="no module of harness.serve.connectors registers it"):
+        connector_for("unregistered")
 
 
 def test_a_connector_the_harness_does_not_drive_says_why():
@@ -57,10 +65,8 @@ def test_every_connector_vllm_registers_has_a_row_with_its_reason_when_not_drive
     assert {row.vllm_name for row in KV_CONNECTORS.values()} == VLLM_032_CONNECTORS
     for value, row in KV_CONNECTORS.items():
         # a connector is driven, or moves no KV, or says why the harness does not drive it
-        assert (row.module is not None) or row.moves_kv or row.not_driven, value
+        assert row.driven or row.moves_kv or row.not_driven, value
         assert set(row.devices) <= {"cpu", "cuda", "rocm"}, value
-        if row.module is None:
-            assert value not in driven_connectors()
 
 
 def test_the_installed_vllm_registers_exactly_the_table():
