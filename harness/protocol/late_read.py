@@ -35,7 +35,8 @@ def held_line(request_id: str, delay_ms: int, heartbeat: str) -> str:
 
 def released_line(request_id: str, delay_ms: int, waited_ms: int) -> str:
     """The line of a held request let through to its read after ``waited_ms``."""
-    return f"{HELD_PREFIX} released request={request_id} delay_ms={delay_ms:d} waited_ms={waited_ms:d}"
+    return (f"{HELD_PREFIX} released request={request_id} delay_ms={delay_ms:d} "
+            f"waited_ms={waited_ms:d}")
 
 
 @dataclass(frozen=True)
