@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import graphlib
+import re
 import sys
 import tomllib
 from pathlib import Path
@@ -17,7 +18,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "harness"
 # bottom first: a package may import its own modules and those of packages before it
-LAYERS = ("core", "protocol", "zoo", "matrix", "serve", "eval", "judge", "run", "report", "ci", "cli")
+LAYERS = ("core", "protocol", "zoo", "matrix", "serve", "eval", "judge", "run", "report", "ci",
+          "cli")
 TOP_LEVEL_ALLOWED = {"__init__", "pytest_plugin", "pytest_suite"}
 # serve/'s rooms, bottom first; `deploy` (the module at serve/'s top) composes them all
 SERVE_ROOMS = ("plugins", "connectors", "host", "launch", "net", "supervision", "template", "proxy",
@@ -53,10 +55,32 @@ def modules() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(ROOT.rglob("*.py")) if "checkpoints" not in p.parts}
 
 
-def imported_modules(path: Path, known: set[str]) -> set[str]:
-    """harness modules `path` imports (a `from pkg import name` counts pkg.name when that is a
-    module, else pkg)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+# a string that names a harness module ("harness.run.weather.calm", or "module:attribute") is an
+# import waiting to happen (importlib, entry points): the graph counts it like an import
+MODULE_STRING = re.compile(r"harness(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_]\w*)?")
+
+
+def names_not_imports(tree: ast.AST) -> set[int]:
+    """ids of the strings that name a module without importing it: the one after ``-m`` in a
+    literal argv (run in another process) and a logger's name (``getLogger("harness.x")``)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.List, ast.Tuple)):
+            for before, item in zip(node.elts, node.elts[1:]):
+                if isinstance(before, ast.Constant) and before.value == "-m":
+                    found.add(id(item))
+        elif isinstance(node, ast.Call) and node.args and (
+                getattr(node.func, "attr", None) == "getLogger"
+                or getattr(node.func, "id", None) == "getLogger"):
+            found.add(id(node.args[0]))
+    return found
+
+
+def imports_in(source: str, known: set[str], strings: bool = True) -> set[str]:
+    """harness modules `source` imports, at module level or in a function, or (`strings`) names
+    in a string (a `from pkg import name` counts pkg.name when that is a module, else pkg)."""
+    tree = ast.parse(source)
+    launched = names_not_imports(tree)
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -64,6 +88,9 @@ def imported_modules(path: Path, known: set[str]) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
                      for a in node.names]
+        elif (strings and isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and id(node) not in launched and MODULE_STRING.fullmatch(node.value)):
+            names = [node.value.partition(":")[0]]
         else:
             continue
         for name in names:
@@ -74,12 +101,16 @@ def imported_modules(path: Path, known: set[str]) -> set[str]:
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
+def imported_modules(path: Path, known: set[str], strings: bool = True) -> set[str]:
+    return imports_in(path.read_text(), known, strings)
+
+
+def import_graph(strings: bool = True) -> dict[str, set[str]]:
     mods = modules()
     known = set(mods)
     graph = {}
     for name, path in mods.items():
-        deps = imported_modules(path, known) - {name}
+        deps = imported_modules(path, known, strings) - {name}
         # a package's __init__ is imported on the way to any of its modules: not an edge of its own
         graph[name] = {d for d in deps if not name.startswith(d + ".")}
     return graph
@@ -94,6 +125,20 @@ def test_reader_sees_real_imports():
     graph = import_graph()
     assert "harness.core.outcomes" in graph["harness.judge.verdict"]
     assert "harness.cli.run" in graph["harness.cli.main"]
+    assert "harness.protocol.kv_digest" in graph["harness.cli.run_checks"]    # in a function
+
+
+def test_reader_sees_imports_by_string_and_not_processes():
+    known = set(modules())
+    lazy = "def f():\n    import harness.run.record\n"
+    by_string = "import importlib\nM = importlib.import_module('harness.run.weather.calm')\n"
+    entry = "ENTRY = 'harness.serve.plugins.faults.decode:register'\n"
+    launched = "ARGV = ['python', '-m', 'harness.cli', 'run']\n"
+    logger = "import logging\nlog = logging.getLogger('harness.serve.proxy.app')\n"
+    assert imports_in(lazy, known) == {"harness.run.record"}
+    assert imports_in(by_string, known) == {"harness.run.weather.calm"}
+    assert imports_in(entry, known) == {"harness.serve.plugins.faults.decode"}
+    assert imports_in(launched, known) == imports_in(logger, known) == set()
 
 
 def test_no_import_cycle():
@@ -192,9 +237,11 @@ def test_every_vllm_plugin_entry_point_is_a_module_here():
 
 def test_only_the_servers_import_a_plugin():
     """The harness reads what the in-server plugins write through harness.protocol: a plugin
-    module imported outside the servers would load vLLM-side code to parse a line."""
+    module imported outside the servers would load vLLM-side code to parse a line. (Names in
+    strings load nothing: doctor's table of which module attaches a hook names plugins.)"""
     inside = in_server_modules()
-    wrong = sorted(f"{module} imports {dep}" for module, deps in import_graph().items()
+    statements = import_graph(strings=False)
+    wrong = sorted(f"{module} imports {dep}" for module, deps in statements.items()
                    if module not in inside for dep in deps if dep in inside)
     assert not wrong, "plugin modules imported outside the servers:\n" + "\n".join(wrong)
 
