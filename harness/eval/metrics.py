@@ -14,11 +14,6 @@ from harness.core import exact_headers
 from prometheus_client.parser import text_string_to_metric_families
 
 SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
-# counter names of records before schema 2 (NIXL was the only connector) -> today's
-LEGACY_COUNTER_NAMES = {"nixl_bytes": "kv_bytes", "nixl_transfers": "kv_transfers",
-                        "nixl_failed_transfers": "failed_transfers",
-                        "nixl_failed_notifications": "failed_notifications",
-                        "nixl_expired_requests": "expired_requests"}
 
 
 _SPEC_COUNTERS = {"vllm:spec_decode_num_draft_tokens_total": "spec_draft_tokens",
@@ -138,8 +133,3 @@ def scrape_samples(base_url: str, timeout_s: float = 10.0) -> dict[str, float]:
     resp = exact_headers.get(f"{base_url.rstrip('/')}/metrics", timeout=timeout_s)
     resp.raise_for_status()
     return parse_samples(resp.text)
-
-
-def legacy_counter_names(data: Mapping[str, object]) -> dict[str, object]:
-    """`data` (a record's transfer dict) with counter names of schema 1 renamed."""
-    return {LEGACY_COUNTER_NAMES.get(k, k): v for k, v in data.items()}

@@ -55,8 +55,8 @@ treat it as null), so it is not in RECORD_KEYS.
 
 Paths in "artifacts" are relative to the record's own directory when they lie below it.
 
-Version 1 (before the connector seam) named the transfer counters after NIXL (``nixl_bytes``...)
-and the byte check ``nixl-bytes-exact``; `load_records` reads such records with today's names.
+Version 1 (before the connector seam) named the transfer counters and the byte check after its
+only connector; `load_records` reads such records with today's names (harness.core.schema_one).
 """
 from __future__ import annotations
 
@@ -68,9 +68,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from harness.core.atomic import atomic_write_json
-from harness.eval.metrics import legacy_counter_names
 from harness.core.redact import redact_data
 from harness.core.safe_paths import under
+from harness.core.schema_one import with_todays_names
 from harness.core.cell import Cell
 from harness.core.options import RunOptions
 from harness.judge.verdict import Policy, Verdict
@@ -80,8 +80,6 @@ from harness.serve.supervision.registry import raise_if_interrupted
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
-# version-1 check names -> today's
-LEGACY_CHECK_NAMES = {"nixl-bytes-exact": "kv-bytes-exact"}
 RECORD_KEYS = (
     "schema_version", "run_id", "created_at", "cell", "versions", "hardware", "options",
     "metrics", "verdict", "timings", "artifacts",
@@ -100,16 +98,7 @@ def upgrade_record(data: dict[str, Any]) -> dict[str, Any]:
     """A record of any readable version with today's names (schema_version left as written)."""
     if data.get("schema_version") == SCHEMA_VERSION:
         return data
-    metrics = data.get("metrics")
-    if isinstance(metrics, dict) and isinstance(metrics.get("transfer"), dict):
-        metrics["transfer"] = legacy_counter_names(metrics["transfer"])
-    verdict = data.get("verdict")
-    for check in (verdict.get("checks") or []) if isinstance(verdict, dict) else []:
-        if isinstance(check, dict) and check.get("name") in LEGACY_CHECK_NAMES:
-            check["name"] = LEGACY_CHECK_NAMES[check["name"]]
-    if isinstance(verdict, dict) and verdict.get("check") in LEGACY_CHECK_NAMES:
-        verdict["check"] = LEGACY_CHECK_NAMES[verdict["check"]]
-    return data
+    return with_todays_names(data)
 
 
 def write_record(results_dir: str | os.PathLike[str], record: Mapping[str, Any]) -> Path:
