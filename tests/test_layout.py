@@ -173,6 +173,11 @@ def test_judging_and_reporting_import_nothing_of_serve():
     assert not wrong, "\n".join(wrong)
 
 
+def test_the_recorder_judges_nothing():
+    """run/record.py stores the verdict it is given: nothing of judge/ to judge it again with."""
+    assert not [dep for dep in import_graph()["harness.run.record"] if package_of(dep) == "judge"]
+
+
 def serve_room_of(module: str) -> str | None:
     parts = module.split(".")
     return parts[2] if len(parts) > 2 and parts[1] == "serve" else None

@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -112,8 +112,8 @@ def packed_command(args: argparse.Namespace, parser: argparse.ArgumentParser,
         packed.write_record({"cells": len(cells), "gpus": len(devices),
                              "gpu_names": [d.name for d in devices],
                              "cores": os.cpu_count(), "max_starting": starting})
-    recorder = Recorder(options, Policy.from_options(options), run_id, Path(options.results_dir),
-                        lambda m: print(redact(m), flush=True))
+    recorder = Recorder(options, asdict(Policy.from_options(options)), run_id,
+                        Path(options.results_dir), lambda m: print(redact(m), flush=True))
     results = collect_results(cells, turns, run_dir, recorder)
     return finish(results, args, _RunPlace(run_dir, run_id), started)
 

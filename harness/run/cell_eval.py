@@ -22,6 +22,7 @@ from harness.judge.compare import Comparison, TransferProof, compare
 from harness.judge.sequential import SequentialPlan
 from harness.judge.verdict import Policy, Verdict, decide, error, fail
 from harness.run.aa_rerun import BaselineFailed
+from harness.run.effective_config_evidence import record_judged
 from harness.run.group_plan import GroupPlan
 from harness.run.record import CellResult, Recorder
 from harness.run.stages import BaselineRound, EndpointAsker, QuestionOrder, StagedRun
@@ -202,8 +203,8 @@ class CellEvaluator:
         else:
             return self._record_decided(cell, rnd, decided, plan, timings, artifacts,
                                         baseline_asked_s, cell_dir)
-        return self.recorder.record(cell, verdict, artifacts=artifacts, run_id=rnd.run_id,
-                                    timings={**timings, "pd_eval_s": time.monotonic() - started})
+        return record_judged(self.recorder, cell, verdict, artifacts=artifacts, run_id=rnd.run_id,
+                             timings={**timings, "pd_eval_s": time.monotonic() - started})
 
     def _proxy(self, cell: Cell, pair: Deployment, rnd: BaselineRound,
                records_path: Path, weather_tag: str | None = None) -> ProxyDeployment:
@@ -285,8 +286,8 @@ class CellEvaluator:
         timings = {**timings, "pd_eval_s": pd_s, "baseline_more_questions_s": baseline_more_s,
                    "total_s": (timings.get("startup_s", 0) + timings.get("baseline_eval_s", 0)
                                + baseline_more_s + pd_s)}
-        return self.recorder.record(cell, decided.verdict, metrics=metrics, timings=timings,
-                                    artifacts=artifacts, run_id=rnd.run_id)
+        return record_judged(self.recorder, cell, decided.verdict, metrics=metrics,
+                             timings=timings, artifacts=artifacts, run_id=rnd.run_id)
 
 
 def pd_failure_reason(exc: Exception, pair: Deployment) -> str:

@@ -63,9 +63,9 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from harness.core.atomic import atomic_write_json
 from harness.core.redact import redact_data
@@ -73,8 +73,6 @@ from harness.core.safe_paths import under
 from harness.core.schema_one import with_todays_names
 from harness.core.cell import Cell
 from harness.core.options import RunOptions
-from harness.judge.verdict import Policy, Verdict
-from harness.run.effective_config_evidence import with_effective_config
 from harness.run.provenance import hardware, versions
 from harness.serve.supervision.registry import raise_if_interrupted
 
@@ -159,34 +157,48 @@ def load_records(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return out
 
 
+class DecidedVerdict(Protocol):
+    """A cell's verdict once judged (harness.judge.verdict.Verdict): what a record stores and a
+    run's result reads."""
+
+    status: str
+    reason: str
+    not_available: tuple[str, ...]
+
+    @property
+    def outcome(self) -> str: ...
+
+    @property
+    def exit_code(self) -> int: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
 @dataclass(frozen=True)
 class CellResult:
     cell: Cell
-    verdict: Verdict
+    verdict: DecidedVerdict
     record_path: Path | None
     record: dict
 
 
 @dataclass(frozen=True)
 class Recorder:
-    """Writes each cell's record of one run, and says its verdict on `progress`."""
+    """Writes each cell's record of one run, with the verdict it is given (judged already:
+    harness.run.effective_config_evidence.record_judged), and says it on `progress`."""
 
     options: RunOptions
-    policy: Policy
+    policy: Mapping[str, Any]      # the judge's policy, as the record's options store it
     run_id: str
     results_root: Path
     progress: Callable[[str], None]
 
-    def record(self, cell: Cell, verdict: Verdict, *, metrics: dict | None = None,
+    def record(self, cell: Cell, verdict: DecidedVerdict, *, metrics: dict | None = None,
                timings: dict | None = None, artifacts: dict | None = None,
-               run_id: str | None = None) -> CellResult:
+               run_id: str | None = None, effective_config: dict | None = None) -> CellResult:
+        """Write `cell`'s record: `verdict` as given, `effective_config` what its servers ran."""
         # no verdict after a stop signal: what failed then is the interruption, not the cell
         raise_if_interrupted()
-        # what the cell declares decides the outcome: a canary is CAUGHT or MISSED, an expected
-        # failure XFAIL only when it failed as declared
-        verdict = replace(verdict, canary=cell.fault, expected_failure=cell.expected_failure,
-                          expected_failure_match=cell.expected_failure_match)
-        verdict, effective_config = with_effective_config(cell, verdict, artifacts)
         run_id = run_id or self.run_id
         record = {
             "schema_version": SCHEMA_VERSION,
@@ -195,7 +207,7 @@ class Recorder:
             "cell": cell.to_dict(),
             "versions": versions(cell.kv_connector),
             "hardware": hardware(cell.device),
-            "options": {**self.options.to_dict(), "policy": asdict(self.policy)},
+            "options": {**self.options.to_dict(), "policy": dict(self.policy)},
             "metrics": metrics or {},
             "verdict": verdict.to_dict(),
             "timings": timings or {}, "effective_config": effective_config,

@@ -31,7 +31,7 @@ from harness.core.weathers import DEFAULT_WEATHER
 from harness.eval.metrics import TransferCounters
 from harness.judge import stats
 from harness.judge.compare import Comparison, TransferProof
-from harness.judge.verdict import Policy, Verdict, decide
+from harness.judge.verdict import Policy, Verdict, as_declared, decide
 from harness.run.record import upgrade_record
 from harness.run.transfer_evidence import ByteGeometry, read_proxy_records, transfer_proof
 
@@ -143,9 +143,7 @@ def rejudge(record_path: str | Path) -> Rejudged:
     verdict = decide(cmp, policy, cell.expected_failure, reference=reference,
                      previous_n=looks[-2]["n"] if len(looks) >= 2 else None,
                      random_weights=model.random_weights)
-    verdict = dataclasses.replace(verdict, canary=cell.fault,
-                                  expected_failure_match=cell.expected_failure_match)
-    return Rejudged(record, cmp, verdict)
+    return Rejudged(record, cmp, as_declared(verdict, cell))
 
 
 __all__ = ["Rejudged", "rejudge"]

@@ -12,7 +12,7 @@ import logging
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -22,6 +22,7 @@ from harness.judge.verdict import Policy, Verdict, error, fail
 from harness.run.aa_rerun import AAReruns, BaselineGate
 from harness.run.baseline_rounds import BaselineRounds
 from harness.run.cell_eval import CellEvaluator
+from harness.run.effective_config_evidence import record_judged
 from harness.run.group_plan import GroupPlan, GroupPlanner
 from harness.run.groups_ahead import GroupsAhead, first_group
 from harness.run.record import CellResult, Recorder, write_record
@@ -86,7 +87,8 @@ class Runner:
         self.allocator = self.deploy.allocator
         self.peak_rss_bytes = 0
         self.planner = GroupPlanner(options, self.deploy, frozenset(hybrid_models))
-        self.recorder = Recorder(options, policy, self.run_id, self.results_root, self.progress)
+        self.recorder = Recorder(options, asdict(policy), self.run_id, self.results_root,
+                                 self.progress)
         self.ask = EndpointAsker(options)
         self.baseline_rounds = BaselineRounds(options, self.ask, self.results_root, self.run_id,
                                               self.progress)
@@ -95,8 +97,8 @@ class Runner:
         self.ahead = GroupsAhead(self.planner, self.progress)   # started during a last pair
 
     def record(self, cell: Cell, verdict: Verdict, **parts: Any) -> CellResult:
-        """`cell`'s record (harness.run.record.Recorder.record)."""
-        return self.recorder.record(cell, verdict, **parts)
+        """`cell`'s record, `verdict` judged as declared and as ran (record_judged)."""
+        return record_judged(self.recorder, cell, verdict, **parts)
 
     # -- running servers for a caller's own requests (the pytest plugin's fixtures) --------------
     @contextmanager

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -173,8 +174,8 @@ def test_a_packed_run_admits_groups_as_others_end_and_collects_every_cell(tmp_pa
     record = json.loads(packed.write_record().read_text())
     assert record["peak_concurrent_groups"] == 2 and record["max_groups"] == 2
 
-    recorder = Recorder(RunOptions(results_dir=str(tmp_path)), Policy(), "parent", tmp_path,
-                        lambda m: None)
+    recorder = Recorder(RunOptions(results_dir=str(tmp_path)), asdict(Policy()), "parent",
+                        tmp_path, lambda m: None)
     results = collect_results(cells, turns, tmp_path, recorder)
     assert [r.cell.cell_id for r in results] == [c.cell_id for c in cells]
     outcomes = {r.cell.cell_id: r.verdict.outcome for r in results}
