@@ -319,6 +319,17 @@ def test_run_collaborators_are_typed():
     assert not untyped, f"parameters typed Any in run/: {untyped}"
 
 
+# run/ by stage (plan, evaluation, evidence, record...): a newcomer reads a dozen names, not 30
+RUN_TOP_LEVEL_MAX = 12
+
+
+def test_run_is_split_by_stage():
+    run = ROOT / "run"
+    top = ({p.stem for p in run.glob("*.py") if p.stem != "__init__"}
+           | {p.name for p in run.iterdir() if (p / "__init__.py").exists()})
+    assert len(top) <= RUN_TOP_LEVEL_MAX, sorted(top)
+
+
 def test_few_modules_at_the_top():
     top = {p.stem for p in ROOT.glob("*.py")}
     assert top <= TOP_LEVEL_ALLOWED, f"modules at the top of harness/: {sorted(top - TOP_LEVEL_ALLOWED)}"

@@ -531,7 +531,7 @@ def dry_run(cells: Sequence[Cell], options: RunOptions, hybrid_models: Sequence[
     from harness.protocol.faults import FAULT_KINDS as SERVER_FAULTS
     from harness.protocol.faults import PREFILL_FAULT_KINDS
     from harness.serve.host.ports import PortAllocator
-    from harness.run.group_plan import weather_servers
+    from harness.run.plan.group_plan import weather_servers
 
     log_dir = Path(options.results_dir) / "RUN_ID" / "logs"
     with tempfile.TemporaryDirectory() as locks:

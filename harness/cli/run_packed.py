@@ -1,6 +1,6 @@
 """`pd-accuracy run` on a GPU machine: the run's baseline groups packed on the GPUs
-(harness.run.packing plans, harness.run.packed runs them), then one verdict table, one JUnit
-file, one summary line and one exit code, as for a run in one process."""
+(harness.run.plan.packing plans, harness.run.plan.packed runs them), then one verdict table, one
+JUnit file, one summary line and one exit code, as for a run in one process."""
 from __future__ import annotations
 
 import argparse
@@ -57,9 +57,9 @@ def packed_command(args: argparse.Namespace, parser: argparse.ArgumentParser,
     of a runner (the run directory)."""
     from harness.core.platform import detect_gpus, query_gpu_used_bytes
     from harness.judge.verdict import Policy
-    from harness.run.packed import (PackedRun, collect_results, host_room, kv_cache_bytes,
+    from harness.run.plan.packed import (PackedRun, collect_results, host_room, kv_cache_bytes,
                                     weight_bytes)
-    from harness.run.packing import (STARTING_PER_GPU, Packer, group_jobs, max_parallel_groups,
+    from harness.run.plan.packing import (STARTING_PER_GPU, Packer, group_jobs, max_parallel_groups,
                                      read_gpu_rooms)
     from harness.run.record import Recorder
     from harness.run.runner import new_run_id

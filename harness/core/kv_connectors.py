@@ -89,7 +89,7 @@ class ConnectorRow:
     # the KV cache layout it asks for on both sides (get_required_kvcache_layout); None: none
     kv_layout: str | None = None
     # PyPI distributions its transport ships as, first the name a record's versions use
-    # (harness.run.provenance); empty: it is vLLM's own code
+    # (harness.run.evidence.provenance); empty: it is vLLM's own code
     distributions: tuple[str, ...] = ()
 
     @property

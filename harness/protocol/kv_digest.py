@@ -4,9 +4,9 @@ JSON line per request and side, and how it is read back.
 The in-server digest plugin (harness.serve.plugins.kv_digest) is armed by
 :data:`DIGEST_FILE_ENV` and hashes with the function :data:`HASH_ENV` names; it writes
 :func:`record_line`. The harness reads the file with :func:`read_digest_lines` and a line's
-per-layer digests with :func:`layers_of` (harness.run.kv_digest_evidence joins the two sides,
-harness.judge.kv_digest_check compares them). A layer's digest is a :class:`KVDigest`: hashes
-per (K/V, head, token chunk), token chunks aligned to absolute prompt positions.
+per-layer digests with :func:`layers_of` (harness.run.evidence.kv_digest_evidence joins the two
+sides, harness.judge.kv_digest_check compares them). A layer's digest is a :class:`KVDigest`:
+hashes per (K/V, head, token chunk), token chunks aligned to absolute prompt positions.
 """
 from __future__ import annotations
 

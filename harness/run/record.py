@@ -73,7 +73,7 @@ from harness.core.safe_paths import under
 from harness.core.schema_one import with_todays_names
 from harness.core.cell import Cell
 from harness.core.options import RunOptions
-from harness.run.provenance import hardware, versions
+from harness.run.evidence.provenance import hardware, versions
 from harness.serve.supervision.registry import raise_if_interrupted
 
 SCHEMA_VERSION = 2
@@ -185,7 +185,7 @@ class CellResult:
 @dataclass(frozen=True)
 class Recorder:
     """Writes each cell's record of one run, with the verdict it is given (judged already:
-    harness.run.effective_config_evidence.record_judged), and says it on `progress`."""
+    harness.run.evidence.effective_config_evidence.record_judged), and says it on `progress`."""
 
     options: RunOptions
     policy: Mapping[str, Any]      # the judge's policy, as the record's options store it

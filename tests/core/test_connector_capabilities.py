@@ -18,7 +18,7 @@ from harness.core.weathers import resolved_params
 from harness.judge.kv_digest_check import entered
 from harness.matrix import load_matrix
 from harness.matrix.rules import check_cell
-from harness.run.provenance import versions
+from harness.run.evidence.provenance import versions
 from harness.run.weather import weather_for
 from harness.run.weather.base import WeatherRun
 from harness.serve.connectors import registry

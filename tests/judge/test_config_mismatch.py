@@ -9,7 +9,7 @@ from harness.core.outcomes import ERROR, EXIT_ERROR, PASS, XFAIL
 from harness.judge.effective_config import judged_as_ran, mismatches
 from harness.judge.verdict import Check, Verdict
 from harness.core.options import RunOptions
-from harness.run.effective_config_evidence import record_judged, with_effective_config
+from harness.run.evidence.effective_config_evidence import record_judged, with_effective_config
 from harness.run.record import Recorder
 from harness.protocol.effective_config import parse_server_log
 

@@ -16,9 +16,10 @@ from harness.cli.run_packed import child_options
 from harness.core.cell import Cell
 from harness.core.options import RunOptions, UsageError
 from harness.judge.verdict import Policy
-from harness.run.packed import PackedRun, collect_results, peak_overlap, started_while_another_ran
-from harness.run.packing import (GIB, GpuRoom, Packer, group_jobs, max_parallel_groups,
-                                 model_weight_bytes, server_bytes)
+from harness.run.plan.packed import (PackedRun, collect_results, peak_overlap,
+                                     started_while_another_ran)
+from harness.run.plan.packing import (GIB, GpuRoom, Packer, group_jobs, max_parallel_groups,
+                                      model_weight_bytes, server_bytes)
 from harness.run.record import Recorder
 
 TINY = "tiny-llama-gsm"
@@ -188,7 +189,7 @@ def test_a_packed_run_admits_groups_as_others_end_and_collects_every_cell(tmp_pa
 def test_groups_at_once_is_what_the_packer_admits_in_order():
     jobs = jobs_of([cuda(block=b, runner=r) for b in (16, 64, 128) for r in ("v1", "v2")],
                    kv=int(10.5 * GIB))   # 37.5 GiB a group
-    from harness.run.packing import groups_at_once
+    from harness.run.plan.packing import groups_at_once
     assert groups_at_once(jobs, [GpuRoom(0, 100 * GIB, 100 * GIB)], 8) == 2
     assert groups_at_once(jobs, [GpuRoom(0, 100 * GIB, 100 * GIB)], 1) == 1
     assert groups_at_once(jobs, [GpuRoom(0, 200 * GIB, 200 * GIB)] * 1, 8) == 5

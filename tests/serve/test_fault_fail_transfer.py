@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from harness.run.transfer_evidence import count_fault_lines
+from harness.run.evidence.transfer_evidence import count_fault_lines
 from harness.serve.plugins.faults import fail_transfer
 from harness.protocol import faults as fault_spec
 from harness.serve.plugins.faults import decode as faults

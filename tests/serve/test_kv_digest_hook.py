@@ -1,6 +1,6 @@
 """The digest plugin's flow through the connector interface on a stand-in connector (numpy
 caches, no vLLM): the prefill side hashes at the bind after request_finished, the decode side
-when the connector reports its read complete, and harness.run.kv_digest_evidence joins both
+when the connector reports its read complete, and harness.run.evidence.kv_digest_evidence joins both
 through the proxy's records. Evidence that P/D works comes from the real cells (tests/suites);
 this checks the plugin's own bookkeeping."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from harness.judge.kv_digest_check import describe
-from harness.run.kv_digest_evidence import digest_evidence
+from harness.run.evidence.kv_digest_evidence import digest_evidence
 from harness.protocol.kv_digest import DIGEST_FILE_ENV, record_line
 from harness.serve.plugins.kv_digest import hook as kv_digest_hook
 from harness.serve.plugins.kv_digest.layout import layout_from_shape

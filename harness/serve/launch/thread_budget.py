@@ -3,8 +3,8 @@ pinned to, as environment settings `build_env` applies (a value the parent shell
 so a run can compare against vLLM's own behaviour).
 
 A pinned TP1 CPU server is three processes on one core: the API server, the engine core and
-its worker. Sampled every 100 ms during a smoke evaluation (harness.run.cpu_load, `pd-accuracy
-bench`), the threads that want that core are:
+its worker. Sampled every 100 ms during a smoke evaluation (harness.run.evidence.cpu_load,
+`pd-accuracy bench`), the threads that want that core are:
 
 | thread | process | what it does | budget |
 |---|---|---|---|

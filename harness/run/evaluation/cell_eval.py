@@ -21,13 +21,14 @@ from harness.eval.metrics import TransferCounters
 from harness.judge.compare import Comparison, TransferProof, compare
 from harness.judge.sequential import SequentialPlan
 from harness.judge.verdict import Policy, Verdict, decide, error, fail
-from harness.run.aa_rerun import BaselineFailed
-from harness.run.effective_config_evidence import record_judged
-from harness.run.group_plan import GroupPlan
+from harness.run.evaluation.aa_rerun import BaselineFailed
+from harness.run.evidence.effective_config_evidence import record_judged
+from harness.run.plan.group_plan import GroupPlan
 from harness.run.record import CellResult, Recorder
-from harness.run.stages import BaselineRound, EndpointAsker, QuestionOrder, StagedRun
-from harness.run.transfer_evidence import (ByteGeometry, DigestFiles, link_evidence, link_start,
-                                           pair_counters, read_proxy_records, transfer_proof)
+from harness.run.evaluation.stages import BaselineRound, EndpointAsker, QuestionOrder, StagedRun
+from harness.run.evidence.transfer_evidence import (ByteGeometry, DigestFiles, link_evidence,
+                                                    link_start, pair_counters, read_proxy_records,
+                                                    transfer_proof)
 from harness.serve.connectors.registry import connector_for
 from harness.serve.deploy import DeployContext, Deployment, Endpoint, ProxyDeployment
 from harness.serve.launch.server_spec import draft_model_path
@@ -98,7 +99,7 @@ def looks_worth_asking_ahead(cell: Cell, next_stages: Sequence[int]) -> Sequence
 def noise_floor_for_look(progress: Progress, rnd: BaselineRound, ask_pd: Callable[[int], None],
                          next_stages: Sequence[int]) -> EvalRun | None:
     """The round's A/A re-run, which a look's judge needs. While it is still running on the
-    baseline (harness.run.aa_rerun), the P/D pair is asked the next looks' questions
+    baseline (harness.run.evaluation.aa_rerun), the P/D pair is asked the next looks' questions
     (`ask_pd(n)`, at most LOOKS_AHEAD looks): the pair would idle, and an undecided cell needs
     them next. `ask_pd` takes each of those looks' transfer proof when its questions are in."""
     for n in list(next_stages)[:LOOKS_AHEAD]:

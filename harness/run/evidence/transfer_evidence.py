@@ -17,7 +17,7 @@ from harness.judge.byte_accounting import account
 from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR
 from harness.eval.metrics import TransferCounters, scrape_pair
 from harness.judge.compare import TransferProof
-from harness.run.kv_digest_evidence import digest_evidence
+from harness.run.evidence.kv_digest_evidence import digest_evidence
 from harness.serve.connectors.base import PAIR_ROLES, KvConnector
 from harness.serve.connectors.registry import connector_for
 from harness.serve.deploy import Deployment

@@ -1,4 +1,4 @@
-"""A GPU run packed by harness.run.packing: every baseline group is one `pd-accuracy run` child
+"""A GPU run packed by harness.run.plan.packing: every baseline group is one `pd-accuracy run` child
 process on the GPUs the packer gave it, as many at once as fit, the next admitted as soon as one
 ends (so a group starts while others evaluate).
 
@@ -19,8 +19,8 @@ from typing import Callable, Mapping, Sequence
 from harness.core.cell import Cell
 from harness.core.options import RunOptions
 from harness.judge.verdict import Verdict, error
-from harness.run.effective_config_evidence import record_judged
-from harness.run.packing import GIB, GpuRoom, GroupJob, Packer, model_weight_bytes
+from harness.run.evidence.effective_config_evidence import record_judged
+from harness.run.plan.packing import GIB, GpuRoom, GroupJob, Packer, model_weight_bytes
 from harness.run.record import CellResult, Recorder, load_records
 from harness.serve.supervision.process import ManagedProcess
 
