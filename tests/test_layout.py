@@ -330,6 +330,19 @@ def test_run_is_split_by_stage():
     assert len(top) <= RUN_TOP_LEVEL_MAX, sorted(top)
 
 
+def test_the_design_doc_names_every_package_and_run_and_protocol_entry():
+    """docs/design.md's layout table follows the tree: a package or a room of run/ or protocol/
+    that it does not name is one a newcomer cannot find there."""
+    text = (ROOT.parent / "docs" / "design.md").read_text()
+    names = [f"harness/{pkg}/" for pkg in LAYERS]
+    for pkg in ("run", "protocol"):
+        folder = ROOT / pkg
+        names += [p.stem for p in folder.glob("*.py") if p.stem != "__init__"]
+        names += [f"{p.name}/" for p in folder.iterdir() if (p / "__init__.py").exists()]
+    missing = [name for name in names if f"`{name}`" not in text]
+    assert not missing, f"docs/design.md does not name: {missing}"
+
+
 def test_few_modules_at_the_top():
     top = {p.stem for p in ROOT.glob("*.py")}
     assert top <= TOP_LEVEL_ALLOWED, f"modules at the top of harness/: {sorted(top - TOP_LEVEL_ALLOWED)}"

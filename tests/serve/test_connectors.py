@@ -3,6 +3,7 @@ the evidence, and how the harness reads a pair's counters and proxy records thro
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,12 @@ def test_every_connector_vllm_registers_has_a_row_with_its_reason_when_not_drive
         # a connector is driven, or moves no KV, or says why the harness does not drive it
         assert row.driven or row.moves_kv or row.not_driven, value
         assert set(row.devices) <= {"cpu", "cuda", "rocm"}, value
+
+
+def test_the_docs_count_the_connectors_the_harness_does_not_drive():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "connectors.md").read_text()
+    said = int(re.search(r"The other (\d+) connectors vLLM registers", text).group(1))
+    assert said == len(KV_CONNECTORS) - len(driven_connectors())
 
 
 def test_the_installed_vllm_registers_exactly_the_table():
