@@ -88,7 +88,7 @@ _RUN_ID = pytest.StashKey[str]()
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """`-n auto` on a GPU machine: one worker per baseline group that the GPU packer
-    (harness.run.packing, as `pd-accuracy run` plans) lets run at once for --pd-profile, by the
+    (harness.run.plan.packing, as `pd-accuracy run` plans) lets run at once for --pd-profile, by the
     GPUs' free memory and the cores; elsewhere xdist's own count (None)."""
     from harness.core.platform import detect_gpus
 
@@ -102,10 +102,11 @@ def gpu_workers(config: pytest.Config) -> int:
     import os
 
     from harness import matrix
-    from harness.run.packed import kv_cache_bytes, weight_bytes
+    from harness.run.plan.packed import kv_cache_bytes, weight_bytes
     from harness.core.options import RunOptions
     from harness.core.platform import PlatformInfo, detect_gpus, query_gpu_used_bytes
-    from harness.run.packing import group_jobs, groups_at_once, max_parallel_groups, read_gpu_rooms
+    from harness.run.plan.packing import (group_jobs, groups_at_once, max_parallel_groups,
+                                          read_gpu_rooms)
 
     devices = detect_gpus()
     cells = matrix.expand(matrix.load_matrix(config.getoption("pd_matrix")),

@@ -92,7 +92,7 @@ class GroupRunner:
         collection order, so it is the first group not run yet. With groups spread over
         workers it is not known here: []."""
         from harness.pytest_plugin import runs_every_server_test
-        from harness.run.groups_ahead import first_group
+        from harness.run.plan.groups_ahead import first_group
 
         if not runs_every_server_test(self.request.config):
             return []

@@ -36,7 +36,7 @@ from harness.core.cell import Cell
 from harness.serve.deploy import (DeployContext, Placement, ProxyDeployment, plan_baseline,
                                   plan_pair)
 from harness.serve.launch.models import resolve
-from harness.serve.plugins.faults.spec import request_tag_for
+from harness.protocol.faults import request_tag_for
 from harness.serve.host.ports import PortAllocator
 from harness.serve.supervision.process import install_signal_handlers
 from harness.serve.launch.server_spec import Features

@@ -27,7 +27,7 @@ import pytest
 
 from harness.judge.canaries import CANARY_REASONS
 from harness.run.deployment_file import PROXY_ONLY_CHECKS
-from harness.serve.plugins.faults.spec import APPLIED_PREFIX
+from harness.protocol.faults import APPLIED_PREFIX
 
 pytestmark = [pytest.mark.slow, pytest.mark.extended]
 

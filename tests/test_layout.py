@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import ast
 import graphlib
+import re
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "harness"
 # bottom first: a package may import its own modules and those of packages before it
-LAYERS = ("core", "zoo", "matrix", "serve", "eval", "judge", "run", "report", "ci", "cli")
+LAYERS = ("core", "protocol", "zoo", "matrix", "serve", "eval", "judge", "run", "report", "ci",
+          "cli")
 TOP_LEVEL_ALLOWED = {"__init__", "pytest_plugin", "pytest_suite"}
 # serve/'s rooms, bottom first; `deploy` (the module at serve/'s top) composes them all
 SERVE_ROOMS = ("plugins", "connectors", "host", "launch", "net", "supervision", "template", "proxy",
@@ -51,10 +55,32 @@ def modules() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(ROOT.rglob("*.py")) if "checkpoints" not in p.parts}
 
 
-def imported_modules(path: Path, known: set[str]) -> set[str]:
-    """harness modules `path` imports (a `from pkg import name` counts pkg.name when that is a
-    module, else pkg)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+# a string that names a harness module ("harness.run.weather.calm", or "module:attribute") is an
+# import waiting to happen (importlib, entry points): the graph counts it like an import
+MODULE_STRING = re.compile(r"harness(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_]\w*)?")
+
+
+def names_not_imports(tree: ast.AST) -> set[int]:
+    """ids of the strings that name a module without importing it: the one after ``-m`` in a
+    literal argv (run in another process) and a logger's name (``getLogger("harness.x")``)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.List, ast.Tuple)):
+            for before, item in zip(node.elts, node.elts[1:]):
+                if isinstance(before, ast.Constant) and before.value == "-m":
+                    found.add(id(item))
+        elif isinstance(node, ast.Call) and node.args and (
+                getattr(node.func, "attr", None) == "getLogger"
+                or getattr(node.func, "id", None) == "getLogger"):
+            found.add(id(node.args[0]))
+    return found
+
+
+def imports_in(source: str, known: set[str], strings: bool = True) -> set[str]:
+    """harness modules `source` imports, at module level or in a function, or (`strings`) names
+    in a string (a `from pkg import name` counts pkg.name when that is a module, else pkg)."""
+    tree = ast.parse(source)
+    launched = names_not_imports(tree)
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -62,6 +88,9 @@ def imported_modules(path: Path, known: set[str]) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
                      for a in node.names]
+        elif (strings and isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and id(node) not in launched and MODULE_STRING.fullmatch(node.value)):
+            names = [node.value.partition(":")[0]]
         else:
             continue
         for name in names:
@@ -72,12 +101,16 @@ def imported_modules(path: Path, known: set[str]) -> set[str]:
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
+def imported_modules(path: Path, known: set[str], strings: bool = True) -> set[str]:
+    return imports_in(path.read_text(), known, strings)
+
+
+def import_graph(strings: bool = True) -> dict[str, set[str]]:
     mods = modules()
     known = set(mods)
     graph = {}
     for name, path in mods.items():
-        deps = imported_modules(path, known) - {name}
+        deps = imported_modules(path, known, strings) - {name}
         # a package's __init__ is imported on the way to any of its modules: not an edge of its own
         graph[name] = {d for d in deps if not name.startswith(d + ".")}
     return graph
@@ -92,6 +125,20 @@ def test_reader_sees_real_imports():
     graph = import_graph()
     assert "harness.core.outcomes" in graph["harness.judge.verdict"]
     assert "harness.cli.run" in graph["harness.cli.main"]
+    assert "harness.protocol.kv_digest" in graph["harness.cli.run_checks"]    # in a function
+
+
+def test_reader_sees_imports_by_string_and_not_processes():
+    known = set(modules())
+    lazy = "def f():\n    import harness.run.record\n"
+    by_string = "import importlib\nM = importlib.import_module('harness.run.weather.calm')\n"
+    entry = "ENTRY = 'harness.serve.plugins.faults.decode:register'\n"
+    launched = "ARGV = ['python', '-m', 'harness.cli', 'run']\n"
+    logger = "import logging\nlog = logging.getLogger('harness.serve.proxy.app')\n"
+    assert imports_in(lazy, known) == {"harness.run.record"}
+    assert imports_in(by_string, known) == {"harness.run.weather.calm"}
+    assert imports_in(entry, known) == {"harness.serve.plugins.faults.decode"}
+    assert imports_in(launched, known) == imports_in(logger, known) == set()
 
 
 def test_no_import_cycle():
@@ -112,6 +159,23 @@ def test_dependencies_point_down():
             if dep_pkg is not None and LAYERS.index(dep_pkg) > LAYERS.index(pkg):
                 wrong.append(f"{module} imports {dep} ({pkg} may not depend on {dep_pkg})")
     assert not wrong, "\n".join(sorted(wrong))
+
+
+# packages that judge or show what ran and need none of the machinery that ran it: what the
+# servers wrote reaches them through harness.protocol
+NOT_ON_SERVE = ("eval", "judge", "report")
+
+
+def test_judging_and_reporting_import_nothing_of_serve():
+    wrong = sorted(f"{module} imports {dep}" for module, deps in import_graph().items()
+                   if package_of(module) in NOT_ON_SERVE for dep in deps
+                   if package_of(dep) == "serve")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_recorder_judges_nothing():
+    """run/record.py stores the verdict it is given: nothing of judge/ to judge it again with."""
+    assert not [dep for dep in import_graph()["harness.run.record"] if package_of(dep) == "judge"]
 
 
 def serve_room_of(module: str) -> str | None:
@@ -136,6 +200,55 @@ def test_every_serve_module_is_in_a_room():
     rooms = {p.stem if p.is_file() else p.name for p in (ROOT / "serve").iterdir()
              if p.name != "__init__.py" and p.name != "__pycache__"}
     assert rooms == set(SERVE_ROOMS)
+
+
+def test_the_protocol_needs_nothing_but_the_standard_library_and_core():
+    """Reading what a server wrote must not load what runs inside one (vLLM, torch, numpy)."""
+    wrong = []
+    for name, path in modules().items():
+        if package_of(name) != "protocol":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                tops = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                tops = [node.module]
+            else:
+                continue
+            wrong += [f"{name} imports {top}" for top in tops
+                      if top.split(".")[0] not in sys.stdlib_module_names
+                      and top != "harness.core" and not top.startswith(("harness.core.",
+                                                                         "harness.protocol"))]
+    assert not wrong, "\n".join(wrong)
+
+
+def vllm_plugin_modules() -> set[str]:
+    """The modules pyproject.toml hands vLLM as general plugins (entry points)."""
+    project = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())
+    return {value.split(":")[0]
+            for value in project["project"]["entry-points"]["vllm.general_plugins"].values()}
+
+
+def in_server_modules() -> set[str]:
+    """What vLLM loads inside its servers: serve/plugins/ and every general plugin (a
+    connector's own too, e.g. NIXL's idle poll)."""
+    return {m for m in modules() if m.startswith("harness.serve.plugins")} | vllm_plugin_modules()
+
+
+def test_every_vllm_plugin_entry_point_is_a_module_here():
+    missing = sorted(vllm_plugin_modules() - set(modules()))
+    assert not missing, f"pyproject.toml hands vLLM plugins that do not exist: {missing}"
+
+
+def test_only_the_servers_import_a_plugin():
+    """The harness reads what the in-server plugins write through harness.protocol: a plugin
+    module imported outside the servers would load vLLM-side code to parse a line. (Names in
+    strings load nothing: doctor's table of which module attaches a hook names plugins.)"""
+    inside = in_server_modules()
+    statements = import_graph(strings=False)
+    wrong = sorted(f"{module} imports {dep}" for module, deps in statements.items()
+                   if module not in inside for dep in deps if dep in inside)
+    assert not wrong, "plugin modules imported outside the servers:\n" + "\n".join(wrong)
 
 
 def test_every_subpackage_has_a_layer():
@@ -204,6 +317,30 @@ def test_run_collaborators_are_typed():
                for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]
                if a.annotation is not None and ast.unparse(a.annotation) in ("Any", "'Any'")]
     assert not untyped, f"parameters typed Any in run/: {untyped}"
+
+
+# run/ by stage (plan, evaluation, evidence, record...): a newcomer reads a dozen names, not 30
+RUN_TOP_LEVEL_MAX = 12
+
+
+def test_run_is_split_by_stage():
+    run = ROOT / "run"
+    top = ({p.stem for p in run.glob("*.py") if p.stem != "__init__"}
+           | {p.name for p in run.iterdir() if (p / "__init__.py").exists()})
+    assert len(top) <= RUN_TOP_LEVEL_MAX, sorted(top)
+
+
+def test_the_design_doc_names_every_package_and_run_and_protocol_entry():
+    """docs/design.md's layout table follows the tree: a package or a room of run/ or protocol/
+    that it does not name is one a newcomer cannot find there."""
+    text = (ROOT.parent / "docs" / "design.md").read_text()
+    names = [f"harness/{pkg}/" for pkg in LAYERS]
+    for pkg in ("run", "protocol"):
+        folder = ROOT / pkg
+        names += [p.stem for p in folder.glob("*.py") if p.stem != "__init__"]
+        names += [f"{p.name}/" for p in folder.iterdir() if (p / "__init__.py").exists()]
+    missing = [name for name in names if f"`{name}`" not in text]
+    assert not missing, f"docs/design.md does not name: {missing}"
 
 
 def test_few_modules_at_the_top():

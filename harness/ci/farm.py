@@ -139,7 +139,7 @@ class Farm:
                  step_peak_bytes: Mapping[str, int] | None = None,
                  gpu_bytes: Sequence[int] | None = None, max_gpu_jobs: int | None = None):
         """`step_peak_bytes`: the GPU memory a one-group step's job holds at its peak
-        (harness.run.packing); such jobs share GPUs by memory (`gpu_bytes`: each GPU's free
+        (harness.run.plan.packing); such jobs share GPUs by memory (`gpu_bytes`: each GPU's free
         bytes, in `gpus` order), at most `max_gpu_jobs` at once. Other GPU jobs (a shard that
         packs its own groups) get their GPUs to themselves."""
         if gpus == "auto":
@@ -168,8 +168,8 @@ class Farm:
         self._lock = threading.Lock()
 
     def _packer(self, gpu_bytes: Sequence[int] | None, max_gpu_jobs: int | None):
-        """The GPU packer of harness.run.packing over this farm's GPUs."""
-        from harness.run.packing import GpuRoom, Packer, max_parallel_groups
+        """The GPU packer of harness.run.plan.packing over this farm's GPUs."""
+        from harness.run.plan.packing import GpuRoom, Packer, max_parallel_groups
 
         sizes = list(gpu_bytes or [])
         if len(sizes) != self.total_gpus or not self.step_peak_bytes:
@@ -181,7 +181,7 @@ class Farm:
     def _gpu_job(self, job: _Job) -> Any:
         """`job` as the packer sees it: its peak bytes when it is one group, else all of each
         GPU it asks for."""
-        from harness.run.packing import GroupJob
+        from harness.run.plan.packing import GroupJob
 
         peak = self.step_peak_bytes.get(job.step.key) if job.step.parallelism == 1 else None
         if peak is None:
@@ -441,13 +441,13 @@ def run_farm(profile: str, *, matrix_path: str | None = None, parallelism: int =
 def _gpu_packing(cells: Sequence[Any], queues: Mapping[int, str] | None, parallelism: int,
                  run_args: Sequence[str], gpus: int | str | Sequence[str]
                  ) -> tuple[dict[str, int], list[int] | None]:
-    """Each one-group GPU step's peak memory (harness.run.packing, as `run` plans it) and the
+    """Each one-group GPU step's peak memory (harness.run.plan.packing, as `run` plans it) and the
     free bytes of the GPUs the farm uses: one-group steps then share GPUs by memory."""
     from harness.ci.pipeline import DEFAULT_QUEUES, layout_of, normalize_queues, plan_batches
-    from harness.run.packed import kv_cache_bytes, weight_bytes
+    from harness.run.plan.packed import kv_cache_bytes, weight_bytes
     from harness.core.options import RunOptions
     from harness.core.platform import query_gpu_used_bytes
-    from harness.run.packing import group_jobs, read_gpu_rooms
+    from harness.run.plan.packing import group_jobs, read_gpu_rooms
 
     layout = layout_of(run_args)
     options = RunOptions()

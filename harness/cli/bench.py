@@ -10,10 +10,11 @@
 * the run's wall time, peak RSS of all servers together and how busy the host's cores were
   (when it ran here: on 2 cores the smoke profile is CPU-bound, so overlapping work only fills
   idle core time);
-* when it ran here, the CPU load sampled every 100 ms (harness.run.cpu_load): the host's run
-  queue against its cores, system and steal time, and per process of the run (each server's API
-  server, engine core and worker, the harness with lm-eval and the proxy) its runnable threads
-  by name and its CPU seconds; and the host's CPU model and ISA (bf16 speed depends on it).
+* when it ran here, the CPU load sampled every 100 ms (harness.run.evidence.cpu_load): the
+  host's run queue against its cores, system and steal time, and per process of the run (each
+  server's API server, engine core and worker, the harness with lm-eval and the proxy) its
+  runnable threads by name and its CPU seconds; and the host's CPU model and ISA (bf16 speed
+  depends on it).
 
 `--json PATH` writes the same numbers as a benchmark record to commit. Numbers only, no
 thresholds: speed targets are read from records, never asserted in tests.
@@ -40,7 +41,7 @@ def server_logs(run_dir: Path) -> list[Path]:
 
 
 def packing_of(run_dir: Path) -> dict[str, Any] | None:
-    """A packed run's packing.json (harness.run.packed): groups at once, GPUs, wall time."""
+    """A packed run's packing.json (harness.run.plan.packed): groups at once, GPUs, wall time."""
     path = run_dir / "packing.json"
     return json.loads(path.read_text()) if path.is_file() else None
 
@@ -121,7 +122,7 @@ def bench_record(run_dir: Path, wall_s: float | None = None,
                  peak_rss_bytes: int | None = None,
                  cpu_busy_share: float | None = None,
                  cpu_load: dict[str, Any] | None = None) -> dict[str, Any]:
-    from harness.run.provenance import hardware
+    from harness.run.evidence.provenance import hardware
     from harness.serve.launch.startup_phases import PHASES, parse_logs, summed
 
     servers = [s for s in parse_logs(server_logs(run_dir)) if s.phases]
@@ -284,7 +285,7 @@ def bench(args: argparse.Namespace) -> int:
         import psutil
 
         from harness.cli.run import run_command
-        from harness.run.cpu_load import CpuLoadSampler
+        from harness.run.evidence.cpu_load import CpuLoadSampler
 
         started, cpu_before = time.monotonic(), psutil.cpu_times()
         holder: dict[str, Any] = {}

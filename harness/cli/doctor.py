@@ -37,13 +37,15 @@ def diagnose(features: Any) -> dict[str, Any]:
     from harness.core.vllm_hooks import HOOKS, not_available_checks, unavailable_for
     from harness.core.weathers import WEATHERS
     from harness.judge.verdict import CHECKS
+    from harness.serve.launch.hook_plugins import HOOK_PLUGINS
 
     version = features.version
     missing = features.hooks_missing()
     shapes = features.hook_shapes or {}
     hooks = [{"hook": row.name, "attaches": row.name not in missing,
               "missing": missing.get(row.name), "serves": list(row.serves),
-              "uses": list(shapes.get(row.name, ())), "plugin": row.plugin} for row in HOOKS]
+              "uses": list(shapes.get(row.name, ())), "plugin": HOOK_PLUGINS.get(row.name)}
+             for row in HOOKS]
     if features.hooks is None:      # an older cached probe: nothing known, nothing claimed
         hooks = [{**h, "attaches": None, "missing": "not probed"} for h in hooks]
     checks_off = not_available_checks(missing, version)

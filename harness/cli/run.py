@@ -468,7 +468,7 @@ def deployment_command(args: argparse.Namespace, on_runner=None) -> int:
 def kv_connector_help() -> str:
     """Every kv_connector value with its vLLM class, from the one table (those the harness does
     not drive say so; `pd-accuracy list --show-excluded` says why)."""
-    named = [f"{value} ({row.vllm_name}{'' if row.module else ', not driven'})"
+    named = [f"{value} ({row.vllm_name}{'' if row.driven else ', not driven'})"
              for value, row in KV_CONNECTORS.items()]
     return f"what moves the KV (default {_CELL.kv_connector}): " + ", ".join(named)
 
@@ -512,10 +512,10 @@ def dry_run(cells: Sequence[Cell], options: RunOptions, hybrid_models: Sequence[
 
     from harness.serve.deploy import DeployContext, Placement, plan_baseline, plan_pair
     from harness.serve.launch.models import resolve
-    from harness.serve.plugins.faults.spec import FAULT_KINDS as SERVER_FAULTS
-    from harness.serve.plugins.faults.spec import PREFILL_FAULT_KINDS
+    from harness.protocol.faults import FAULT_KINDS as SERVER_FAULTS
+    from harness.protocol.faults import PREFILL_FAULT_KINDS
     from harness.serve.host.ports import PortAllocator
-    from harness.run.group_plan import weather_servers
+    from harness.run.plan.group_plan import weather_servers
 
     log_dir = Path(options.results_dir) / "RUN_ID" / "logs"
     with tempfile.TemporaryDirectory() as locks:

@@ -174,7 +174,7 @@ def argument_problems(args: argparse.Namespace) -> list[str]:
 
 def kv_digest_hash_problem() -> str | None:
     """PD_ACCURACY_KV_DIGEST_HASH names a hash the digest plugin has (the servers inherit it)."""
-    from harness.serve.plugins.kv_digest.device_hash import hash_choice
+    from harness.protocol.kv_digest import hash_choice
 
     try:
         hash_choice()

@@ -1,13 +1,13 @@
 """`pd-accuracy run` on a GPU machine: the run's baseline groups packed on the GPUs
-(harness.run.packing plans, harness.run.packed runs them), then one verdict table, one JUnit
-file, one summary line and one exit code, as for a run in one process."""
+(harness.run.plan.packing plans, harness.run.plan.packed runs them), then one verdict table, one
+JUnit file, one summary line and one exit code, as for a run in one process."""
 from __future__ import annotations
 
 import argparse
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -57,9 +57,9 @@ def packed_command(args: argparse.Namespace, parser: argparse.ArgumentParser,
     of a runner (the run directory)."""
     from harness.core.platform import detect_gpus, query_gpu_used_bytes
     from harness.judge.verdict import Policy
-    from harness.run.packed import (PackedRun, collect_results, host_room, kv_cache_bytes,
+    from harness.run.plan.packed import (PackedRun, collect_results, host_room, kv_cache_bytes,
                                     weight_bytes)
-    from harness.run.packing import (STARTING_PER_GPU, Packer, group_jobs, max_parallel_groups,
+    from harness.run.plan.packing import (STARTING_PER_GPU, Packer, group_jobs, max_parallel_groups,
                                      read_gpu_rooms)
     from harness.run.record import Recorder
     from harness.run.runner import new_run_id
@@ -115,8 +115,8 @@ def packed_command(args: argparse.Namespace, parser: argparse.ArgumentParser,
         packed.write_record({"cells": len(cells), "gpus": len(devices),
                              "gpu_names": [d.name for d in devices],
                              "cores": os.cpu_count(), "max_starting": starting})
-    recorder = Recorder(options, Policy.from_options(options), run_id, Path(options.results_dir),
-                        lambda m: print(redact(m), flush=True))
+    recorder = Recorder(options, asdict(Policy.from_options(options)), run_id,
+                        Path(options.results_dir), lambda m: print(redact(m), flush=True))
     results = collect_results(cells, turns, run_dir, recorder)
     return finish(results, args, _RunPlace(run_dir, run_id), started)
 

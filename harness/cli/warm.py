@@ -3,7 +3,7 @@
 A GPU server's cold start is mostly work that one server of a configuration can do for all the
 others: FlashInfer compiles its kernels on first use (210-264 s on the H200), vLLM's
 torch.compile writes AOT artifacts, Triton caches its kernels. They all land in caches keyed by
-the configuration (harness.run.packing.warm_key: model, backend, runner, dtype, compilation, KV
+the configuration (harness.run.plan.packing.warm_key: model, backend, runner, dtype, compilation, KV
 dtype). `warm` starts the baseline and first P/D pair of one cell per such key, waits until they
 are healthy and stops them; a farm can run it once and keep the cache directories it prints
 (a packed `run` fills them in its own first wave when nothing was warmed). Takes `run`'s
@@ -29,7 +29,7 @@ def warm(args: argparse.Namespace) -> int:
     from harness.cli.run import options_from, select_cells
     from harness.core.options import UsageError
     from harness.judge.verdict import Policy
-    from harness.run.packing import warm_key
+    from harness.run.plan.packing import warm_key
     from harness.run.runner import Runner
     from harness.serve.supervision.process import ManagedProcessError, install_signal_handlers
 

@@ -75,6 +75,26 @@ class ModelInfo:
         return smallest_kept_block(device, dtype, self.num_kv_heads, self.head_dim, self.state_page)
 
 
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A cell's `model` resolved on this machine (harness.serve.launch.models.resolve)."""
+
+    name: str            # what the cell said
+    path: str            # what vLLM gets as --model
+    local: bool          # a directory on this machine (else a hub id)
+    hybrid: bool
+    architecture: str | None
+    facts: ModelInfo | None = None   # from its config.json (None: a hub id not cached here)
+    # a local directory with a config.json and no weight file (harness.zoo.shapes): vLLM fills
+    # the weights itself (--load-format dummy) and the answers say nothing
+    random_weights: bool = False
+    kv_cache_bytes: int | None = None   # the KV budget a server needs (harness.zoo.shapes)
+
+    @property
+    def load_format(self) -> str | None:
+        return "dummy" if self.random_weights else None
+
+
 @dataclass
 class ModelCatalog:
     """Model facts by name: config.json's (via `config_facts`) under the declared ones, optionally

@@ -1,13 +1,13 @@
-"""The KV connectors a cell can name: the one table from a cell's ``kv_connector`` value to the
-module that knows that connector (``harness.serve.connectors``) and the facts the matrix rules
-check before any server starts (is vLLM's name registered, does the transport import, which
-devices, does it move KV between servers at all, does the harness drive it). Adding a connector
-is one row here and one module there.
+"""The KV connectors a cell can name: the one table of each ``kv_connector`` value's facts that
+the matrix rules check before any server starts (is vLLM's name registered, does the transport
+import, which devices, does it move KV between servers at all, does the harness drive it). The
+driver of a ``driven`` row is a module of ``harness.serve.connectors``, registered there under
+the row's value. Adding a connector is one row here and one registered module there.
 
 Every connector vLLM CPU 0.32 registers (``KVConnectorFactory``) has a row, so that
 ``pd-accuracy list --show-excluded`` says for each one where it runs or why it is excluded; a row
-without a module is one the harness does not drive, and says why (docs/connectors.md has the
-errors each one gave when tried here).
+the harness does not drive says why (docs/connectors.md has the errors each one gave when tried
+here).
 
 A row also carries what the matrix, the weathers, provenance and the verdict need to know about
 its connector, so that none of them names one: the weathers it can be judged in beyond the
@@ -59,7 +59,9 @@ class ConnectorRow:
     transport: str               # "module:attribute" that must import for a transfer to run
     devices: tuple[str, ...]     # Cell.device values it runs on (rule known-kv-connector;
                                  # ANY_DEVICE where its package cannot be had to find out)
-    module: str | None = None    # harness.serve.connectors.<name>: defines CONNECTOR; None: not driven
+    # True: the harness drives it (its connector module in harness.serve.connectors registers
+    # under this row's value); False: moves_kv or not_driven says why not
+    driven: bool = False
     # why it runs on no other device: what vLLM said when it was started there
     devices_why: str | None = None
     # None: it moves a prompt's KV from one server to another; else what it does instead
@@ -68,7 +70,7 @@ class ConnectorRow:
     # the PyPI distribution its transport comes from, and what installing it here gave
     # (rule vllm-kv-connector names it when the transport does not import)
     package: str | None = None
-    # why the harness has no module for it (rule kv-connector-driven); None with a module
+    # why the harness does not drive it (rule kv-connector-driven); None when driven
     not_driven: str | None = None
     # None: its hops carry kv_transfer_params (what the proxy's drop-transfer and foreign-params
     # canaries edit); else how the decode finds the KV without them (rule known-fault)
@@ -87,7 +89,7 @@ class ConnectorRow:
     # the KV cache layout it asks for on both sides (get_required_kvcache_layout); None: none
     kv_layout: str | None = None
     # PyPI distributions its transport ships as, first the name a record's versions use
-    # (harness.run.provenance); empty: it is vLLM's own code
+    # (harness.run.evidence.provenance); empty: it is vLLM's own code
     distributions: tuple[str, ...] = ()
 
     @property
@@ -132,12 +134,12 @@ DEFAULT_KV_CONNECTOR = "nixl"
 KV_CONNECTORS: dict[str, ConnectorRow] = {
     # pull: the decode READs the prompt's blocks from the prefill (vLLM's P/D default)
     "nixl": ConnectorRow("NixlConnector", NIXL_TRANSPORT, ("cpu", "cuda"),
-                         module="harness.serve.connectors.nixl", weathers=NIXL_WEATHERS,
+                         driven=True, weathers=NIXL_WEATHERS,
                          **NIXL_FACTS),
     # push: the prefill WRITEs its blocks into blocks the decode allocated and registered
     # (expiry and aborts were built and measured on the pull's lease; not run with push yet)
     "nixl-push": ConnectorRow("NixlPushConnector", NIXL_TRANSPORT, ("cpu", "cuda"),
-                              module="harness.serve.connectors.nixl_push",
+                              driven=True,
                               weathers=("load-failures", "restart"),
                               **{**NIXL_FACTS, "label": "NIXL (push)"}),
     "nixl-pull": ConnectorRow(
@@ -146,17 +148,17 @@ KV_CONNECTORS: dict[str, ConnectorRow] = {
                    "(nixl/connector.py): judged as kv_connector nixl", **NIXL_FACTS),
     # MultiConnector with NIXL pull as its only child: the wrapper, where offloading cannot run
     "multi-nixl": ConnectorRow("MultiConnector", NIXL_TRANSPORT, ("cpu", "cuda"),
-                               module="harness.serve.connectors.multi_nixl",
+                               driven=True,
                                **{**NIXL_FACTS, "label": "MultiConnector (NIXL)"}),
     # vLLM's own CI configuration of MultiConnector: NIXL pull for P/D, offloading beside it
     "multi-nixl-offload": ConnectorRow(
         "MultiConnector", NIXL_TRANSPORT, ("cuda",),
-        module="harness.serve.connectors.multi_nixl_offload",
+        driven=True,
         devices_why="its OffloadingConnector child: " + OFFLOAD_ON_GPU_ONLY,
         **{**NIXL_FACTS, "label": "MultiConnector (NIXL + offloading)"}),
     "mooncake": ConnectorRow(
         "MooncakeConnector", "mooncake.engine:TransferEngine", ("cuda",),
-        module="harness.serve.connectors.mooncake",
+        driven=True,
         devices_why="vLLM CPU 0.32's Mooncake worker asks for the accelerator at start-up "
                     "(torch.accelerator.current_device_index(): 'RuntimeError: Cannot access "
                     "accelerator device when none is available'), with the non-cuda engine "
@@ -215,7 +217,7 @@ KV_CONNECTORS: dict[str, ConnectorRow] = {
     # them by the prompt's hash (harness.serve.connectors.example)
     "example": ConnectorRow(
         "ExampleConnector", f"{_V1}.example_connector:ExampleConnector", ("cpu", "cuda"),
-        module="harness.serve.connectors.example", label="ExampleConnector (files)",
+        driven=True, label="ExampleConnector (files)",
         no_params="the decode finds the prompt's KV by the hash of its tokens in the shared "
                   "directory; no kv_transfer_params cross"),
     "example-hidden-states": ConnectorRow(
@@ -244,8 +246,8 @@ def connector_row(value: str) -> ConnectorRow:
 
 
 def driven_connectors() -> tuple[str, ...]:
-    """The values the harness has a module for (the others are listed, with why not)."""
-    return tuple(v for v, row in KV_CONNECTORS.items() if row.module is not None)
+    """The values the harness drives (the others are listed, with why not)."""
+    return tuple(v for v, row in KV_CONNECTORS.items() if row.driven)
 
 
 __all__ = ["ANY_BLOCKS", "DECODE_MULTIPLE", "DEFAULT_KV_CONNECTOR", "KV_CONNECTORS", "NIXL_TRANSPORT",

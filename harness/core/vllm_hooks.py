@@ -85,12 +85,11 @@ def any_of(*needs: Need) -> AnyOf:
 
 @dataclass(frozen=True)
 class Hook:
-    """One hook into vLLM: its name, the plugin module that attaches it, what rests on it
-    (verdict checks, canaries, weathers, start-up levers, connector evidence) and what it
-    needs."""
+    """One hook into vLLM: its name, what rests on it (verdict checks, canaries, weathers,
+    start-up levers, connector evidence) and what it needs. The in-server module that attaches
+    it is serve/'s to know (harness.serve.launch.hook_plugins)."""
 
     name: str
-    plugin: str
     serves: tuple[str, ...]
     needs: tuple[Need | AnyOf, ...] = ()
     requires: tuple[str, ...] = ()
@@ -106,7 +105,7 @@ def _base(method: str, *params: str) -> Need:
 
 
 HOOKS: tuple[Hook, ...] = (
-    Hook("kv-events", "harness.serve.plugins.kv_events.interface",
+    Hook("kv-events",
          ("the KV connector interface's events (sent, received) every digest and fault uses",),
          needs=(Need(FACTORY, "KVConnectorFactory.get_connector_class"),
                 _base("request_finished", "request", "block_ids"),
@@ -119,15 +118,15 @@ HOOKS: tuple[Hook, ...] = (
                 any_of(_base("get_transfer_results", "finished_req_ids"),
                        _base("get_finished", "finished_req_ids"))),
          what="wraps the class KVConnectorFactory hands out at the connector interface"),
-    Hook("kv-digest", "harness.serve.plugins.kv_digest.hook",
+    Hook("kv-digest",
          ("check kv-digest", "weather check silent-wrong-answers"),
          requires=("kv-events",), checks=("kv-digest",),
          what="hashes each request's prompt KV on both sides"),
-    Hook("kv-faults", "harness.serve.plugins.faults.decode",
+    Hook("kv-faults",
          ("canaries corrupt-block, swap-blocks, perturb-kv",),
          requires=("kv-events",), canaries=("corrupt-block", "swap-blocks", "perturb-kv"),
          what="breaks the decode's received KV before its first step"),
-    Hook("nixl-read-poll", "harness.serve.plugins.kv_events.by_connector.nixl",
+    Hook("nixl-read-poll",
          ("canary fail-transfer", "weather load-failures", "digest as written (before post-processing)"),
          needs=(Need(NIXL_WORKER, f"{WORKER}._pop_done_transfers", ("transfers",)),
                 # 0.30 on: the failed set too; 0.27-0.29: (req_id, handle), failures queued
@@ -137,46 +136,46 @@ HOOKS: tuple[Hook, ...] = (
                             ("req_id", "handle")))),
          requires=("kv-events",), canaries=("fail-transfer",), weathers=("load-failures",),
          what="the NIXL worker's read poll: bytes in place, not yet post-processed"),
-    Hook("nixl-leases", "harness.serve.plugins.kv_events.by_connector.nixl",
+    Hook("nixl-leases",
          ("canary early-release",),
          # 0.31 on: a reaper of its own; before: get_finished checks the leases inline
          needs=(any_of(Need(NIXL_WORKER, f"{WORKER}._reap_expired_send_leases"),
                        Need(NIXL_WORKER, f"{WORKER}.get_finished")),),
          canaries=("early-release",),
          what="shortens the prefill's send leases before each step's lease check"),
-    Hook("late-read", "harness.serve.plugins.faults.late_read",
+    Hook("late-read",
          ("weather expiry (a decode read held past the lease)",),
          needs=(_base("on_new_request", "request"),
                 _base("get_num_new_matched_tokens", "request", "num_computed_tokens")),
          requires=("kv-events",), weathers=("expiry",),
          what="holds a tagged request's read until its delay has passed"),
-    Hook("compile-key", "harness.serve.plugins.startup.compile_key",
+    Hook("compile-key",
          ("a P/D pair shares its baseline's torch.compile cache",),
          needs=(Need("vllm.envs", "compile_factors"),),
          what="leaves the per-server ports out of the compile cache key"),
-    Hook("fork-start", "harness.serve.plugins.startup.fork_start",
+    Hook("fork-start",
          ("CPU servers fork their engine core (start-up time)",),
          needs=(Need("vllm.platforms.cpu", "CpuPlatform.check_and_update_config",
                      ("vllm_config",)),),
          what="restores fork after vLLM's CPU platform chose spawn"),
-    Hook("cpu-amx", "harness.serve.plugins.startup.cpu_amx",
+    Hook("cpu-amx",
          ("AMX tile permission before a decode's first step",),
          needs=(Need("torch.cpu", "_init_amx"), Need("torch.cpu", "_is_amx_tile_supported")),
          what="asks Linux for AMX tile state in every server process"),
-    Hook("mq-spin", "harness.serve.plugins.idle.mq_spin",
+    Hook("mq-spin",
          ("message-queue readers sleep instead of spinning (CPU time)",),
          needs=(Need("vllm.distributed.device_communicators.shm_broadcast", "SpinCondition.wait"),),
          what="a reader in its busy window sleeps between checks"),
-    Hook("gloo-groups", "harness.serve.plugins.idle.gloo_groups",
+    Hook("gloo-groups",
          ("one gloo group in a world of one rank (CPU time)",),
          needs=(Need("torch.distributed", "new_group", ("ranks",)),),
          what="one shared gloo group instead of one per parallel dimension"),
-    Hook("nixl-idle", "harness.serve.connectors.nixl_idle",
+    Hook("nixl-idle",
          ("NIXL's progress thread sleeps while idle (CPU time)",),
          needs=(any_of(Need("nixl_cu12._api", "nixlBind.nixlAgent"),
                        Need("nixl_cu13._api", "nixlBind.nixlAgent")),),
          what="raises NIXL's progress-thread delay from 0"),
-    Hook("mooncake-counters", "harness.serve.plugins.kv_events.by_connector.mooncake",
+    Hook("mooncake-counters",
          ("MooncakeConnector's transfer counters on /metrics",),
          needs=(Need("vllm.distributed.kv_transfer.kv_connector.v1.metrics",
                      "KVConnectorPromMetrics"),

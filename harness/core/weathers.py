@@ -1,10 +1,10 @@
-"""The weathers a cell can be judged in: the one table from a cell's ``weather`` value to the
-module that drives it (``harness.run.weather.<name>``: what it changes in the pair's servers,
-what workload it sends, which events it injects and records, what must hold afterwards), the
-parameters it takes, and the devices it can run on. A weather that drives a connector's own
-machinery (its lease, its read poll) runs with the connectors whose row in
-harness.core.kv_connectors lists it; the others run with any. Adding a weather is one row here
-and one module there (docs/weather.md).
+"""The weathers a cell can be judged in: the one table of each ``weather`` value's facts, the
+parameters it takes and the devices it can run on. Its driver (what it changes in the pair's
+servers, what workload it sends, which events it injects and records, what must hold
+afterwards) is a module of harness.run.weather, which registers it under the same name. A
+weather that drives a connector's own machinery (its lease, its read poll) runs with the
+connectors whose row in harness.core.kv_connectors lists it; the others run with any. Adding a
+weather is one row here and one registered module there (docs/weather.md).
 
 ``calm`` is today's polite, steady workload against roomy KV caches: the default, absent from
 cell ids. Every other weather is judged by the verdict under weather (harness.judge.weather):
@@ -66,7 +66,6 @@ class ServerChanges:
 
 @dataclass(frozen=True)
 class WeatherRow:
-    module: str                                   # harness.run.weather.<name>: defines WEATHER
     params: Mapping[str, WeatherParam] = field(default_factory=dict)
     # True: it drives the connector's own machinery, and runs only with connectors whose row
     # lists it (ConnectorRow.weathers); False: with any connector
@@ -91,10 +90,9 @@ BOUNDARY_MIN_MODEL_LEN = 1024   # the padded prompts (<= 4*128+1) and gsm_synth'
 
 DEFAULT_WEATHER = "calm"
 WEATHERS: dict[str, WeatherRow] = {
-    "calm": WeatherRow("harness.run.weather.calm",
-                       summary="today's steady workload (--concurrency in flight), roomy KV caches"),
+    "calm": WeatherRow(
+        summary="today's steady workload (--concurrency in flight), roomy KV caches"),
     "load": WeatherRow(
-        "harness.run.weather.load",
         params={"in_flight": WeatherParam(64, low=64, high=512, integer=True,
                                           meaning="requests in flight (the issue's >= 64)"),
                 "kv_blocks": WeatherParam(48, low=8, integer=True,
@@ -103,7 +101,6 @@ WEATHERS: dict[str, WeatherRow] = {
         summary=">= 64 requests in flight, prefix caching on, small KV caches: blocks recycle",
         block_params={"kv_blocks": ("prefill", "decode")}),
     "preemption": WeatherRow(
-        "harness.run.weather.preemption",
         params={"in_flight": WeatherParam(32, low=2, high=512, integer=True,
                                           meaning="requests in flight"),
                 "decode_kv_blocks": WeatherParam(20, low=1, integer=True,
@@ -113,7 +110,6 @@ WEATHERS: dict[str, WeatherRow] = {
         block_params={"decode_kv_blocks": ("decode",)}),
     # the fault weathers: the connector's lease, read poll and heartbeats are what they drive
     "expiry": WeatherRow(
-        "harness.run.weather.expiry",
         params={"share": WeatherParam(0.25, **SHARE, meaning="requests whose read is late"),
                 "lease_s": WeatherParam(2, low=1, high=30, integer=True,
                                         meaning="the prefill's kv_lease_duration (s); the late "
@@ -121,14 +117,12 @@ WEATHERS: dict[str, WeatherRow] = {
         needs_connector=True, min_vllm="0.26.0",   # ran on vLLM 0.26.0 on the H200
         summary="a short KV lease; a share of the decode's reads start after it ran out"),
     "load-failures": WeatherRow(
-        "harness.run.weather.load_failures",
         params={"share": WeatherParam(0.25, **SHARE, meaning="requests whose read fails"),
                 "recompute": WeatherParam(0, low=0, high=1, integer=True,
                                           meaning="kv_load_failure_policy: 0 fail, 1 recompute")},
         needs_connector=True,
         summary="a share of the decode's reads fail; policy fail (loud) or recompute (right)"),
     "aborts": WeatherRow(
-        "harness.run.weather.aborts",
         params={"share": WeatherParam(0.25, **SHARE, meaning="requests the proxy cancels"),
                 "lease_s": WeatherParam(5, low=1, high=30, integer=True,
                                         meaning="the prefill's kv_lease_duration (s): how long "
@@ -136,7 +130,6 @@ WEATHERS: dict[str, WeatherRow] = {
         needs_connector=True, min_vllm="0.32.0",
         summary="the proxy cancels a share of requests, queued / prefilled / reading / decoding"),
     "restart": WeatherRow(
-        "harness.run.weather.restart",
         params={"after_s": WeatherParam(4, low=1, high=120,
                                         meaning="seconds of traffic before each kill"),
                 "min_questions": WeatherParam(100, low=50, integer=True,
@@ -145,14 +138,12 @@ WEATHERS: dict[str, WeatherRow] = {
         needs_connector=True,
         summary="the prefill, then the decode, killed and restarted mid-run"),
     "block-boundary": WeatherRow(
-        "harness.run.weather.block_boundary",
         params={"min_questions": WeatherParam(99, low=3, integer=True,
                                               meaning="questions of the first look: a third at "
                                                       "each of k*block-1, k*block, k*block+1")},
         task_variants={"gsm_synth": "gsm_synth_boundary"},
         summary="prompts of k*block-1, k*block and k*block+1 tokens (vLLM #50558)"),
     "soak": WeatherRow(
-        "harness.run.weather.soak",
         params={"requests": WeatherParam(0, low=0, high=1_000_000, integer=True,
                                          meaning="requests of the soak after the first look, "
                                                  "cycling its questions; 0: the device's default "

@@ -2,29 +2,30 @@
 counters the verdict needs; `TransferCounters.delta` gives what one evaluation moved.
 
 The prompt-token sources are vLLM's own (the decode's); the transfer counters come through the
-cell's connector's metric map (harness.serve.connectors), from the role whose servers count them.
+cell's connector's metric map (its ``MetricMap``, harness.serve.connectors.base, handed in as a
+:class:`CounterMap`), from the role whose servers count them.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Mapping, Sequence
+from typing import Mapping, Protocol, Sequence
 
 from harness.core import exact_headers
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.serve.connectors.base import KvConnector
-from harness.serve.connectors.registry import connector_for
-
 SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
-# counter names of records before schema 2 (NIXL was the only connector) -> today's
-LEGACY_COUNTER_NAMES = {"nixl_bytes": "kv_bytes", "nixl_transfers": "kv_transfers",
-                        "nixl_failed_transfers": "failed_transfers",
-                        "nixl_failed_notifications": "failed_notifications",
-                        "nixl_expired_requests": "expired_requests"}
 
 
 _SPEC_COUNTERS = {"vllm:spec_decode_num_draft_tokens_total": "spec_draft_tokens",
                   "vllm:spec_decode_num_accepted_tokens_total": "spec_accepted_tokens"}
+
+
+class CounterMap(Protocol):
+    """A connector's /metrics samples as neutral counters, by the role whose servers count them."""
+
+    def counters_from(self, role: str) -> Mapping[str, str]:
+        """The samples a server of ``role`` contributes: sample name -> TransferCounters field."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -60,13 +61,12 @@ class TransferCounters:
         return d
 
 
-def parse_transfer_counters(text: str, connector: KvConnector | None = None,
+def parse_transfer_counters(text: str, counters: CounterMap | None = None,
                             role: str = "decode") -> TransferCounters:
     """Sum the samples a server of `role` contributes over all label sets (engines, model
-    names): the decode's prompt-token sources and finished requests, and the `connector`'s
-    transfer counters that its metric map puts on `role` (default: the NIXL pull connector)."""
-    connector = connector or connector_for()
-    mapped = connector.metrics.counters_from(role)
+    names): the decode's prompt-token sources and finished requests, and the transfer counters
+    the connector's map `counters` puts on `role` (None: vLLM's own samples only)."""
+    mapped = counters.counters_from(role) if counters is not None else {}
     acc = {k: 0.0 for k in asdict(TransferCounters())}
     by_source = {s: 0.0 for s in SOURCES}
     for family in text_string_to_metric_families(text):
@@ -90,30 +90,31 @@ def parse_transfer_counters(text: str, connector: KvConnector | None = None,
     return TransferCounters(**acc)
 
 
-def scrape(base_url: str, timeout_s: float = 10.0, connector: KvConnector | None = None,
+def scrape(base_url: str, timeout_s: float = 10.0, counters: CounterMap | None = None,
            role: str = "decode") -> TransferCounters:
     resp = exact_headers.get(f"{base_url.rstrip('/')}/metrics", timeout=timeout_s)
     resp.raise_for_status()
-    return parse_transfer_counters(resp.text, connector, role)
+    return parse_transfer_counters(resp.text, counters, role)
 
 
 def scrape_all(base_urls: Sequence[str], timeout_s: float = 10.0,
-               connector: KvConnector | None = None, role: str = "decode") -> TransferCounters:
+               counters: CounterMap | None = None, role: str = "decode") -> TransferCounters:
     """Sum counters over several servers of one role (e.g. all decode instances)."""
     total = TransferCounters()
     for url in base_urls:
-        total = total.plus(scrape(url, timeout_s, connector, role))
+        total = total.plus(scrape(url, timeout_s, counters, role))
     return total
 
 
-def scrape_pair(urls_by_role: Mapping[str, Sequence[str]], connector: KvConnector,
+def scrape_pair(urls_by_role: Mapping[str, Sequence[str]], counters: CounterMap,
                 timeout_s: float = 10.0) -> TransferCounters:
-    """A P/D pair's counters: each role's servers contribute what `connector` puts on it (a
-    role without a mapped counter is not scraped, except the decode: the prompt tokens)."""
+    """A P/D pair's counters: each role's servers contribute what the connector's map
+    `counters` puts on it (a role without a mapped counter is not scraped, except the decode:
+    the prompt tokens)."""
     total = TransferCounters()
     for role, urls in urls_by_role.items():
-        if role == "decode" or connector.metrics.counters_from(role):
-            total = total.plus(scrape_all(list(urls), timeout_s, connector, role))
+        if role == "decode" or counters.counters_from(role):
+            total = total.plus(scrape_all(list(urls), timeout_s, counters, role))
     return total
 
 
@@ -132,8 +133,3 @@ def scrape_samples(base_url: str, timeout_s: float = 10.0) -> dict[str, float]:
     resp = exact_headers.get(f"{base_url.rstrip('/')}/metrics", timeout=timeout_s)
     resp.raise_for_status()
     return parse_samples(resp.text)
-
-
-def legacy_counter_names(data: Mapping[str, object]) -> dict[str, object]:
-    """`data` (a record's transfer dict) with counter names of schema 1 renamed."""
-    return {LEGACY_COUNTER_NAMES.get(k, k): v for k, v in data.items()}

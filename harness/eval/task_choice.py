@@ -5,9 +5,9 @@ import logging
 import os
 from dataclasses import dataclass
 
+from harness.core.catalog import ResolvedModel
 from harness.core.real_models import real_model
 from harness.eval.lmeval import default_gsm8k_dir
-from harness.serve.launch.models import ResolvedModel
 from harness.zoo import boundary, registry, shared_prefix
 
 # a task -> its shared-prefix variant (the matrix's prefix_reuse cells: every prompt opens with

@@ -37,8 +37,8 @@ class TransferProof:
     # namespaces' addresses and the UCX transports each server ran with (harness.serve.net.netns
     # TwoHostTopology.evidence); None for a cell on one host
     link: dict | None = None
-    # both sides' KV digests joined per request (harness.run.kv_digest_evidence), or None with
-    # the reason in `kv_digest_skipped` (digests off, or servers the harness did not start)
+    # both sides' KV digests joined per request (harness.run.evidence.kv_digest_evidence), or None
+    # with the reason in `kv_digest_skipped` (digests off, or servers the harness did not start)
     kv_digest: dict | None = None
     kv_digest_skipped: str | None = None
     # requests whose params the proxy named itself, because the connector's prefill answers

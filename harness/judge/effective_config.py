@@ -1,6 +1,6 @@
 """A cell is judged as the cell its servers really ran, or not at all.
 
-Each server's effective configuration (harness.serve.launch.effective_config) is compared with
+Each server's effective configuration (harness.protocol.effective_config) is compared with
 what the cell's id says for that server's role; any difference ("decode ran block 128, the cell
 says 64") turns the verdict into ERROR with that reason. ERROR, not FAIL: nothing is known about
 P/D at the cell's own settings (vLLM ran another cell), and not a new outcome: ERROR already
@@ -15,9 +15,9 @@ from typing import Mapping
 
 from harness.core.cell import Cell
 from harness.core.outcomes import ERROR
+from harness.core.spec_decode import speculative_expectation
 from harness.judge.verdict import Check, Verdict
-from harness.serve.launch.effective_config import EffectiveConfig
-from harness.serve.launch.server_spec import speculative_expectation
+from harness.protocol.effective_config import EffectiveConfig
 
 CHECK = "effective-config"
 REASON_PREFIX = "not judged as this cell (its servers ran another configuration)"

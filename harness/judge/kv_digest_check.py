@@ -1,6 +1,6 @@
 """The kv-digest check: the decode held, byte for byte, the prompt KV its own prefill computed.
 
-Its input is the summary harness.run.kv_digest_evidence builds from both sides' digests. It
+Its input is the summary harness.run.evidence.kv_digest_evidence builds from both sides' digests. It
 fails on any request whose digests differ (naming the first differing layer, K/V, head, token
 range and decode block, and the share of requests affected), whose decode covered other prompt
 positions than the prefill computed, or that could not be compared at all (a side wrote no
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from harness.serve.plugins.kv_digest.digest import KV_NAMES, STATE, KVDigest, LayerKey
+from harness.protocol.kv_digest import KV_NAMES, STATE, KVDigest, LayerKey
 
 
 def describe(evidence: dict) -> tuple[bool, str]:

@@ -20,9 +20,10 @@ failed, not the cell, and a retry is right.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
+from harness.core.cell import Cell
 from harness.core.outcomes import (CONTINUE, ERROR, EXIT_CODES, FAIL, INCONCLUSIVE, PASS, XFAIL,
                                    XPASS)
 from harness.core.reference import ReferenceAccuracy  # noqa: F401 (the judge's input type)
@@ -130,6 +131,13 @@ class Verdict:
             "look": self.look,
             "not_available": list(self.not_available),
         }
+
+
+def as_declared(verdict: Verdict, cell: Cell) -> Verdict:
+    """`verdict` with what `cell` declares, which decides its outcome: a canary is CAUGHT or
+    MISSED, an expected failure XFAIL only when it failed as declared."""
+    return replace(verdict, canary=cell.fault, expected_failure=cell.expected_failure,
+                   expected_failure_match=cell.expected_failure_match)
 
 
 def error(reason: str, expected_failure: str | None = None) -> Verdict:

@@ -2,8 +2,8 @@
 
 A cell judged in a weather other than calm (harness.core.weathers) is judged per request. Every
 request's row joins what the client got (HTTP status, stream error, answer), what the proxy
-recorded, and the KV digests of its prefill and decode (harness.run.kv_digest_evidence), with
-the event the weather injected into it, if any (harness.run.weather). Then:
+recorded, and the KV digests of its prefill and decode (harness.run.evidence.kv_digest_evidence),
+with the event the weather injected into it, if any (harness.run.weather). Then:
 
 * ``weather-happened``   the weather blew as intended (blocks recycled, preemptions counted,
                          events injected): else nothing is said about P/D under it (ERROR);

@@ -80,7 +80,7 @@ def _kv_connector_moves_kv(cell: Cell, ctx: RuleContext) -> str | None:
 def _kv_connector_driven(cell: Cell, ctx: RuleContext) -> str | None:
     """The harness has a module that drives the cell's KV connector (harness.serve.connectors)."""
     row = KV_CONNECTORS.get(cell.kv_connector)
-    if row is None or row.module is not None:
+    if row is None or row.driven:
         return None
     needs = f"; it needs {row.package}" if row.package else ""
     return (f"the harness does not drive kv_connector {cell.kv_connector} ({row.vllm_name}): "

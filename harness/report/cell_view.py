@@ -47,7 +47,7 @@ def _check_detail(checks: list[Mapping[str, Any]], name: str) -> str:
 
 def _evidence(record: Mapping[str, Any] | None) -> dict[str, Any]:
     """The details' evidence lines of one record (empty without one)."""
-    from harness.serve.launch.effective_config import summary as ran
+    from harness.protocol.effective_config import summary as ran
 
     if record is None:
         return {"checks": [], "transfer": "", "digest": "", "bytes": "", "ran": "", "look": ""}

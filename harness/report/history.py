@@ -1,7 +1,7 @@
 """History store: every run's records, appended to one SQLite file (default results/history.sqlite).
 
-Schema (``PRAGMA user_version`` = 2; a version-1 store, whose ``kv_bytes`` column was named
-``nixl_bytes``, is migrated in place on open)::
+Schema (``PRAGMA user_version`` = 2; a version-1 store, whose ``kv_bytes`` column had its only
+connector's name, is migrated in place on open: harness.core.schema_one)::
 
     runs(
       run_id       TEXT PRIMARY KEY,   -- record["run_id"]: one harness invocation
@@ -39,10 +39,12 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from harness.core.schema_one import history_migration
+
 DEFAULT_HISTORY_PATH = "results/history.sqlite"
 SCHEMA_VERSION = 2
 # version -> the statements that bring a store of that version to the next one
-MIGRATIONS = {1: ("ALTER TABLE cells RENAME COLUMN nixl_bytes TO kv_bytes",)}
+MIGRATIONS = {1: history_migration()}
 
 CELL_COLUMNS = (
     "run_id", "cell_id", "model", "runner", "backend", "p_block", "d_block", "tp", "status",

@@ -1,10 +1,11 @@
 """A deployment the harness did not start (harness.run.deployment_file), judged as one cell.
 
-The flow is the normal one (harness.run.runner, harness.run.cell_eval) with the start-up left
-out: the baseline endpoint is evaluated (and re-evaluated at concurrency 1 for the A/A noise
-floor), the P/D endpoint is asked the same questions look after look (harness.judge.sequential),
-the decode (and prefill) /metrics are read before and after the P/D evaluation for the transfer
-evidence, and the same Policy decides; the record goes to the usual results directory.
+The flow is the normal one (harness.run.runner, harness.run.evaluation.cell_eval) with the
+start-up left out: the baseline endpoint is evaluated (and re-evaluated at concurrency 1 for the
+A/A noise floor), the P/D endpoint is asked the same questions look after look
+(harness.judge.sequential), the decode (and prefill) /metrics are read before and after the P/D
+evaluation for the transfer evidence, and the same Policy decides; the record goes to the usual
+results directory.
 
 * ``router: harness-proxy``: the harness starts its own proxy (harness.serve.proxy.app, through
   harness.serve.deploy.ProxyDeployment) in front of the user's prefill and decode servers, so
@@ -41,11 +42,11 @@ from harness.judge.compare import TransferProof, compare
 from harness.judge.verdict import Verdict, decide, error, fail
 from harness.run.deployment_file import (AUTO_TASK, Endpoint, ExternalDeployment,
                                          not_available_checks, to_record)
-from harness.run.cell_eval import evaluation_salt, round_policy
-from harness.run.aa_rerun import finished
+from harness.run.evaluation.cell_eval import evaluation_salt, round_policy
+from harness.run.evaluation.aa_rerun import finished
 from harness.run.runner import BaselineRound, CellResult, Runner
-from harness.run.stages import QuestionOrder, StagedRun
-from harness.run.transfer_evidence import read_proxy_records, transfer_proof
+from harness.run.evaluation.stages import QuestionOrder, StagedRun
+from harness.run.evidence.transfer_evidence import read_proxy_records, transfer_proof
 from harness.serve.connectors.registry import connector_for
 from harness.serve.deploy import ProxyDeployment
 
@@ -152,7 +153,7 @@ def scrape(endpoints: Iterable[Endpoint], environ: Mapping[str, str], timeout_s:
         response = exact_headers.get(endpoint.url, headers=endpoint.headers(environ),
                                      timeout=timeout_s)
         response.raise_for_status()
-        counters = parse_transfer_counters(response.text, connector_for(kv_connector), role)
+        counters = parse_transfer_counters(response.text, connector_for(kv_connector).metrics, role)
         for key, value in asdict(counters).items():
             total[key] += value
     return TransferCounters(**total)

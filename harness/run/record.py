@@ -47,7 +47,7 @@ Schema (version 2) — every key is always present; unknown values are null:
         "decode-0": {"role": "decode-0", "block_size": 128, "attention_backend": "CPU_ATTN",
                      "kv_cache_dtype": "bfloat16", "kv_cache_layout": "LBHNC", "runner": "v1",
                      ..., "sources": {"block_size": "log: ..."}, "not_exposed": {...}},
-        ...} | null                                  # log (harness.serve.launch.effective_config)
+        ...} | null                                  # log (harness.protocol.effective_config)
     }
 
 `effective_config` is written by every run since it was added; older records lack it (readers
@@ -55,33 +55,29 @@ treat it as null), so it is not in RECORD_KEYS.
 
 Paths in "artifacts" are relative to the record's own directory when they lie below it.
 
-Version 1 (before the connector seam) named the transfer counters after NIXL (``nixl_bytes``...)
-and the byte check ``nixl-bytes-exact``; `load_records` reads such records with today's names.
+Version 1 (before the connector seam) named the transfer counters and the byte check after its
+only connector; `load_records` reads such records with today's names (harness.core.schema_one).
 """
 from __future__ import annotations
 
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from harness.core.atomic import atomic_write_json
-from harness.eval.metrics import legacy_counter_names
 from harness.core.redact import redact_data
 from harness.core.safe_paths import under
+from harness.core.schema_one import with_todays_names
 from harness.core.cell import Cell
 from harness.core.options import RunOptions
-from harness.judge.verdict import Policy, Verdict
-from harness.run.effective_config_evidence import with_effective_config
-from harness.run.provenance import hardware, versions
+from harness.run.evidence.provenance import hardware, versions
 from harness.serve.supervision.registry import raise_if_interrupted
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
-# version-1 check names -> today's
-LEGACY_CHECK_NAMES = {"nixl-bytes-exact": "kv-bytes-exact"}
 RECORD_KEYS = (
     "schema_version", "run_id", "created_at", "cell", "versions", "hardware", "options",
     "metrics", "verdict", "timings", "artifacts",
@@ -100,16 +96,7 @@ def upgrade_record(data: dict[str, Any]) -> dict[str, Any]:
     """A record of any readable version with today's names (schema_version left as written)."""
     if data.get("schema_version") == SCHEMA_VERSION:
         return data
-    metrics = data.get("metrics")
-    if isinstance(metrics, dict) and isinstance(metrics.get("transfer"), dict):
-        metrics["transfer"] = legacy_counter_names(metrics["transfer"])
-    verdict = data.get("verdict")
-    for check in (verdict.get("checks") or []) if isinstance(verdict, dict) else []:
-        if isinstance(check, dict) and check.get("name") in LEGACY_CHECK_NAMES:
-            check["name"] = LEGACY_CHECK_NAMES[check["name"]]
-    if isinstance(verdict, dict) and verdict.get("check") in LEGACY_CHECK_NAMES:
-        verdict["check"] = LEGACY_CHECK_NAMES[verdict["check"]]
-    return data
+    return with_todays_names(data)
 
 
 def write_record(results_dir: str | os.PathLike[str], record: Mapping[str, Any]) -> Path:
@@ -170,34 +157,48 @@ def load_records(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return out
 
 
+class DecidedVerdict(Protocol):
+    """A cell's verdict once judged (harness.judge.verdict.Verdict): what a record stores and a
+    run's result reads."""
+
+    status: str
+    reason: str
+    not_available: tuple[str, ...]
+
+    @property
+    def outcome(self) -> str: ...
+
+    @property
+    def exit_code(self) -> int: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
 @dataclass(frozen=True)
 class CellResult:
     cell: Cell
-    verdict: Verdict
+    verdict: DecidedVerdict
     record_path: Path | None
     record: dict
 
 
 @dataclass(frozen=True)
 class Recorder:
-    """Writes each cell's record of one run, and says its verdict on `progress`."""
+    """Writes each cell's record of one run, with the verdict it is given (judged already:
+    harness.run.evidence.effective_config_evidence.record_judged), and says it on `progress`."""
 
     options: RunOptions
-    policy: Policy
+    policy: Mapping[str, Any]      # the judge's policy, as the record's options store it
     run_id: str
     results_root: Path
     progress: Callable[[str], None]
 
-    def record(self, cell: Cell, verdict: Verdict, *, metrics: dict | None = None,
+    def record(self, cell: Cell, verdict: DecidedVerdict, *, metrics: dict | None = None,
                timings: dict | None = None, artifacts: dict | None = None,
-               run_id: str | None = None) -> CellResult:
+               run_id: str | None = None, effective_config: dict | None = None) -> CellResult:
+        """Write `cell`'s record: `verdict` as given, `effective_config` what its servers ran."""
         # no verdict after a stop signal: what failed then is the interruption, not the cell
         raise_if_interrupted()
-        # what the cell declares decides the outcome: a canary is CAUGHT or MISSED, an expected
-        # failure XFAIL only when it failed as declared
-        verdict = replace(verdict, canary=cell.fault, expected_failure=cell.expected_failure,
-                          expected_failure_match=cell.expected_failure_match)
-        verdict, effective_config = with_effective_config(cell, verdict, artifacts)
         run_id = run_id or self.run_id
         record = {
             "schema_version": SCHEMA_VERSION,
@@ -206,7 +207,7 @@ class Recorder:
             "cell": cell.to_dict(),
             "versions": versions(cell.kv_connector),
             "hardware": hardware(cell.device),
-            "options": {**self.options.to_dict(), "policy": asdict(self.policy)},
+            "options": {**self.options.to_dict(), "policy": dict(self.policy)},
             "metrics": metrics or {},
             "verdict": verdict.to_dict(),
             "timings": timings or {}, "effective_config": effective_config,

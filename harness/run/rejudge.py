@@ -2,9 +2,10 @@
 
 A record keeps its comparison's numbers (metrics), the proxy's per-request records and the
 server logs (gzipped once committed: results/reference/*). Re-judging rebuilds the transfer proof
-from those files with today's KV geometry and byte account (harness.run.transfer_evidence), puts
-it in the recorded comparison and decides again (harness.judge.verdict.decide), so a fix of the
-judge's expectation is tried on the evidence that showed the fault, with no server started.
+from those files with today's KV geometry and byte account
+(harness.run.evidence.transfer_evidence), puts it in the recorded comparison and decides again
+(harness.judge.verdict.decide), so a fix of the judge's expectation is tried on the evidence that
+showed the fault, with no server started.
 
 Taken as recorded, because their sources are gone: the connector's counters (a /metrics delta of
 servers long stopped), the KV digest evidence and the network link (their files are not kept),
@@ -31,9 +32,9 @@ from harness.core.weathers import DEFAULT_WEATHER
 from harness.eval.metrics import TransferCounters
 from harness.judge import stats
 from harness.judge.compare import Comparison, TransferProof
-from harness.judge.verdict import Policy, Verdict, decide
+from harness.judge.verdict import Policy, Verdict, as_declared, decide
 from harness.run.record import upgrade_record
-from harness.run.transfer_evidence import ByteGeometry, read_proxy_records, transfer_proof
+from harness.run.evidence.transfer_evidence import ByteGeometry, read_proxy_records, transfer_proof
 
 
 @dataclass(frozen=True)
@@ -143,9 +144,7 @@ def rejudge(record_path: str | Path) -> Rejudged:
     verdict = decide(cmp, policy, cell.expected_failure, reference=reference,
                      previous_n=looks[-2]["n"] if len(looks) >= 2 else None,
                      random_weights=model.random_weights)
-    verdict = dataclasses.replace(verdict, canary=cell.fault,
-                                  expected_failure_match=cell.expected_failure_match)
-    return Rejudged(record, cmp, verdict)
+    return Rejudged(record, cmp, as_declared(verdict, cell))
 
 
 __all__ = ["Rejudged", "rejudge"]

@@ -4,7 +4,7 @@ Cell → Deployment → Endpoint → EvalRun → Comparison → Verdict → Reco
 Servers are shared: one baseline per `baseline_key` (its EvalRun is reused by every cell of the
 group), one P/D pair per `pair_key` (cells that differ only in a proxy-side fault reuse it). The
 next pair of a group is launched while the current one is being evaluated, and on CPU the next
-group's baseline and first pair while the group's last pair is (harness.run.groups_ahead).
+group's baseline and first pair while the group's last pair is (harness.run.plan.groups_ahead).
 """
 from __future__ import annotations
 
@@ -12,20 +12,21 @@ import logging
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from harness.core.cell import Cell
 from harness.core.options import RunOptions
 from harness.judge.verdict import Policy, Verdict, error, fail
-from harness.run.aa_rerun import AAReruns, BaselineGate
-from harness.run.baseline_rounds import BaselineRounds
-from harness.run.cell_eval import CellEvaluator
-from harness.run.group_plan import GroupPlan, GroupPlanner
-from harness.run.groups_ahead import GroupsAhead, first_group
+from harness.run.evaluation.aa_rerun import AAReruns, BaselineGate
+from harness.run.evaluation.baseline_rounds import BaselineRounds
+from harness.run.evaluation.cell_eval import CellEvaluator
+from harness.run.evidence.effective_config_evidence import record_judged
+from harness.run.plan.group_plan import GroupPlan, GroupPlanner
+from harness.run.plan.groups_ahead import GroupsAhead, first_group
 from harness.run.record import CellResult, Recorder, write_record
-from harness.run.stages import BaselineRound, EndpointAsker
+from harness.run.evaluation.stages import BaselineRound, EndpointAsker
 from harness.serve.deploy import DeployContext, Deployment, Endpoint, Placement, ProxyDeployment
 from harness.serve.host.ports import PortAllocator
 from harness.serve.host.start_slots import StartSlots
@@ -86,7 +87,8 @@ class Runner:
         self.allocator = self.deploy.allocator
         self.peak_rss_bytes = 0
         self.planner = GroupPlanner(options, self.deploy, frozenset(hybrid_models))
-        self.recorder = Recorder(options, policy, self.run_id, self.results_root, self.progress)
+        self.recorder = Recorder(options, asdict(policy), self.run_id, self.results_root,
+                                 self.progress)
         self.ask = EndpointAsker(options)
         self.baseline_rounds = BaselineRounds(options, self.ask, self.results_root, self.run_id,
                                               self.progress)
@@ -95,8 +97,8 @@ class Runner:
         self.ahead = GroupsAhead(self.planner, self.progress)   # started during a last pair
 
     def record(self, cell: Cell, verdict: Verdict, **parts: Any) -> CellResult:
-        """`cell`'s record (harness.run.record.Recorder.record)."""
-        return self.recorder.record(cell, verdict, **parts)
+        """`cell`'s record, `verdict` judged as declared and as ran (record_judged)."""
+        return record_judged(self.recorder, cell, verdict, **parts)
 
     # -- running servers for a caller's own requests (the pytest plugin's fixtures) --------------
     @contextmanager
@@ -183,8 +185,8 @@ class Runner:
 
     def _evaluate_baseline(self, turn: _Turn, baseline: Deployment,
                            aa_reruns: AAReruns) -> list[BaselineRound]:
-        """Every repeat's baseline round (harness.run.baseline_rounds); a baseline that fails to
-        answer is every cell's ERROR."""
+        """Every repeat's baseline round (harness.run.evaluation.baseline_rounds); a baseline that
+        fails to answer is every cell's ERROR."""
         try:
             return self.baseline_rounds.evaluate(turn.plan, baseline.baseline_endpoint(),
                                                  turn.gate, aa_reruns)

@@ -18,8 +18,8 @@ from harness.eval.metrics import scrape_samples
 from harness.judge.sequential import SequentialPlan
 from harness.judge.weather import (MISSING, NOT_DIGESTED, InjectedEvent, RequestRow,
                                    WeatherJudgement)
-from harness.run.kv_digest_evidence import request_digests
-from harness.run.transfer_evidence import DigestFiles, read_proxy_records
+from harness.run.evidence.kv_digest_evidence import request_digests
+from harness.run.evidence.transfer_evidence import DigestFiles, read_proxy_records
 from harness.run.weather import weather_for
 from harness.run.weather.base import SoakQuestion, Weather, WeatherRun, Workload
 from harness.serve.deploy import Deployment

@@ -39,7 +39,7 @@ def measure(name: str, *, limit: int = 200, startup_timeout_s: float = 600.0,
     from harness.eval.lmeval import evaluate_endpoint
     from harness.serve.launch.models import resolve
     from harness.serve.host.ports import PortAllocator
-    from harness.run.provenance import versions
+    from harness.run.evidence.provenance import versions
     from harness.eval.task_choice import default_data_dir
     from harness.serve.launch.server_spec import Features
     from harness.zoo import card

@@ -29,8 +29,8 @@ from harness.serve.launch.placement import Placement
 from harness.serve.host.ports import PortAllocator
 from harness.serve.supervision import autogroup
 from harness.serve.supervision.process import ManagedProcess, ServerStartTimeout
-from harness.serve.plugins.faults.spec import BY_REQUEST
-from harness.serve.plugins.kv_digest.hook import DIGEST_FILE_ENV
+from harness.protocol.faults import BY_REQUEST
+from harness.protocol.kv_digest import DIGEST_FILE_ENV
 from harness.serve.launch.server_spec import (Features, ServerSpec, build_argv, build_env,
                                        cpu_affinity, engine_settings, forks_engine,
                                        render_command)
@@ -163,7 +163,7 @@ class Deployment:
         """Each server's launch line as `_process` starts it (its env, `ip netns exec`)."""
         return [render_command(s, self.features, env=self._env(s, {})) for s in self.specs]
 
-    def digest_path(self, spec: ServerSpec) -> Path:   # harness.serve.plugins.kv_digest.hook
+    def digest_path(self, spec: ServerSpec) -> Path:   # harness.protocol.kv_digest
         return self.log_dir / f"{self.name}-{spec.name}.kv-digest.jsonl"
 
     def digest_files(self, role: str) -> list[str]:

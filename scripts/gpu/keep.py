@@ -38,7 +38,7 @@ def keep(run: Path, dest: Path, samples_glob: str | None) -> list[str]:
             shutil.copy2(run / name, dest / name)
     if (run / "console").is_dir():
         shutil.copytree(run / "console", dest / "console", dirs_exist_ok=True)
-    # a packed run's <group>/ (harness.run.packed), a one-group run's own directory, or the
+    # a packed run's <group>/ (harness.run.plan.packed), a one-group run's own directory, or the
     # records/<group run>/ of the reference runs before `run` packed GPUs itself
     pattern = ("records/*/*.json" if (run / "records").is_dir()
                else "*/*.json" if (run / "packing.json").exists() else "*.json")

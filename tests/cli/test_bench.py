@@ -32,7 +32,7 @@ def test_cpu_load_is_printed(capsys):
     import time as _time
 
     from harness.cli.bench import print_cpu_load
-    from harness.run.cpu_load import CpuLoadSampler
+    from harness.run.evidence.cpu_load import CpuLoadSampler
     from rich.console import Console
 
     with CpuLoadSampler(interval_s=0.02) as sampler:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from harness.cli.main import main
 from harness.core.cell import Cell
-from harness.run.packing import warm_key
+from harness.run.plan.packing import warm_key
 
 
 def test_warm_refuses_an_unknown_cell_before_any_server(capsys):

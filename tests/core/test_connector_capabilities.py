@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -20,21 +18,20 @@ from harness.core.weathers import resolved_params
 from harness.judge.kv_digest_check import entered
 from harness.matrix import load_matrix
 from harness.matrix.rules import check_cell
-from harness.run.provenance import versions
+from harness.run.evidence.provenance import versions
 from harness.run.weather import weather_for
 from harness.run.weather.base import WeatherRun
 from harness.serve.connectors import registry
 from harness.serve.connectors.base import KvConnector, LogPatterns, MetricMap
-from harness.serve.plugins.faults.late_read import HELD_PREFIX
+from harness.protocol.late_read import HELD_PREFIX
 from harness.serve.proxy.hops import new_request_id
 
 CPU = PlatformInfo()
 CATALOG = load_matrix().models
 VALUE = "made-up"
-MODULE = "made_up_connector_for_tests"
 
 ROW = ConnectorRow(
-    "MadeUpConnector", "json:loads", ("cpu", "cuda"), module=MODULE, label="MadeUp",
+    "MadeUpConnector", "json:loads", ("cpu", "cuda"), driven=True, label="MadeUp",
     weathers=("expiry", "load-failures"), block_sizes=ANY_BLOCKS,
     refusals={KV_DTYPE_MIX: Refusal(how="its handshake says 'dtypes differ, made-up'",
                                     fails_with="dtypes differ, made-up")},
@@ -52,13 +49,11 @@ CONNECTOR = KvConnector(
 
 @pytest.fixture
 def made_up(monkeypatch):
-    module = types.ModuleType(MODULE)
-    module.CONNECTOR = CONNECTOR
-    monkeypatch.setitem(sys.modules, MODULE, module)
     monkeypatch.setitem(kv_connectors.KV_CONNECTORS, VALUE, ROW)
-    registry.connector_for.cache_clear()
+    monkeypatch.setitem(registry.CONNECTORS, VALUE, CONNECTOR)
+    registry.log_patterns.cache_clear()
     yield
-    registry.connector_for.cache_clear()
+    registry.log_patterns.cache_clear()
 
 
 def problems(cell: Cell) -> dict[str, object]:
@@ -155,8 +150,8 @@ def test_only_the_registry_schema_mapping_and_help_name_nixl_outside_the_connect
     """docs/connectors.md lists these modules; a new one that names NIXL is a connector fact
     in the wrong room."""
     root = Path(__file__).resolve().parents[2] / "harness"
-    allowed = {"core/kv_connectors.py", "eval/metrics.py", "run/record.py",
-               "report/history.py", "cli/run.py", "pytest_plugin.py", "core/vllm_hooks.py",
+    allowed = {"core/kv_connectors.py", "core/schema_one.py", "run/record.py", "cli/run.py",
+               "pytest_plugin.py", "core/vllm_hooks.py", "serve/launch/hook_plugins.py",
                "run/releases.py"}
     naming = {str(p.relative_to(root)) for p in root.rglob("*.py")
               if re.search("nixl", p.read_text(), re.I)

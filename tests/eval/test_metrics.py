@@ -10,7 +10,23 @@ from typing import Iterator
 import pytest
 import requests
 
-from harness.eval.metrics import TransferCounters, parse_transfer_counters, scrape, scrape_all
+from harness.eval import metrics
+from harness.eval.metrics import TransferCounters
+from harness.serve.connectors.registry import connector_for
+
+NIXL = connector_for("nixl").metrics     # the decode reads: its pages carry the transfer counters
+
+
+def parse_transfer_counters(text: str, role: str = "decode") -> TransferCounters:
+    return metrics.parse_transfer_counters(text, NIXL, role)
+
+
+def scrape(url: str) -> TransferCounters:
+    return metrics.scrape(url, counters=NIXL)
+
+
+def scrape_all(urls: list[str]) -> TransferCounters:
+    return metrics.scrape_all(urls, counters=NIXL)
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "metrics"
 AFTER_PD = (DATA / "decode_after_pd_request.txt").read_text()
@@ -141,3 +157,9 @@ def test_scrape_all_sums_servers(metrics_servers):
 def test_scrape_raises_on_http_error(metrics_servers):
     with pytest.raises(requests.HTTPError):
         scrape(metrics_servers[2])
+
+
+def test_without_a_connector_map_only_vllms_own_samples_count():
+    own, nixl = metrics.parse_transfer_counters(AFTER_PD), parse_transfer_counters(AFTER_PD)
+    assert own.prompt_tokens_external == nixl.prompt_tokens_external == 1088.0
+    assert own.kv_bytes == 0.0 and own.kv_transfers == 0.0

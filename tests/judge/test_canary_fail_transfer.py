@@ -70,7 +70,7 @@ def test_the_clean_cell_sharing_the_pair_is_unaffected():
 
 
 def pd_requests_failed(failures: list[str], questions: int = 50) -> str:
-    """The reason harness.run.cell_eval gives when the P/D evaluation raised."""
+    """The reason harness.run.evaluation.cell_eval gives when the P/D evaluation raised."""
     exc = RequestsFailed(failures, questions)
     return f"P/D evaluation failed: {type(exc).__name__}: {str(exc)[:300]}"
 

@@ -8,8 +8,10 @@ from harness.core.cell import Cell
 from harness.core.outcomes import ERROR, EXIT_ERROR, PASS, XFAIL
 from harness.judge.effective_config import judged_as_ran, mismatches
 from harness.judge.verdict import Check, Verdict
-from harness.run.effective_config_evidence import with_effective_config
-from harness.serve.launch.effective_config import parse_server_log
+from harness.core.options import RunOptions
+from harness.run.evidence.effective_config_evidence import record_judged, with_effective_config
+from harness.run.record import Recorder
+from harness.protocol.effective_config import parse_server_log
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "server_logs"
 DECODE = (LOGS / "cpu-llama-p32-decode.log").read_text()
@@ -70,14 +72,19 @@ def test_an_expected_failure_matches_the_misconfiguration_not_the_verdict_it_hid
     assert judged_as_ran(declared, CELL, configs(RAISED)).outcome == XFAIL
 
 
-def test_the_record_gets_each_servers_effective_config(tmp_path):
+def raised_block_logs(tmp_path: Path) -> dict[str, str]:
+    """Server logs of a pair whose decode ran block 64 where the cell says 32."""
     logs = {}
     for role, text in (("baseline", BASELINE), ("prefill-0", DECODE), ("decode-0", DECODE + RAISED)):
         path = tmp_path / f"{role}.log"
         path.write_text(text)
         logs[role] = str(path)
     logs["proxy"] = str(tmp_path / "proxy.log")
-    verdict, effective = with_effective_config(CELL, PASSED, {"logs": logs})
+    return logs
+
+
+def test_the_record_gets_each_servers_effective_config(tmp_path):
+    verdict, effective = with_effective_config(CELL, PASSED, {"logs": raised_block_logs(tmp_path)})
     assert set(effective) == {"baseline", "prefill-0", "decode-0"}
     assert effective["decode-0"]["block_size"] == 64 and json.dumps(effective)
     assert verdict.status == ERROR
@@ -117,3 +124,18 @@ def test_a_draft_cell_holds_each_server_to_its_own_count_of_speculative_tokens()
     # ngram stays the decode's and the baseline's: a prefill with no drafts ran the cell
     ngram = {"prefill-0": parse_server_log("prefill-0", DECODE)}
     assert mismatches(CELL.replace(spec_decode="ngram"), ngram) == []
+
+
+def test_the_recorder_stores_the_verdict_it_is_given_judged_once_before(tmp_path):
+    logs = raised_block_logs(tmp_path)
+    recorder = Recorder(RunOptions(results_dir=str(tmp_path)), {"margin": 0.05}, "run-1",
+                        tmp_path, lambda line: None)
+    as_given = recorder.record(CELL, PASSED, artifacts={"logs": logs})
+    assert as_given.verdict is PASSED and as_given.record["verdict"]["status"] == PASS
+    assert as_given.record["effective_config"] is None
+    assert as_given.record["options"]["policy"] == {"margin": 0.05}
+    declared = CELL.replace(expected_failure="ran another block", expected_failure_match="block 64")
+    judged = record_judged(recorder, declared, PASSED, artifacts={"logs": logs})
+    assert judged.verdict.status == ERROR and judged.verdict.outcome == XFAIL
+    assert judged.record["effective_config"]["decode-0"]["block_size"] == 64
+    assert json.loads(judged.record_path.read_text())["verdict"]["outcome"] == XFAIL

@@ -255,7 +255,7 @@ def test_rule_both_sides(rule_name, passing, violating, platform, monkeypatch):
     from harness.core import weathers
 
     monkeypatch.setitem(weathers.WEATHERS, "future",
-                        weathers.WeatherRow("harness.run.weather.calm", min_vllm="0.40"))
+                        weathers.WeatherRow(min_vllm="0.40"))
     ok = check_cell(passing, _platform_for(rule_name, False, platform), CATALOG)
     bad = check_cell(violating, _platform_for(rule_name, True, platform), CATALOG)
     assert rule_name not in [p.rule for p in ok], ok

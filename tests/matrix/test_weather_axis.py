@@ -3,7 +3,6 @@ both ways (unknown weather, a parameter out of bounds, a connector or vLLM that 
 it), the CLI's one line and exit 2, and the server changes a weather makes."""
 from __future__ import annotations
 
-import importlib
 import json
 import textwrap
 from dataclasses import replace
@@ -18,7 +17,7 @@ from harness.core.weathers import (WEATHERS, ServerChanges, WeatherRow, resolved
                                    weather_problem)
 from harness.matrix import MatrixError, expand, load_matrix
 from harness.matrix.rules import check_cell
-from harness.run.weather import weather_for
+from harness.run.weather import DRIVERS, weather_for
 from harness.run.weather.base import Weather
 from harness.serve.launch.server_spec import ServerSpec, build_argv, build_env
 
@@ -33,14 +32,20 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
+def test_every_row_has_a_driver_and_every_driver_a_row(monkeypatch):
+    assert set(DRIVERS) == set(WEATHERS)
+    monkeypatch.setitem(WEATHERS, "undriven", WeatherRow())
+    with pytest.raises(KeyError, match="no driver registered"):
+        weather_for("undriven")
+
+
 @pytest.mark.parametrize("name", sorted(WEATHERS))
-def test_every_row_names_a_module_whose_weather_it_is(name):
+def test_every_row_has_a_driver_of_that_name(name):
     weather = weather_for(name)
     assert isinstance(weather, Weather) and weather.name == name
     params = resolved_params(name, {})
     for role, changes in weather.servers(CELL.replace(weather=name), params).items():
         assert role in ("prefill", "decode") and isinstance(changes, ServerChanges)
-    assert importlib.import_module(WEATHERS[name].module).WEATHER is weather
 
 
 def test_calm_is_absent_from_the_id_and_the_baseline_key():
@@ -103,8 +108,7 @@ def test_weather_problems(weather, params, expected):
 def test_a_share_outside_0_1_is_refused(monkeypatch):
     from harness.core import weathers
 
-    row = WeatherRow("harness.run.weather.calm",
-                     params={"share": weathers.WeatherParam(0.25, **weathers.SHARE)})
+    row = WeatherRow(params={"share": weathers.WeatherParam(0.25, **weathers.SHARE)})
     monkeypatch.setitem(weathers.WEATHERS, "gusty", row)
     assert weather_problem("gusty", {"share": 0.25}) is None
     assert "share must be 0–1, got 1.5" in weather_problem("gusty", {"share": 1.5})
@@ -119,7 +123,7 @@ def test_rules_both_ways(monkeypatch):
     assert [p.rule for p in bad if p.kind == "invalid"] == ["known-weather"]
     # a weather that needs its connector runs with the connectors whose row lists it
     monkeypatch.setitem(weathers.WEATHERS, "pull-only",
-                        WeatherRow("harness.run.weather.calm", needs_connector=True))
+                        WeatherRow(needs_connector=True))
     monkeypatch.setitem(KV_CONNECTORS, "nixl", replace(KV_CONNECTORS["nixl"],
                                                        weathers=("pull-only",)))
     assert not [p for p in check_cell(CELL.replace(weather="pull-only"), CPU, CATALOG)
@@ -127,8 +131,7 @@ def test_rules_both_ways(monkeypatch):
     push = check_cell(CELL.replace(weather="pull-only", kv_connector="nixl-push"), CPU, CATALOG)
     assert any(p.rule == "known-weather" and "cannot be produced with kv_connector nixl-push"
                in p.message for p in push)
-    monkeypatch.setitem(weathers.WEATHERS, "new", WeatherRow("harness.run.weather.calm",
-                                                             min_vllm="0.40"))
+    monkeypatch.setitem(weathers.WEATHERS, "new", WeatherRow(min_vllm="0.40"))
     features = VllmFeatures(version="0.32.0", platform="cpu", attention_backend_flag=True,
                             attention_backend_env=True, v2_runner_env=True,
                             kv_roles=("kv_producer", "kv_consumer"))

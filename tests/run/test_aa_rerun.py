@@ -1,5 +1,6 @@
-"""The baseline's A/A re-run runs in the background (harness.run.aa_rerun): it overlaps the pair's
-start-up and first look, never another request to the baseline, and a look waits for it."""
+"""The baseline's A/A re-run runs in the background (harness.run.evaluation.aa_rerun): it overlaps
+the pair's start-up and first look, never another request to the baseline, and a look waits for
+it."""
 from __future__ import annotations
 
 import threading
@@ -11,10 +12,10 @@ import pytest
 from harness.core.cell import Cell
 from harness.core.options import RunOptions
 from harness.judge.verdict import Policy, fail
-from harness.run import stages
-from harness.run.aa_rerun import AAReruns, BaselineFailed, BaselineGate, finished
-from harness.run.cell_eval import noise_floor_for_look
-from harness.run.stages import BaselineRound, QuestionOrder, StagedRun
+from harness.run.evaluation import stages
+from harness.run.evaluation.aa_rerun import AAReruns, BaselineFailed, BaselineGate, finished
+from harness.run.evaluation.cell_eval import noise_floor_for_look
+from harness.run.evaluation.stages import BaselineRound, QuestionOrder, StagedRun
 from tests.run.test_runner_flow import FakeDeployment, FakeRun, flow  # noqa: F401 - fixture
 
 
@@ -150,7 +151,7 @@ def test_the_last_look_waits_without_asking_more():
 
 
 def test_only_a_cell_expected_to_pass_is_asked_ahead():
-    from harness.run.cell_eval import looks_worth_asking_ahead
+    from harness.run.evaluation.cell_eval import looks_worth_asking_ahead
 
     clean = Cell(model="tiny")
     assert looks_worth_asking_ahead(clean, [100, 200]) == [100, 200]

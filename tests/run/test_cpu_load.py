@@ -6,7 +6,8 @@ import subprocess
 import sys
 import time
 
-from harness.run.cpu_load import CpuLoadSampler, cpu_shares, parse_proc_stat, parse_task_stat
+from harness.run.evidence.cpu_load import (CpuLoadSampler, cpu_shares, parse_proc_stat,
+                                           parse_task_stat)
 
 STAT = """cpu  100 0 50 800 10 0 0 40 0 0
 cpu0 50 0 25 400 5 0 0 20 0 0
@@ -52,7 +53,7 @@ def test_sampler_sees_a_spinning_child_process():
 
 
 def test_spread_and_the_pd_window():
-    from harness.run.cpu_load import spread
+    from harness.run.evidence.cpu_load import spread
 
     assert spread("q", [3, 1, 2]) == {"q_mean": 2.0, "q_p95": 3, "q_max": 3}
     assert spread("q", []) == {"q_mean": None, "q_p95": None, "q_max": None}

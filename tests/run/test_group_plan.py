@@ -1,5 +1,5 @@
-"""A group's plan (harness.run.group_plan): its pairs, their order, which pair is armed, and that
-every server is planned from the run's one DeployContext (no server starts)."""
+"""A group's plan (harness.run.plan.group_plan): its pairs, their order, which pair is armed, and
+that every server is planned from the run's one DeployContext (no server starts)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,8 +8,8 @@ import pytest
 
 from harness.core.cell import Cell
 from harness.core.options import RunOptions
-from harness.run import group_plan
-from harness.run.group_plan import GroupPlanner
+from harness.run.plan import group_plan
+from harness.run.plan.group_plan import GroupPlanner
 from harness.serve.deploy import DeployContext
 from harness.serve.launch.models import ResolvedModel
 

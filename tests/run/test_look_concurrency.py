@@ -1,13 +1,14 @@
-"""A look asks the P/D pair and the baseline at the same time (harness.run.cell_eval.both_up_to):
-each side's evaluation waits for the other to have started, which only a concurrent look passes."""
+"""A look asks the P/D pair and the baseline at the same time
+(harness.run.evaluation.cell_eval.both_up_to): each side's evaluation waits for the other to have
+started, which only a concurrent look passes."""
 from __future__ import annotations
 
 import threading
 
 import pytest
 
-from harness.run.cell_eval import both_up_to
-from harness.run.stages import QuestionOrder, StagedRun
+from harness.run.evaluation.cell_eval import both_up_to
+from harness.run.evaluation.stages import QuestionOrder, StagedRun
 
 
 class Answers:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,10 @@ from harness.cli.run_packed import child_options
 from harness.core.cell import Cell
 from harness.core.options import RunOptions, UsageError
 from harness.judge.verdict import Policy
-from harness.run.packed import PackedRun, collect_results, peak_overlap, started_while_another_ran
-from harness.run.packing import (GIB, GpuRoom, Packer, group_jobs, max_parallel_groups,
-                                 model_weight_bytes, server_bytes)
+from harness.run.plan.packed import (PackedRun, collect_results, peak_overlap,
+                                     started_while_another_ran)
+from harness.run.plan.packing import (GIB, GpuRoom, Packer, group_jobs, max_parallel_groups,
+                                      model_weight_bytes, server_bytes)
 from harness.run.record import Recorder
 
 TINY = "tiny-llama-gsm"
@@ -173,8 +175,8 @@ def test_a_packed_run_admits_groups_as_others_end_and_collects_every_cell(tmp_pa
     record = json.loads(packed.write_record().read_text())
     assert record["peak_concurrent_groups"] == 2 and record["max_groups"] == 2
 
-    recorder = Recorder(RunOptions(results_dir=str(tmp_path)), Policy(), "parent", tmp_path,
-                        lambda m: None)
+    recorder = Recorder(RunOptions(results_dir=str(tmp_path)), asdict(Policy()), "parent",
+                        tmp_path, lambda m: None)
     results = collect_results(cells, turns, tmp_path, recorder)
     assert [r.cell.cell_id for r in results] == [c.cell_id for c in cells]
     outcomes = {r.cell.cell_id: r.verdict.outcome for r in results}
@@ -187,7 +189,7 @@ def test_a_packed_run_admits_groups_as_others_end_and_collects_every_cell(tmp_pa
 def test_groups_at_once_is_what_the_packer_admits_in_order():
     jobs = jobs_of([cuda(block=b, runner=r) for b in (16, 64, 128) for r in ("v1", "v2")],
                    kv=int(10.5 * GIB))   # 37.5 GiB a group
-    from harness.run.packing import groups_at_once
+    from harness.run.plan.packing import groups_at_once
     assert groups_at_once(jobs, [GpuRoom(0, 100 * GIB, 100 * GIB)], 8) == 2
     assert groups_at_once(jobs, [GpuRoom(0, 100 * GIB, 100 * GIB)], 1) == 1
     assert groups_at_once(jobs, [GpuRoom(0, 200 * GIB, 200 * GIB)] * 1, 8) == 5

@@ -5,9 +5,9 @@ from harness.core.cell import Cell
 from harness.core.options import RunOptions
 from harness.eval.lmeval import EvalRun
 from harness.eval.task_choice import default_data_dir
-from harness.run.aa_rerun import AAReruns, BaselineGate
-from harness.run.baseline_rounds import BaselineRounds
-from harness.run.group_plan import GroupPlan
+from harness.run.evaluation.aa_rerun import AAReruns, BaselineGate
+from harness.run.evaluation.baseline_rounds import BaselineRounds
+from harness.run.plan.group_plan import GroupPlan
 from harness.serve.deploy import Endpoint
 
 

@@ -10,7 +10,9 @@ import pytest
 from harness.core.cell import Cell
 from harness.core.options import RunOptions
 from harness.judge.verdict import Policy, fail
-from harness.run import cell_eval, group_plan, groups_ahead, runner as runner_mod, stages
+from harness.run.evaluation import cell_eval, stages
+from harness.run.plan import group_plan, groups_ahead
+from harness.run import runner as runner_mod
 from harness.serve.launch.models import ResolvedModel
 from harness.serve.supervision.process import ServerDiedError
 
@@ -94,8 +96,8 @@ def test_pairs_start_while_the_previous_one_is_evaluated(flow):
     runner, events, progress, _ = flow
     a, b = cells()
     results = runner.run([a, b])
-    # the A/A re-run is asked in the background (harness.run.aa_rerun): after the first run,
-    # at some point while the pairs start and answer
+    # the A/A re-run is asked in the background (harness.run.evaluation.aa_rerun): after the first
+    # run, at some point while the pairs start and answer
     assert events.index("evaluate baseline-aa") > events.index("evaluate baseline")
     events.remove("evaluate baseline-aa")
     assert events == [

@@ -4,9 +4,10 @@ from __future__ import annotations
 import json
 
 from harness.eval.metrics import TransferCounters
-from harness.run.provenance import hardware, versions
-from harness.run.transfer_evidence import count_fault_lines, read_proxy_records, transfer_proof
-from harness.serve.plugins.faults.spec import APPLIED_PREFIX
+from harness.run.evidence.provenance import hardware, versions
+from harness.run.evidence.transfer_evidence import (count_fault_lines, read_proxy_records,
+                                                    transfer_proof)
+from harness.protocol.faults import APPLIED_PREFIX
 
 COUNTERS = TransferCounters(prompt_tokens_external=300.0, kv_bytes=1e6, kv_transfers=3.0)
 
@@ -104,7 +105,7 @@ def test_versions_and_hardware_shapes():
 
 
 def test_cpu_isa_names_the_extensions_that_decide_bf16_speed():
-    from harness.run.provenance import cpu_isa
+    from harness.run.evidence.provenance import cpu_isa
 
     avx2_only = "processor\t: 0\nflags\t\t: fpu sse2 avx f16c fma avx2 sha_ni\n"
     sapphire = ("flags\t\t: avx2 avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile\n"
@@ -117,7 +118,7 @@ def test_cpu_isa_names_the_extensions_that_decide_bf16_speed():
 
 def test_hardware_names_the_gpus_platform_detection_sees(monkeypatch):
     from harness.core.platform import GpuDevice
-    from harness.run import provenance
+    from harness.run.evidence import provenance
 
     devices = [GpuDevice(3, "NVIDIA H200", 141 * 2**30), GpuDevice(5, "NVIDIA H200", 141 * 2**30)]
     monkeypatch.setattr(provenance, "detect_gpus", lambda: devices)

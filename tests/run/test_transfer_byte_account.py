@@ -4,8 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.eval.metrics import TransferCounters
-from harness.run.transfer_evidence import (ByteGeometry, forced_block_size_from_logs,
-                                           state_bytes_from_logs, transfer_proof)
+from harness.run.evidence.transfer_evidence import (ByteGeometry, forced_block_size_from_logs,
+                                                    state_bytes_from_logs, transfer_proof)
 
 ZOO = Path(__file__).resolve().parents[2] / "harness" / "zoo" / "checkpoints"
 LINE = ("(Worker pid=30126) INFO 12-01 14:35:21 [base_worker.py:1761] Hybrid SSM registration: "
@@ -121,8 +121,8 @@ def test_a_connector_the_digest_plugin_does_not_hook_leaves_the_digest_out_sayin
     import dataclasses
     from types import SimpleNamespace
 
-    from harness.run import transfer_evidence
-    from harness.run.transfer_evidence import DigestFiles
+    from harness.run.evidence import transfer_evidence
+    from harness.run.evidence.transfer_evidence import DigestFiles
     from harness.serve.connectors.nixl_push import CONNECTOR as PUSH
 
     def pair(connector: str):
@@ -145,7 +145,7 @@ def test_a_connector_the_digest_plugin_does_not_hook_leaves_the_digest_out_sayin
 
 def test_a_connector_whose_prefill_answers_nothing_counts_the_proxys_handle_and_says_so():
     from harness.eval.metrics import TransferCounters
-    from harness.run.transfer_evidence import transfer_proof
+    from harness.run.evidence.transfer_evidence import transfer_proof
     from harness.serve.connectors.registry import connector_for
 
     mooncake = connector_for("mooncake")

@@ -8,7 +8,7 @@ import subprocess
 from types import SimpleNamespace
 
 from harness.eval.metrics import TransferCounters
-from harness.run.transfer_evidence import link_evidence, link_start, transfer_proof
+from harness.run.evidence.transfer_evidence import link_evidence, link_start, transfer_proof
 from harness.serve.net.netns import TwoHostTopology
 from harness.serve.net.netns_plan import TopologyPlan
 

@@ -8,7 +8,7 @@ import pytest
 
 from harness.core.cell import Cell
 from harness.core.weathers import BOUNDARY_UNIT, resolved_params, weather_problem
-from harness.run.group_plan import weather_task
+from harness.run.plan.group_plan import weather_task
 from harness.run.weather import weather_for
 from harness.run.weather.base import WeatherRun
 from harness.zoo import boundary, task

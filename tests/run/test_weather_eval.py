@@ -14,7 +14,7 @@ from harness.run.weather.base import WeatherRun
 from harness.run.weather.load import WEATHER as LOAD, cache_tokens, max_in_flight
 from harness.run.weather_eval import client_status, request_rows, weather_plan, with_events
 from harness.serve.plugins.faults import early_release
-from harness.serve.plugins.faults.spec import (FaultSpec, parse_request_fault, request_tag_for)
+from harness.protocol.faults import (FaultSpec, parse_request_fault, request_tag_for)
 
 
 def q(doc: int, error: str | None = None, correct: bool = True) -> QuestionRecord:

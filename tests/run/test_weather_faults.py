@@ -22,7 +22,7 @@ def weather_tag(cell: Cell) -> str:
     """The proxy's request tag of `cell`'s weather ("" when it tags nothing)."""
     params = resolved_params(cell.weather, cell.weather_settings)
     return weather_for(cell.weather).workload(cell, params).request_tag or ""
-from harness.serve.plugins.faults.late_read import HELD_PREFIX
+from harness.protocol.late_read import HELD_PREFIX
 from harness.serve.proxy.hops import new_request_id, tag_for
 
 CPU = PlatformInfo()

@@ -14,7 +14,7 @@ from harness.run.weather import weather_for
 from harness.run.weather.base import SoakQuestion
 from harness.run.weather.soak import SoakDriver, soak_requests, strict_answer
 from harness.run.weather_eval import with_digests
-from harness.serve.plugins.faults.spec import AFTER_ENV, SHARE_ENV, request_tag_for
+from harness.protocol.faults import AFTER_ENV, SHARE_ENV, request_tag_for
 from harness.serve.proxy.hops import tag_for
 from tests.http_fakes import FakeHttp
 

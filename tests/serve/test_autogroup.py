@@ -11,7 +11,7 @@ from typing import Iterator
 
 import pytest
 
-from harness.run.cpu_load import CpuLoadSampler
+from harness.run.evidence.cpu_load import CpuLoadSampler
 from harness.serve.supervision import autogroup
 
 needs_autogroups = pytest.mark.skipif(not autogroup.enabled(),

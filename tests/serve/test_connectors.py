@@ -2,8 +2,8 @@
 the evidence, and how the harness reads a pair's counters and proxy records through it."""
 from __future__ import annotations
 
-import importlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -13,7 +13,7 @@ from harness.core.kv_connectors import (DEFAULT_KV_CONNECTOR, KV_CONNECTORS, con
                                         driven_connectors)
 from harness.eval.metrics import TransferCounters, parse_transfer_counters
 from harness.serve.connectors.base import KV_COUNTERS, KvConnector, MetricMap
-from harness.serve.connectors.registry import connector_for
+from harness.serve.connectors.registry import CONNECTORS, connector_for
 from harness.serve.launch.server_spec import Features, ServerSpec, build_argv, build_env
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "metrics"
@@ -24,18 +24,27 @@ RECEIVED = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine
             "remote_port": 5600, "tp_size": 1, "transfer_mode": "push"}
 
 
+def test_every_driven_row_has_a_registered_connector_and_no_other_row_one():
+    assert set(CONNECTORS) == set(driven_connectors())
+
+
 @pytest.mark.parametrize("value", driven_connectors())
-def test_every_row_names_a_module_whose_connector_is_its_own(value):
+def test_every_driven_row_has_a_connector_of_its_own(value):
     connector = connector_for(value)
     assert isinstance(connector, KvConnector)
     assert connector.value == value and connector.vllm_name == connector_row(value).vllm_name
-    assert importlib.import_module(connector_row(value).module).CONNECTOR is connector
     assert set(connector.metrics.samples.values()) <= set(KV_COUNTERS)
 
 
 def test_an_unknown_connector_names_the_known_ones():
     with pytest.raises(KeyError, match="nixl, nixl-push"):
         connector_for("no-such")
+
+
+def test_a_driven_row_no_module_registers_says_so(monkeypatch):
+    monkeypatch.setitem(KV_CONNECTORS, "unregistered", KV_CONNECTORS["nixl"])
+    with pytest.raises(KeyError, match="no module of harness.serve.connectors registers it"):
+        connector_for("unregistered")
 
 
 def test_a_connector_the_harness_does_not_drive_says_why():
@@ -57,10 +66,14 @@ def test_every_connector_vllm_registers_has_a_row_with_its_reason_when_not_drive
     assert {row.vllm_name for row in KV_CONNECTORS.values()} == VLLM_032_CONNECTORS
     for value, row in KV_CONNECTORS.items():
         # a connector is driven, or moves no KV, or says why the harness does not drive it
-        assert (row.module is not None) or row.moves_kv or row.not_driven, value
+        assert row.driven or row.moves_kv or row.not_driven, value
         assert set(row.devices) <= {"cpu", "cuda", "rocm"}, value
-        if row.module is None:
-            assert value not in driven_connectors()
+
+
+def test_the_docs_count_the_connectors_the_harness_does_not_drive():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "connectors.md").read_text()
+    said = int(re.search(r"The other (\d+) connectors vLLM registers", text).group(1))
+    assert said == len(KV_CONNECTORS) - len(driven_connectors())
 
 
 def test_the_installed_vllm_registers_exactly_the_table():
@@ -131,13 +144,13 @@ def test_push_hands_the_decode_coordinates_and_accounts_the_prefills_blocks():
 def test_push_counters_come_from_the_writer():
     """A pull decode READs and counts; a push prefill WRITEs and counts: the same page read as
     the other role gives the prompt tokens only (decode) or the transfer counters only (prefill)."""
-    pull = parse_transfer_counters(AFTER_PD, PULL, "decode")
+    pull = parse_transfer_counters(AFTER_PD, PULL.metrics, "decode")
     assert pull.kv_bytes == pytest.approx(1.1e6) and pull.prompt_tokens_external == 1088.0
-    push_decode = parse_transfer_counters(AFTER_PD, PUSH, "decode")
+    push_decode = parse_transfer_counters(AFTER_PD, PUSH.metrics, "decode")
     assert push_decode.kv_bytes == 0.0 and push_decode.kv_transfers == 0.0
     assert push_decode.prompt_tokens_external == 1088.0
     assert push_decode.failed_notifications == pull.failed_notifications
-    push_prefill = parse_transfer_counters(AFTER_PD, PUSH, "prefill")
+    push_prefill = parse_transfer_counters(AFTER_PD, PUSH.metrics, "prefill")
     assert push_prefill.kv_bytes == pytest.approx(1.1e6) and push_prefill.kv_transfers == 1.0
     assert push_prefill.prompt_tokens_external == 0.0 and push_prefill.requests_finished == 0.0
     assert push_decode.plus(push_prefill) == pull
@@ -188,8 +201,8 @@ def test_mooncake_counters_come_from_the_writer_and_the_decodes_failed_reads():
             'vllm:mooncake_transfers_total{engine="0"} 2.0\n'
             "# TYPE vllm:mooncake_num_failed_recvs counter\n"
             'vllm:mooncake_num_failed_recvs_total{engine="0"} 1.0\n')
-    prefill = parse_transfer_counters(page, MOONCAKE, "prefill")
-    decode = parse_transfer_counters(page, MOONCAKE, "decode")
+    prefill = parse_transfer_counters(page, MOONCAKE.metrics, "prefill")
+    decode = parse_transfer_counters(page, MOONCAKE.metrics, "decode")
     assert (prefill.kv_bytes, prefill.kv_transfers, prefill.failed_notifications) == (4096, 2, 0)
     assert (decode.kv_bytes, decode.failed_notifications) == (0, 1)
 

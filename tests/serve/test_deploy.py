@@ -54,7 +54,7 @@ def test_cpu_binding_gives_each_tp_rank_a_core():
 
 
 def test_pd_servers_write_kv_digests_next_to_their_logs_unless_turned_off(tmp_path, monkeypatch):
-    from harness.serve.plugins.kv_digest.hook import DIGEST_FILE_ENV
+    from harness.protocol.kv_digest import DIGEST_FILE_ENV
 
     monkeypatch.setenv(DIGEST_FILE_ENV, "/inherited/from/the/shell.jsonl")
     cell = Cell(model="tiny-llama-gsm")

@@ -9,12 +9,12 @@ import types
 
 import pytest
 
-from harness.run.transfer_evidence import count_fault_lines
+from harness.run.evidence.transfer_evidence import count_fault_lines
 from harness.serve.plugins.faults import fail_transfer
-from harness.serve.plugins.faults import spec as fault_spec
+from harness.protocol import faults as fault_spec
 from harness.serve.plugins.faults import decode as faults
-from harness.serve.plugins.faults.spec import (BY_REQUEST, FAIL_TRANSFER, FaultSpec,
-                                              request_tag_for)
+from harness.protocol.faults import (BY_REQUEST, FAIL_TRANSFER, FaultSpec,
+                                     request_tag_for)
 from harness.serve.plugins.kv_events import interface
 from harness.serve.plugins.kv_events.by_connector import nixl
 from harness.serve.plugins.kv_events.interface import Received

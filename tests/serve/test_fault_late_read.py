@@ -6,6 +6,7 @@ import types
 
 import pytest
 
+from harness.protocol.late_read import parse_delay_ms, parse_late_read_log, request_tag
 from harness.serve.plugins.faults import late_read
 from harness.serve.proxy.hops import new_request_id, tag_for
 
@@ -23,29 +24,29 @@ def engine_id(proxy_id: str) -> str:
 
 
 def test_tag_round_trips_through_a_proxy_id_and_vllm_id():
-    tagged = engine_id(new_request_id(late_read.request_tag(4000)))
-    assert late_read.parse_delay_ms(tagged) == 4000
-    assert late_read.parse_delay_ms(engine_id(new_request_id())) is None
+    tagged = engine_id(new_request_id(request_tag(4000)))
+    assert parse_delay_ms(tagged) == 4000
+    assert parse_delay_ms(engine_id(new_request_id())) is None
 
 
 @pytest.mark.parametrize("delay", [0, -5])
 def test_a_delay_must_be_positive(delay):
     with pytest.raises(ValueError, match="positive"):
-        late_read.request_tag(delay)
+        request_tag(delay)
 
 
 def test_share_tags_some_prompts_only():
-    tag = late_read.request_tag(3000) + "@0.3"
+    tag = request_tag(3000) + "@0.3"
     tagged = [tag_for(tag, {"prompt": f"question {i}"}) for i in range(200)]
     share = sum(bool(t) for t in tagged) / len(tagged)
     assert 0.15 < share < 0.45
-    assert all(t in ("", late_read.request_tag(3000)) for t in tagged)
+    assert all(t in ("", request_tag(3000)) for t in tagged)
 
 
 def test_hold_keeps_a_tagged_request_until_its_delay_then_forgets_it():
     clock = Clock()
     hold = late_read.Hold(clock)
-    rid = engine_id(new_request_id(late_read.request_tag(2000)))
+    rid = engine_id(new_request_id(request_tag(2000)))
     assert hold.arrive(rid) == 2000
     clock.now += 1.999
     assert hold.waiting(rid)
@@ -90,7 +91,7 @@ def test_patched_connector_answers_none_while_held_and_stops_heartbeats():
     late_read.patch_class(cls, hold)
     late_read.patch_class(cls, hold)        # idempotent: one wrapper
     connector = cls()
-    held = types.SimpleNamespace(request_id=engine_id(new_request_id(late_read.request_tag(500))))
+    held = types.SimpleNamespace(request_id=engine_id(new_request_id(request_tag(500))))
     clean = types.SimpleNamespace(request_id=engine_id(new_request_id()))
     for request in (held, clean):
         connector.on_new_request(request)
@@ -104,14 +105,14 @@ def test_patched_connector_answers_none_while_held_and_stops_heartbeats():
 def test_log_lines_read_back(caplog):
     clock = Clock()
     hold = late_read.Hold(clock)
-    rid = engine_id(new_request_id(late_read.request_tag(4000)))
+    rid = engine_id(new_request_id(request_tag(4000)))
     cls = fake_connector_class()
     late_read.patch_class(cls, hold)
     with caplog.at_level("WARNING", logger="vllm.pd_accuracy.late_read"):
         cls().on_new_request(types.SimpleNamespace(request_id=rid))
         clock.now += 4.2
         hold.waiting(rid)
-    lines = late_read.parse_late_read_log(caplog.text)
+    lines = parse_late_read_log(caplog.text)
     assert [(l.event, l.request_id, l.delay_ms) for l in lines] == [
         ("held", rid, 4000), ("released", rid, 4000)]
     assert lines[0].heartbeat == "stopped" and lines[1].waited_ms == 4200

@@ -16,14 +16,8 @@ import pytest
 
 from harness.serve.plugins.kv_digest.layout import KVLayout, canonical_kv, kernel_block_ids
 from harness.judge.kv_digest_check import DigestMismatch, compare_digests
-from harness.serve.plugins.kv_digest.digest import (
-    KVDigest,
-    digest,
-    digest_layer,
-    digest_state,
-    merge_heads,
-    merge_tp_ranks,
-)
+from harness.protocol.kv_digest import KVDigest, chunk_bounds, merge_heads, merge_tp_ranks
+from harness.serve.plugins.kv_digest.digest import digest, digest_layer, digest_state
 
 HEADS, HEAD_DIM, TOKENS, CHUNK = 4, 32, 200, 16
 
@@ -349,9 +343,16 @@ def test_module_imports_without_torch_or_vllm():
     assert out.stdout.strip() == "[]"
 
 
-def test_token_ranges_are_aligned_to_absolute_prompt_positions():
-    from harness.serve.plugins.kv_digest.digest import chunk_bounds
+def test_the_digest_record_reads_without_numpy_torch_or_vllm():
+    code = ("import sys, harness.protocol.kv_digest; "
+            "print(sorted(m for m in ('numpy', 'torch', 'vllm') if m in sys.modules))")
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"
 
+
+def test_token_ranges_are_aligned_to_absolute_prompt_positions():
     assert chunk_bounds(0, 70, 32) == [(0, 32), (32, 64), (64, 70)]
     assert chunk_bounds(48, 40, 32) == [(48, 64), (64, 88)]
     kv = logical_kv(3)

@@ -11,6 +11,7 @@ import torch
 
 from harness.judge.kv_digest_check import compare_digests
 from harness.serve.plugins.faults.decode import corrupt_block, perturb_block, swap_blocks
+from harness.protocol.kv_digest import HASH_ENV, hash_choice
 from harness.serve.plugins.kv_digest import device_hash
 from harness.serve.plugins.kv_digest.digest import DeviceHasher, digest
 from harness.serve.plugins.kv_digest.layout import KVLayout, canonical_kv_tensor
@@ -186,10 +187,10 @@ def test_fmix64_matches_the_reference_on_uint64():
 
 
 def test_the_hash_choice_is_read_from_the_environment():
-    assert device_hash.hash_choice({}) == "device"
-    assert device_hash.hash_choice({device_hash.HASH_ENV: " BLAKE2B "}) == "blake2b"
+    assert hash_choice({}) == "device"
+    assert hash_choice({HASH_ENV: " BLAKE2B "}) == "blake2b"
     with pytest.raises(ValueError, match="must be one of blake2b, device"):
-        device_hash.hash_choice({device_hash.HASH_ENV: "md5"})
+        hash_choice({HASH_ENV: "md5"})
 
 
 def test_a_view_starting_mid_word_hashes_as_its_copy():

@@ -1,6 +1,6 @@
 """The digest plugin's flow through the connector interface on a stand-in connector (numpy
 caches, no vLLM): the prefill side hashes at the bind after request_finished, the decode side
-when the connector reports its read complete, and harness.run.kv_digest_evidence joins both
+when the connector reports its read complete, and harness.run.evidence.kv_digest_evidence joins both
 through the proxy's records. Evidence that P/D works comes from the real cells (tests/suites);
 this checks the plugin's own bookkeeping."""
 from __future__ import annotations
@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from harness.judge.kv_digest_check import describe
-from harness.run.kv_digest_evidence import digest_evidence
+from harness.run.evidence.kv_digest_evidence import digest_evidence
+from harness.protocol.kv_digest import DIGEST_FILE_ENV, record_line
 from harness.serve.plugins.kv_digest import hook as kv_digest_hook
 from harness.serve.plugins.kv_digest.layout import layout_from_shape
 from harness.serve.plugins.kv_events import interface
@@ -351,7 +352,7 @@ def test_a_recurrent_layers_state_is_hashed_and_a_changed_byte_named(tmp_path, k
     for side, w, ids in (("prefill", p, [[5, 2], [7]]), ("decode", d, [[3, 1], [3]])):
         digests, skipped, _ = kv_digest_hook.digest_request(view_of(w), ids, 0, TOKENS)
         assert state in digests and not skipped
-        lines.append(kv_digest_hook.record_line(
+        lines.append(record_line(
             side, f"cmpl-{PROXY_ID}-{side}", remote_request_id="r", token_offset=0,
             num_tokens=TOKENS, layers=digests, skipped=skipped, elapsed_s=0.0))
     (tmp_path / "p.jsonl").write_text(lines[0].replace(f"cmpl-{PROXY_ID}-prefill", "r") + "\n")
@@ -374,7 +375,7 @@ def test_a_tp2_decode_is_merged_across_its_ranks_before_it_is_compared(tmp_path,
     write_prompt(full, [5, 2], 64, kv)
     lines = []
     digests, _, _ = kv_digest_hook.digest_request(view_of(full), [[5, 2]], 0, TOKENS)
-    lines.append(("p.jsonl", kv_digest_hook.record_line(
+    lines.append(("p.jsonl", record_line(
         "prefill", "r", remote_request_id=None, token_offset=0, num_tokens=TOKENS,
         layers=digests, skipped={}, elapsed_s=0.0)))
     for rank in (1, 0):                       # each decode rank holds one of the two KV heads
@@ -384,7 +385,7 @@ def test_a_tp2_decode_is_merged_across_its_ranks_before_it_is_compared(tmp_path,
             part.caches[name] = np.ascontiguousarray(
                 full.caches[name][:, rank:rank + 1])
         digests, _, _ = kv_digest_hook.digest_request(view_of(part), [[5, 2]], 0, TOKENS)
-        lines.append(("d.jsonl", kv_digest_hook.record_line(
+        lines.append(("d.jsonl", record_line(
             "decode", f"cmpl-{PROXY_ID}-d", remote_request_id="r", token_offset=0,
             num_tokens=TOKENS, layers=digests, skipped={}, elapsed_s=0.0, tp_rank=rank)))
     for name, line in lines:
@@ -416,7 +417,7 @@ def test_a_connector_without_params_joins_the_prefill_the_proxy_sent_the_request
 
 
 def test_a_server_with_an_unknown_hash_says_so_and_digests_nothing(tmp_path, monkeypatch, caplog):
-    monkeypatch.setenv(kv_digest_hook.DIGEST_FILE_ENV, str(tmp_path / "d.jsonl"))
+    monkeypatch.setenv(DIGEST_FILE_ENV, str(tmp_path / "d.jsonl"))
     monkeypatch.setenv("PD_ACCURACY_KV_DIGEST_HASH", "md5")
     monkeypatch.setattr(kv_digest_hook.register, "done", False)
     before = {event: list(found) for event, found in interface._listeners.items()}

@@ -8,12 +8,12 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from harness.serve.plugins.faults import spec as fault_spec
+from harness.protocol import faults as fault_spec
 
 from harness.serve.plugins.faults import decode as faults
 
 from harness.serve.connectors import nixl_idle
-from harness.serve.plugins.faults.spec import FaultOutcome, FaultSpec
+from harness.protocol.faults import FaultOutcome, FaultSpec
 from harness.serve.plugins.kv_events import interface
 from harness.serve.plugins.kv_events.interface import KVView
 

@@ -564,7 +564,7 @@ def test_a_connection_closed_by_the_server_is_retried_once_on_a_new_one() -> Non
 def test_a_share_of_the_questions_carries_the_fault_tag():
     """PD_ACCURACY_FAULT_SHARE: the tag on a fixed share of the prompts (hash, so the same
     questions every run), "" on the others; without a share every request carries it."""
-    from harness.serve.plugins.faults.spec import parse_request_fault, request_tag_for
+    from harness.protocol.faults import parse_request_fault, request_tag_for
     from harness.serve.proxy.hops import tag_for
 
     tag = request_tag_for("corrupt-block", (("PD_ACCURACY_FAULT_BLOCK", "2"),

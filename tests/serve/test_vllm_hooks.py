@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -309,3 +310,13 @@ def test_mooncake_counters_need_vllms_prometheus_helpers():
     metrics = types.SimpleNamespace(KVConnectorPromMetrics=object)
     load = importer({"vllm.distributed.kv_transfer.kv_connector.v1.metrics": metrics})
     assert "no module vllm.v1.metrics.utils" in missing("mooncake-counters", load)
+
+
+def test_every_hook_names_the_module_that_attaches_it():
+    from harness.serve.launch.hook_plugins import HOOK_PLUGINS
+
+    assert set(HOOK_PLUGINS) == {row.name for row in HOOKS}
+    root = Path(__file__).resolve().parents[2]
+    for name, module in HOOK_PLUGINS.items():
+        path = root.joinpath(*module.split("."))
+        assert path.with_suffix(".py").is_file() or (path / "__init__.py").is_file(), name

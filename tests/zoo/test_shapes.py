@@ -77,7 +77,7 @@ def test_shapes_answer_the_zoo_task():
 
 
 def test_a_shape_server_gets_the_kv_budget_its_requests_need_unless_the_run_sets_one(tmp_path):
-    from harness.run.group_plan import GroupPlanner
+    from harness.run.plan.group_plan import GroupPlanner
     from harness.core.options import RunOptions
     from harness.core.cell import Cell
     from harness.serve.deploy import DeployContext, Placement

@@ -23,8 +23,8 @@ from harness.judge.weather import InjectedEvent, WeatherCondition
 from harness.run.weather.base import Weather, WeatherRun, Workload
 from harness.run.weather.tagged import (SERVER_FAULT_ENV, counted, decode_log, events_of,
                                         share_tag, tagged_records)
-from harness.serve.plugins.faults.spec import (FAIL_TRANSFER, FaultSpec, parse_fault_log,
-                                               request_fault_tag)
+from harness.protocol.faults import (FAIL_TRANSFER, FaultSpec, parse_fault_log,
+                                     request_fault_tag)
 
 TAG = request_fault_tag(FaultSpec(FAIL_TRANSFER))
 MARKER = f"fault.{FAIL_TRANSFER}."

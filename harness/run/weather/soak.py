@@ -30,7 +30,7 @@ from harness.judge.weather import MISSING, InjectedEvent, RequestRow, WeatherCon
 from harness.run.weather.base import SoakQuestion, Sustain, WeatherRun, Workload
 from harness.run.weather.load import EVICTED_SAMPLE, Load
 from harness.run.weather.tagged import SERVER_FAULT_ENV, counted, events_of, share_tag, tagged_records
-from harness.serve.plugins.faults.spec import FAIL_TRANSFER, FaultSpec, request_fault_tag
+from harness.protocol.faults import FAIL_TRANSFER, FaultSpec, request_fault_tag
 
 DEFAULT_REQUESTS = {"cpu": 2_000, "cuda": 20_000}
 RECYCLES_WANTED = 10.0      # blocks evicted for reuse, in multiples of the cache: "many times"

@@ -95,7 +95,7 @@ class KvConnector:
     # (the deployment makes a fresh one per pair); None: the connector needs none
     shared_path_key: str | None = None
     # verdict check -> why this connector cannot be held to it: the record says "not available
-    # for <value>: why", never a pass (harness.run.cell_eval)
+    # for <value>: why", never a pass (harness.run.evaluation.cell_eval)
     not_available: Mapping[str, str] = field(default_factory=dict)
     # the kv_connector_extra_config key of how long the prefill holds a request's blocks for
     # its decode (seconds); None: it has no lease (the lease weathers do not run with it)

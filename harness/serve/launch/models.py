@@ -3,10 +3,9 @@ config.json (harness.core.model_config: hybrid or dense, shape), without importi
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
-from harness.core.catalog import ModelInfo
+from harness.core.catalog import ModelInfo, ResolvedModel
 from harness.core.model_config import ModelConfigError, facts_from_config, hub_cache_config, read_config
 from harness.core.real_models import expected_reference
 from harness.core.reference import ReferenceAccuracy
@@ -15,26 +14,6 @@ from harness.zoo import shapes
 
 class ModelNotFound(ValueError):
     """A model that is neither a zoo name, a loadable local path nor a hub id; str() is one line."""
-
-
-@dataclass(frozen=True)
-class ResolvedModel:
-    name: str            # what the cell said
-    path: str            # what vLLM gets as --model
-    local: bool          # a directory on this machine (else a hub id)
-    hybrid: bool
-    architecture: str | None
-    facts: ModelInfo | None = None   # from its config.json (None: a hub id not cached here)
-    # a local directory with a config.json and no weight file (harness.zoo.shapes): vLLM fills
-    # the weights itself (--load-format dummy) and the answers say nothing
-    random_weights: bool = False
-    kv_cache_bytes: int | None = None   # the KV budget a server needs (harness.zoo.shapes)
-
-    @property
-    def load_format(self) -> str | None:
-        return "dummy" if self.random_weights else None
-
-
 
 
 def _zoo_path(name: str) -> str | None:

@@ -16,35 +16,18 @@ from typing import Any, Mapping, Sequence
 from harness.core.cell import Cell
 from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR
 from harness.core.weathers import ServerChanges
+from harness.core.spec_decode import PREFILL_SPEC_TOKENS, ROLES_GENERATING, SPEC_DECODE_CONFIGS
 from harness.serve.connectors.registry import connector_for
 from harness.serve.launch import thread_budget
-from harness.serve.plugins.startup.compile_key import ENV as COMPILE_KEY_ENV
-from harness.serve.plugins.startup.fork_start import ENV as FORK_START_ENV
-from harness.serve.plugins.faults.spec import BY_REQUEST, PREFILL_FAULT_ENV
-from harness.serve.plugins.faults.spec import FAULT_KINDS as SERVER_FAULTS
+from harness.protocol.faults import BY_REQUEST, PREFILL_FAULT_ENV
+from harness.protocol.switches import COMPILE_KEY_ENV, FORK_START_ENV
+from harness.protocol.faults import FAULT_KINDS as SERVER_FAULTS
 
 ROLES = ("baseline", "prefill", "decode")
 KV_ROLE_FOR = {"prefill": "kv_producer", "decode": "kv_consumer"}
 # SERVER_FAULTS: the faults that live inside the decode server (the fault plugin's kinds); the
 # others are the proxy's (harness.serve.proxy.hops.PROXY_FAULTS)
 DEFAULT_CPU_KV_CACHE_BYTES = 256 * 1024 * 1024
-# Cell.spec_decode -> vLLM's --speculative-config. ngram proposes the next tokens by matching the
-# last 2-4 generated tokens in the prompt: GSM8K-style answers quote the prompt, so drafts are
-# accepted often and the decode verifies several tokens per step against the received KV.
-SPEC_DECODE_CONFIGS = {
-    "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
-              "prompt_lookup_min": 2},
-    # the zoo's draft for tiny-llama-gsm (same tokenizer); "model" is a zoo name, resolved to its
-    # checkpoint when the argv is built
-    "draft_p1_d3": {"method": "draft_model", "model": "tiny-llama-gsm-draft",
-                    "num_speculative_tokens": 3},
-    "draft_p0_d3": {"method": "draft_model", "model": "tiny-llama-gsm-draft",
-                    "num_speculative_tokens": 3},
-}
-# Draft-model values run on the prefill too, with their own count: vLLM adds the draft's
-# attention layers to the KV cache, and a prefill without them registers fewer layers with
-# its connector than the decode reads
-PREFILL_SPEC_TOKENS = {"draft_p1_d3": 1}
 # vLLM requires max_num_batched_tokens >= max_num_seqs (CPU's default max_num_seqs is 128 per
 # rank): a chunked-prefill budget below it lowers max_num_seqs with it, still far above the
 # evaluation's concurrency
@@ -56,8 +39,6 @@ MAX_NUM_SEQS_CAP = 128
 # gpu-h200-engine-axes-20261201). The evaluation sends at most --concurrency requests at once (16 by
 # default), so 64 is never reached; batches up to 128 tokens stay CUDA-graphed.
 CUDA_MAX_NUM_SEQS = 64
-ROLES_GENERATING = ("baseline", "decode")   # where speculative decoding runs (and, for a
-# draft model, the prefill: PREFILL_SPEC_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -218,16 +199,6 @@ def speculative_config(spec_decode: str, role: str) -> dict[str, Any]:
     if role == "prefill":
         config["num_speculative_tokens"] = PREFILL_SPEC_TOKENS[spec_decode]
     return config
-
-
-def speculative_expectation(spec_decode: str | None, role: str) -> tuple[str, int] | None:
-    """(vLLM's method, speculative tokens) a server of ``role`` runs for a cell's
-    ``spec_decode``; None where it runs none (``role``: baseline, prefill or decode)."""
-    if not spec_decode or (role not in ROLES_GENERATING and spec_decode not in PREFILL_SPEC_TOKENS):
-        return None
-    config = SPEC_DECODE_CONFIGS[spec_decode]
-    tokens = PREFILL_SPEC_TOKENS[spec_decode] if role == "prefill" else config["num_speculative_tokens"]
-    return config["method"], tokens
 
 
 def draft_model_path(spec: ServerSpec) -> str | None:

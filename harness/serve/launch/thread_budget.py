@@ -3,8 +3,8 @@ pinned to, as environment settings `build_env` applies (a value the parent shell
 so a run can compare against vLLM's own behaviour).
 
 A pinned TP1 CPU server is three processes on one core: the API server, the engine core and
-its worker. Sampled every 100 ms during a smoke evaluation (harness.run.cpu_load, `pd-accuracy
-bench`), the threads that want that core are:
+its worker. Sampled every 100 ms during a smoke evaluation (harness.run.evidence.cpu_load,
+`pd-accuracy bench`), the threads that want that core are:
 
 | thread | process | what it does | budget |
 |---|---|---|---|
@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from typing import MutableMapping
 
-from harness.serve.plugins.idle.gloo_groups import ENV as SHARE_GLOO_GROUPS_ENV
-from harness.serve.plugins.idle.mq_spin import ENV as MQ_SPIN_SLEEP_ENV
+from harness.protocol.switches import MQ_SPIN_SLEEP_ENV, SHARE_GLOO_GROUPS_ENV
 
 # variable -> value for every CPU server (GPU servers keep vLLM's spinning: a GPU host has
 # cores to spare and the spin is what keeps its steps back to back)

@@ -7,7 +7,7 @@ is :mod:`harness.serve.plugins.entry`, which every ``register`` is made with:
 * :mod:`harness.serve.plugins.kv_digest.hook` — a digest of each request's prompt KV on both
   sides of the transfer (``PD_ACCURACY_KV_DIGEST_FILE``, unset = off).
 * :mod:`harness.serve.plugins.faults.decode` — canary faults on the decode server's received KV
-  (``PD_ACCURACY_FAULT``, unset = off; :mod:`harness.serve.plugins.faults.spec`).
+  (``PD_ACCURACY_FAULT``, unset = off; :mod:`harness.protocol.faults`).
 * :mod:`harness.serve.plugins.startup` — fork start, the compile-cache key, AMX tile permission.
 * :mod:`harness.serve.plugins.idle.mq_spin` — vLLM's message-queue readers sleep between checks
   instead of yielding the core their writer needs (``PD_ACCURACY_MQ_SPIN_SLEEP_US``; the CPU

@@ -2,7 +2,7 @@
 19 from launch until the harness waits for it, then at nice 0 again.
 
 Why: on CPU the runner starts the next P/D pair, and the next group's baseline and first pair,
-while the current pair is evaluated (harness.run.groups_ahead). Those start-ups had minutes of
+while the current pair is evaluated (harness.run.plan.groups_ahead). Those start-ups had minutes of
 slack, yet at equal priority their threads took the cores from the evaluation and from the
 baseline's A/A re-run that every look waits for (docs/startup.md). At nice 19 they
 run on what the evaluation leaves idle; once waited for they are what the run waits on.

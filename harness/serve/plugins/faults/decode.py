@@ -3,7 +3,7 @@
 The harness must prove it can see broken KV transfer, so a decode server started with
 ``PD_ACCURACY_FAULT`` corrupts each request's KV right after its connector has finished
 receiving it and before the first decode step attends to it. Which fault, which block, and the
-log lines that report it are in :mod:`harness.serve.plugins.faults.spec`; this module does the
+log lines that report it are in :mod:`harness.protocol.faults`; this module does the
 corrupting.
 
 Where it hooks: the connector interface's ``received`` event
@@ -24,7 +24,7 @@ from harness.serve.plugins.faults import early_release, fail_transfer, late_read
 from harness.serve.plugins.kv_events import interface
 from harness.serve.plugins.kv_events.interface import KVView, Received
 from harness.serve.plugins.kv_events.view import is_attention_layer
-from harness.serve.plugins.faults.spec import (
+from harness.protocol.faults import (
     ARMED_PREFIX,
     BY_REQUEST,
     DEFAULT_PERTURB_SCALE,

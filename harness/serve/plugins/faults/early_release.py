@@ -22,10 +22,10 @@ import os
 from typing import Any
 
 from harness.serve.plugins.kv_events import interface
-from harness.serve.plugins.faults.spec import (ARMED_PREFIX, BY_REQUEST, EARLY_RELEASE,
-                                               PREFILL_FAULT_ENV, FaultOutcome, FaultSpec,
-                                               format_fault_line, hold_seconds,
-                                               parse_request_fault)
+from harness.protocol.faults import (ARMED_PREFIX, BY_REQUEST, EARLY_RELEASE,
+                                     PREFILL_FAULT_ENV, FaultOutcome, FaultSpec,
+                                     format_fault_line, hold_seconds,
+                                     parse_request_fault)
 
 logger = logging.getLogger("vllm.pd_accuracy.early_release")
 

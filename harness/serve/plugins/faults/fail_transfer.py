@@ -3,7 +3,7 @@
 vLLM must never serve a failed KV read as a success (the upstream bug class: HTTP 200 with
 garbage, or the previous prompt's answer). This canary makes a tagged request's read fail the
 way a real one does, so that everything after it is vLLM's own failure handling, and the
-harness must see the failure (:mod:`harness.serve.plugins.faults.spec` names the fault, its tag
+harness must see the failure (:mod:`harness.protocol.faults` names the fault, its tag
 and its log lines; :mod:`harness.serve.plugins.faults.decode` arms this module).
 
 Where it hooks: the connector interface's ``arrived`` event
@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from harness.serve.plugins.kv_events import interface
 from harness.serve.plugins.kv_events.interface import KVView, Received
-from harness.serve.plugins.faults.spec import (
+from harness.protocol.faults import (
     ARMED_PREFIX,
     BY_REQUEST,
     FAIL_TRANSFER,

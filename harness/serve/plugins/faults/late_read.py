@@ -7,69 +7,27 @@ finds blocks that may hold another prompt's KV. The decode must answer such a re
 error or a right answer, never a wrong HTTP 200.
 
 How: on the decode's scheduler side of the connector interface, a request whose id carries
-:func:`request_tag` is held back from the connector (``get_num_new_matched_tokens`` answers
-``None``: "cannot tell yet", and vLLM's scheduler skips the request that step) until its delay
-has passed since it arrived (``on_new_request``); and the decode sends no lease-renewal
-heartbeats for it (the connector module's ``stop_lease_renewal``, under
-``kv_events/by_connector/``), so nothing extends the prefill's lease. Then
-the read runs as usual. Each held request gives one :data:`HELD_PREFIX` line when held and one
-when released, which :func:`parse_late_read_log` reads back. Armed by
-:mod:`harness.serve.plugins.faults.decode` under ``PD_ACCURACY_FAULT=by-request``.
+:func:`harness.protocol.late_read.request_tag` is held back from the connector
+(``get_num_new_matched_tokens`` answers ``None``: "cannot tell yet", and vLLM's scheduler skips
+the request that step) until its delay has passed since it arrived (``on_new_request``); and
+the decode sends no lease-renewal heartbeats for it (the connector module's
+``stop_lease_renewal``, under ``kv_events/by_connector/``), so nothing extends the prefill's
+lease. Then the read runs as usual. Each held request gives one :data:`HELD_PREFIX` line when
+held and one when released (the lines and their parser: :mod:`harness.protocol.late_read`).
+Armed by :mod:`harness.serve.plugins.faults.decode` under ``PD_ACCURACY_FAULT=by-request``.
 """
 from __future__ import annotations
 
 import functools
 import logging
-import re
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
+
+from harness.protocol.late_read import HELD_PREFIX, held_line, parse_delay_ms, released_line
 
 logger = logging.getLogger("vllm.pd_accuracy.late_read")
 
-KIND = "late-read"
-HELD_PREFIX = "pd-accuracy late-read:"
-_TAG_RE = re.compile(r"wx\.late-read\.(?P<delay_ms>\d+)\.")
-_LINE_RE = re.compile(
-    r"pd-accuracy late-read: (?P<event>held|released) request=(?P<request>\S+) "
-    r"delay_ms=(?P<delay_ms>\d+)(?: waited_ms=(?P<waited_ms>\d+))?(?: heartbeat=(?P<hb>\S+))?")
 _MARK = "__pd_accuracy_late_read__"
-
-
-def request_tag(delay_ms: int) -> str:
-    """What a late-read request's id carries after ``pdacc-`` (the proxy's request tag)."""
-    if delay_ms <= 0:
-        raise ValueError(f"late-read delay {delay_ms} ms: expected a positive delay")
-    return f"wx.{KIND}.{int(delay_ms)}."
-
-
-def parse_delay_ms(request_id: str) -> int | None:
-    """The read delay a request id asks for, or None for a request to read at once."""
-    match = _TAG_RE.search(request_id)
-    return int(match["delay_ms"]) if match else None
-
-
-@dataclass(frozen=True)
-class LateReadLine:
-    """One parsed late-read line of a decode server log."""
-
-    event: str          # "held" | "released"
-    request_id: str
-    delay_ms: int
-    waited_ms: int | None
-    heartbeat: str | None
-
-
-def parse_late_read_log(log_text: str) -> list[LateReadLine]:
-    """Every late-read line of ``log_text`` (a decode server log), in order."""
-    found = []
-    for line in log_text.splitlines():
-        match = _LINE_RE.search(line) if HELD_PREFIX in line else None
-        if match:
-            found.append(LateReadLine(
-                match["event"], match["request"], int(match["delay_ms"]),
-                int(match["waited_ms"]) if match["waited_ms"] else None, match["hb"]))
-    return found
 
 
 class Hold:
@@ -98,8 +56,7 @@ class Hold:
         if now < until:
             return True
         del self.until[request_id]
-        logger.warning("%s released request=%s delay_ms=%d waited_ms=%d", HELD_PREFIX,
-                       request_id, delay_ms, int((now - arrived) * 1000))
+        logger.warning("%s", released_line(request_id, delay_ms, int((now - arrived) * 1000)))
         return False
 
 
@@ -147,8 +104,7 @@ def patch_class(cls: type, hold: Hold) -> None:
             delay_ms = hold.arrive(request.request_id)
             if delay_ms is not None:
                 heartbeat = stop_heartbeat(self, request.request_id)
-                logger.warning("%s held request=%s delay_ms=%d heartbeat=%s", HELD_PREFIX,
-                               request.request_id, delay_ms, heartbeat)
+                logger.warning("%s", held_line(request.request_id, delay_ms, heartbeat))
         except Exception:  # noqa: BLE001
             logger.exception("%s arrival hook failed", HELD_PREFIX)
         return result

@@ -22,11 +22,11 @@ import logging
 import os
 from typing import Any
 
+from harness.protocol.switches import SHARE_GLOO_GROUPS_ENV as ENV
 from harness.serve.plugins.entry import vllm_plugin
 
 logger = logging.getLogger("vllm.pd_accuracy.gloo_groups")
 
-ENV = "PD_ACCURACY_SHARE_GLOO_GROUPS"
 _SHAREABLE_KWARGS = {"timeout", "group_desc"}   # what does not change a group of one rank
 
 

@@ -29,11 +29,11 @@ from typing import Any, Mapping
 
 import wrapt
 
+from harness.protocol.switches import MQ_SPIN_SLEEP_ENV as ENV
 from harness.serve.plugins.entry import vllm_plugin
 
 logger = logging.getLogger("vllm.pd_accuracy.mq_spin")
 
-ENV = "PD_ACCURACY_MQ_SPIN_SLEEP_US"
 SHM_BROADCAST = "vllm.distributed.device_communicators.shm_broadcast"
 
 

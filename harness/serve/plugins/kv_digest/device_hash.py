@@ -22,14 +22,7 @@ uniform 64-bit values).
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
-
-HASH_ENV = "PD_ACCURACY_KV_DIGEST_HASH"
-# env value -> the function's name in every digest line (two sides are compared only when
-# they name the same one)
-HASH_FUNCTIONS = {"device": "fmix64-sum", "blake2b": "blake2b-64"}
-DEFAULT_HASH = "device"
 
 _MASK64 = (1 << 64) - 1
 SEED = 0x9E3779B97F4A7C15          # the golden ratio's 64 bits: keeps key(0) off fmix64(0) = 0
@@ -41,17 +34,6 @@ def _signed(value: int) -> int:
     """A 64-bit constant as the int64 torch multiplies with (two's complement)."""
     value &= _MASK64
     return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def hash_choice(environ: Any = None) -> str:
-    """The hash the environment asks for (``device`` when unset); ValueError on another."""
-    value = (environ if environ is not None else os.environ).get(HASH_ENV, "").strip().lower()
-    if not value:
-        return DEFAULT_HASH
-    if value not in HASH_FUNCTIONS:
-        raise ValueError(f"{HASH_ENV}={value[:40]!r}: must be one of "
-                         f"{', '.join(sorted(HASH_FUNCTIONS))}")
-    return value
 
 
 def fmix64_(x: Any) -> Any:

@@ -17,76 +17,18 @@ sides is the judge's (harness.judge.kv_digest_check.compare_digests).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass
-from typing import Any, Callable, Mapping, Sequence, Union
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from harness.protocol.kv_digest import HASH_FUNCTIONS, KVDigest, chunk_bounds, hash_choice
 from harness.serve.plugins.kv_digest import device_hash
 from harness.serve.plugins.kv_digest.layout import (KVLayout, canonical_kv, canonical_kv_tensor,
                                                     gather_rows, to_numpy)
 
-KV_NAMES = ("K", "V")
-STATE = "state"
 DIGEST_BYTES = 8  # 64 bits per entry: a chance collision is ~2**-64 per compared entry
 DEFAULT_TOKEN_CHUNK = 128
-LayerKey = Union[str, int]
-
-
-@dataclass(frozen=True)
-class KVDigest:
-    """Hashes of one attention layer's canonical KV: ``hashes[kv][local head][token chunk]``.
-
-    Heads are ``head_offset .. head_offset + num_heads - 1`` in GLOBAL numbering, so a TP rank's
-    digest lines up with the full-head one. Tokens are prompt positions ``token_offset ..
-    token_offset + num_tokens - 1``; chunk boundaries fall on multiples of ``token_chunk`` in
-    that absolute numbering, chunk ``c`` covering ``token_range(c)``.
-    """
-
-    head_offset: int
-    num_tokens: int
-    token_chunk: int
-    dtype: str
-    hashes: tuple[tuple[tuple[str, ...], ...], ...]
-    token_offset: int = 0
-
-    @property
-    def num_heads(self) -> int:
-        return len(self.hashes[0])
-
-    @property
-    def heads(self) -> range:
-        return range(self.head_offset, self.head_offset + self.num_heads)
-
-    def token_range(self, chunk: int) -> tuple[int, int]:
-        """Absolute prompt positions ``[start, end)`` of chunk ``chunk``."""
-        return chunk_bounds(self.token_offset, self.num_tokens, self.token_chunk)[chunk]
-
-    def entries(self) -> dict[tuple[str, int, tuple[int, int]], str]:
-        """``(K|V, global head, (start, end)) -> hash`` for every entry."""
-        return {(KV_NAMES[kv], self.head_offset + head, self.token_range(chunk)): value
-                for kv, per_head in enumerate(self.hashes)
-                for head, per_chunk in enumerate(per_head)
-                for chunk, value in enumerate(per_chunk)}
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (``json`` writes the tuples as lists)."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "KVDigest":
-        hashes = tuple(tuple(tuple(str(h) for h in chunks) for chunks in per_head)
-                       for per_head in data["hashes"])
-        return cls(int(data["head_offset"]), int(data["num_tokens"]), int(data["token_chunk"]),
-                   str(data["dtype"]), hashes, int(data.get("token_offset", 0)))
-
-
-def chunk_bounds(offset: int, num_tokens: int, token_chunk: int) -> list[tuple[int, int]]:
-    """``[start, end)`` of each chunk of positions ``offset .. offset + num_tokens - 1`` when
-    boundaries fall on multiples of ``token_chunk``: the first chunk may be short."""
-    end = offset + num_tokens
-    starts = [offset] + list(range((offset // token_chunk + 1) * token_chunk, end, token_chunk))
-    return [(start, min(nxt, end)) for start, nxt in zip(starts, starts[1:] + [end])]
 
 
 def digest(canonical: Any, token_chunk: int = DEFAULT_TOKEN_CHUNK, head_offset: int = 0,
@@ -94,11 +36,11 @@ def digest(canonical: Any, token_chunk: int = DEFAULT_TOKEN_CHUNK, head_offset: 
     """Hash each ``[kv, head, token chunk]`` slice of a canonical ``[2, H, T, D]`` array;
     ``head_offset`` is the global index of its first head (a TP rank's first KV head),
     ``token_offset`` the prompt position of its first token; ``function``: ``blake2b`` or
-    ``device`` (device_hash.HASH_FUNCTIONS; default: PD_ACCURACY_KV_DIGEST_HASH's).
+    ``device`` (HASH_FUNCTIONS; default: PD_ACCURACY_KV_DIGEST_HASH's).
     """
     if token_chunk < 1:
         raise ValueError(f"token_chunk must be >= 1, got {token_chunk}")
-    if (function or device_hash.hash_choice()) != "blake2b":
+    if (function or hash_choice()) != "blake2b":
         hasher = DeviceHasher()
         result = hasher.canonical(device_hash.as_tensor(canonical), token_chunk, head_offset,
                                   token_offset)
@@ -123,7 +65,7 @@ def digest_layer(cache: Any, block_ids: Sequence[int], num_tokens: int, layout: 
                  token_offset: int = 0, function: str | None = None) -> KVDigest:
     """``digest(canonical_kv(...))`` for one layer: ``block_ids`` hold prompt positions
     ``token_offset .. token_offset + num_tokens - 1`` (the offset is a block boundary)."""
-    function = function or device_hash.hash_choice()
+    function = function or hash_choice()
     if function != "blake2b":
         return digest(canonical_kv_tensor(cache, block_ids, num_tokens, layout), token_chunk,
                       head_offset, token_offset, function)
@@ -135,7 +77,7 @@ def digest_state(state: Any, block_ids: Sequence[int] | None = None,
                  function: str | None = None) -> str:
     """Hash a hybrid model's conv / SSM state's bytes (C order, little-endian): with
     ``block_ids``, those rows of dim 0 (the state cache's block axis), in that order."""
-    if (function or device_hash.hash_choice()) != "blake2b":
+    if (function or hash_choice()) != "blake2b":
         hasher = DeviceHasher()
         result = hasher.state([state], block_ids)
         hasher.start()
@@ -146,38 +88,6 @@ def digest_state(state: Any, block_ids: Sequence[int] | None = None,
     else:
         array = gather_rows(state, np.asarray(block_ids, dtype=np.int64).reshape(-1), 0)
     return hash_array(_little_endian(array))
-
-
-def merge_heads(parts: Sequence[KVDigest]) -> KVDigest:
-    """One layer's digest over all heads from its TP ranks' digests (any order, no gaps)."""
-    ordered = sorted(parts, key=lambda part: part.head_offset)
-    first, offset = ordered[0], ordered[0].head_offset
-    for part in ordered:
-        if (part.num_tokens, part.token_chunk, part.dtype, part.head_offset,
-                part.token_offset) != (first.num_tokens, first.token_chunk, first.dtype, offset,
-                                       first.token_offset):
-            raise ValueError(f"TP digests differ in tokens, chunk or dtype, or heads from "
-                             f"{offset} are missing or repeated")
-        offset += part.num_heads
-    hashes = tuple(sum((part.hashes[kv] for part in ordered), ()) for kv in range(2))
-    return KVDigest(first.head_offset, first.num_tokens, first.token_chunk, first.dtype, hashes,
-                    first.token_offset)
-
-
-def merge_tp_ranks(ranks: Sequence[Mapping[LayerKey, KVDigest | str]]
-                   ) -> dict[LayerKey, KVDigest | str]:
-    """Per-layer digests of a whole TP group from each rank's. A state digest the ranks agree
-    on is kept once; a sharded state's differing ones are kept per rank as ``layer@rank``."""
-    merged: dict[LayerKey, KVDigest | str] = {}
-    for layer in dict.fromkeys(layer for rank in ranks for layer in rank):
-        values = {index: rank[layer] for index, rank in enumerate(ranks) if layer in rank}
-        if all(isinstance(value, KVDigest) for value in values.values()):
-            merged[layer] = merge_heads(list(values.values()))  # type: ignore[arg-type]
-        elif len(set(values.values())) == 1:
-            merged[layer] = next(iter(values.values()))
-        else:
-            merged.update((f"{layer}@{index}", value) for index, value in values.items())
-    return merged
 
 
 def hash_array(array: np.ndarray) -> str:
@@ -194,7 +104,7 @@ Result = Callable[[], Any]
 class Blake2bHasher:
     """The host path: each entry hashed with blake2b as it is read (results ready at once)."""
 
-    name = device_hash.HASH_FUNCTIONS["blake2b"]
+    name = HASH_FUNCTIONS["blake2b"]
     device_s = 0.0
 
     def layer(self, cache: Any, block_ids: Sequence[int], num_tokens: int, layout: KVLayout,
@@ -226,7 +136,7 @@ class DeviceHasher:
     lives; :meth:`start` hashes every layer in one pass per shape and begins the one copy of
     the digests to the host, :meth:`wait` lets the results be read."""
 
-    name = device_hash.HASH_FUNCTIONS["device"]
+    name = HASH_FUNCTIONS["device"]
 
     def __init__(self, device: Any = None) -> None:
         self.batch = device_hash.Batch(device)
@@ -349,5 +259,5 @@ class _Shape:
 
 
 def make_hasher(function: str, device: Any = None) -> Blake2bHasher | DeviceHasher:
-    """The hasher for ``function`` (``device`` or ``blake2b``, device_hash.HASH_FUNCTIONS)."""
+    """The hasher for ``function`` (``device`` or ``blake2b``, HASH_FUNCTIONS)."""
     return Blake2bHasher() if function == "blake2b" else DeviceHasher(device)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import json
 import logging
 import os
 import queue
@@ -34,8 +33,10 @@ import threading
 import time
 from typing import Any, Mapping
 
-from harness.serve.plugins.kv_digest.device_hash import HASH_FUNCTIONS, hash_choice, index_tensor
-from harness.serve.plugins.kv_digest.digest import KVDigest, make_hasher
+from harness.protocol.kv_digest import (DIGEST_FILE_ENV, HASH_FUNCTIONS, RAW_PIECE_TOKENS,
+                                        hash_choice, record_line)
+from harness.serve.plugins.kv_digest.device_hash import index_tensor
+from harness.serve.plugins.kv_digest.digest import make_hasher
 from harness.serve.plugins.kv_events import interface
 from harness.serve.plugins.kv_events.interface import KVView, Received, Sent
 from harness.serve.plugins.kv_events.view import is_attention_layer
@@ -44,44 +45,10 @@ from harness.serve.plugins.entry import vllm_plugin
 
 logger = logging.getLogger("vllm.pd_accuracy.kv_digest")
 
-DIGEST_FILE_ENV = "PD_ACCURACY_KV_DIGEST_FILE"
 TOKEN_CHUNK = 32          # CPU_ATTN blocks are multiples of 32, GPU ones of 16: a prefix hit
                           # starts on a 32-token boundary on CPU
-RAW_PIECE_TOKENS = 16     # raw-byte pieces: a 16-token share of a block's bytes (GPU blocks are
-                          # multiples of 16), so P64 blocks line up with D128 block halves
 SETUP_PREFIX = "pd-accuracy kv-digest-setup:"
 _write_lock = threading.Lock()
-
-
-def record_line(side: str, request_id: str, *, remote_request_id: str | None, token_offset: int,
-                num_tokens: int, layers: Mapping[str, Any], skipped: Mapping[str, str],
-                elapsed_s: float, tp_rank: int = 0, error: str | None = None,
-                raw: Mapping[str, dict] | None = None,
-                host_layers: Mapping[str, Any] | None = None,
-                hash_function: str = HASH_FUNCTIONS["blake2b"],
-                timings: Mapping[str, float] | None = None) -> str:
-    """One request's digest line (what harness.run.kv_digest_evidence reads back). ``raw``:
-    per layer, ``{"block_tokens", "pieces"}``: hashes of the request's blocks' physical bytes in
-    RAW_PIECE_TOKENS pieces, as sent (prefill) or as the connector wrote them, before any
-    post-processing (decode); through a host buffer, the buffer's bytes. ``host_layers``
-    (prefill, host buffer only): the digests of the buffer the connector sends from.
-    ``hash_function`` names the function every hash of the line is of (two sides are compared
-    only when they name the same); ``elapsed_s`` is the digest's whole cost, ``timings`` its
-    parts (``step_s`` on the engine's step, ``device_s`` GPU time, ``resolve_s`` off the step)."""
-    return json.dumps({
-        "side": side, "request_id": request_id, "remote_request_id": remote_request_id,
-        "tp_rank": tp_rank, "token_offset": token_offset, "num_tokens": num_tokens,
-        "hash": hash_function,
-        "layers": {name: d.to_dict() for name, d in layers.items() if isinstance(d, KVDigest)},
-        "states": {name: d for name, d in layers.items() if isinstance(d, str)},
-        "skipped": dict(skipped),
-        "raw": dict(raw or {}),
-        **({"host_layers": {name: d.to_dict() for name, d in host_layers.items()
-                            if isinstance(d, KVDigest)}} if host_layers else {}),
-        "elapsed_s": round(elapsed_s, 6),
-        **{name: round(value, 6) for name, value in (timings or {}).items()},
-        "error": error},
-        separators=(",", ":"))
 
 
 def raw_blocks(cache: Any, kernel_ids: Any, tokens_per_block: int) -> Any:

@@ -20,12 +20,12 @@ import logging
 import os
 from typing import Any, Callable, Mapping
 
+from harness.protocol.switches import COMPILE_KEY_ENV as ENV
 from harness.serve.plugins.kv_events.interface import per_server_env
 from harness.serve.plugins.entry import vllm_plugin
 
 logger = logging.getLogger("vllm.pd_accuracy.compile_key")
 
-ENV = "PD_ACCURACY_SHARED_COMPILE_CACHE"
 # vLLM variables the harness sets per server that never reach a compiled graph
 PER_SERVER_FACTORS = per_server_env()
 _MARK = "_pd_accuracy_compile_key"

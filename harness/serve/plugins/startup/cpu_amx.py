@@ -25,11 +25,11 @@ import logging
 import os
 from typing import Any, Callable, Mapping
 
+from harness.protocol.switches import AMX_PERMISSION_ENV as ENV
 from harness.serve.plugins.entry import vllm_plugin
 
 logger = logging.getLogger("vllm.pd_accuracy.cpu_amx")
 
-ENV = "PD_ACCURACY_AMX_PERMISSION"
 
 
 def wanted(env: Mapping[str, str]) -> bool:

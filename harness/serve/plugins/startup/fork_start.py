@@ -24,11 +24,11 @@ import functools
 import logging
 import os
 from typing import Any
+from harness.protocol.switches import FORK_START_ENV as ENV
 from harness.serve.plugins.entry import vllm_plugin
 
 logger = logging.getLogger("vllm.pd_accuracy.fork_start")
 
-ENV = "PD_ACCURACY_FORK_START"
 METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
 _MARK = "_pd_accuracy_fork_start"
 

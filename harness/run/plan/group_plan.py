@@ -17,7 +17,7 @@ from harness.judge.verdict import ReferenceAccuracy
 from harness.serve.deploy import DeployContext, Deployment, pair_key, plan_baseline, plan_pair
 from harness.serve.launch.models import reference_accuracy, resolve
 from harness.serve.launch.server_spec import SERVER_FAULTS
-from harness.serve.plugins.faults.spec import PREFILL_FAULT_KINDS
+from harness.protocol.faults import PREFILL_FAULT_KINDS
 from harness.core.weathers import ServerChanges, resolved_params
 from harness.run.weather import weather_for
 

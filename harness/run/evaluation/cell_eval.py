@@ -21,17 +21,19 @@ from harness.eval.metrics import TransferCounters
 from harness.judge.compare import Comparison, TransferProof, compare
 from harness.judge.sequential import SequentialPlan
 from harness.judge.verdict import Policy, Verdict, decide, error, fail
-from harness.run.aa_rerun import BaselineFailed
-from harness.run.group_plan import GroupPlan
+from harness.run.evaluation.aa_rerun import BaselineFailed
+from harness.run.evidence.effective_config_evidence import record_judged
+from harness.run.plan.group_plan import GroupPlan
 from harness.run.record import CellResult, Recorder
-from harness.run.stages import BaselineRound, EndpointAsker, QuestionOrder, StagedRun
-from harness.run.transfer_evidence import (ByteGeometry, DigestFiles, link_evidence, link_start,
-                                           pair_counters, read_proxy_records, transfer_proof)
+from harness.run.evaluation.stages import BaselineRound, EndpointAsker, QuestionOrder, StagedRun
+from harness.run.evidence.transfer_evidence import (ByteGeometry, DigestFiles, link_evidence,
+                                                    link_start, pair_counters, read_proxy_records,
+                                                    transfer_proof)
 from harness.serve.connectors.registry import connector_for
 from harness.serve.deploy import DeployContext, Deployment, Endpoint, ProxyDeployment
 from harness.serve.launch.server_spec import draft_model_path
 from harness.serve.launch.vllm_features import hooks_not_available
-from harness.serve.plugins.faults.spec import request_tag_for
+from harness.protocol.faults import request_tag_for
 from harness.serve.supervision.process import most_decisive_line
 from harness.serve.proxy.hops import PROXY_FAULTS
 from harness.core.weathers import DEFAULT_WEATHER
@@ -97,7 +99,7 @@ def looks_worth_asking_ahead(cell: Cell, next_stages: Sequence[int]) -> Sequence
 def noise_floor_for_look(progress: Progress, rnd: BaselineRound, ask_pd: Callable[[int], None],
                          next_stages: Sequence[int]) -> EvalRun | None:
     """The round's A/A re-run, which a look's judge needs. While it is still running on the
-    baseline (harness.run.aa_rerun), the P/D pair is asked the next looks' questions
+    baseline (harness.run.evaluation.aa_rerun), the P/D pair is asked the next looks' questions
     (`ask_pd(n)`, at most LOOKS_AHEAD looks): the pair would idle, and an undecided cell needs
     them next. `ask_pd` takes each of those looks' transfer proof when its questions are in."""
     for n in list(next_stages)[:LOOKS_AHEAD]:
@@ -202,8 +204,8 @@ class CellEvaluator:
         else:
             return self._record_decided(cell, rnd, decided, plan, timings, artifacts,
                                         baseline_asked_s, cell_dir)
-        return self.recorder.record(cell, verdict, artifacts=artifacts, run_id=rnd.run_id,
-                                    timings={**timings, "pd_eval_s": time.monotonic() - started})
+        return record_judged(self.recorder, cell, verdict, artifacts=artifacts, run_id=rnd.run_id,
+                             timings={**timings, "pd_eval_s": time.monotonic() - started})
 
     def _proxy(self, cell: Cell, pair: Deployment, rnd: BaselineRound,
                records_path: Path, weather_tag: str | None = None) -> ProxyDeployment:
@@ -285,8 +287,8 @@ class CellEvaluator:
         timings = {**timings, "pd_eval_s": pd_s, "baseline_more_questions_s": baseline_more_s,
                    "total_s": (timings.get("startup_s", 0) + timings.get("baseline_eval_s", 0)
                                + baseline_more_s + pd_s)}
-        return self.recorder.record(cell, decided.verdict, metrics=metrics, timings=timings,
-                                    artifacts=artifacts, run_id=rnd.run_id)
+        return record_judged(self.recorder, cell, decided.verdict, metrics=metrics,
+                             timings=timings, artifacts=artifacts, run_id=rnd.run_id)
 
 
 def pd_failure_reason(exc: Exception, pair: Deployment) -> str:

@@ -1,5 +1,5 @@
 """A group's baseline rounds: each repeat's first look asked of the baseline server, its samples
-written, and its A/A re-run handed to the background (harness.run.aa_rerun).
+written, and its A/A re-run handed to the background (harness.run.evaluation.aa_rerun).
 
 Every request to the baseline passes the group's `BaselineGate`, so the first run, the A/A
 re-run and a later look's extra questions never share the server's batches.
@@ -12,9 +12,9 @@ from typing import Callable
 
 from harness.core.options import RunOptions
 from harness.eval.lmeval import EvalRun, split_size
-from harness.run.aa_rerun import AAReruns, BaselineGate
-from harness.run.group_plan import GroupPlan
-from harness.run.stages import BaselineRound, EndpointAsker, QuestionOrder, StagedRun
+from harness.run.evaluation.aa_rerun import AAReruns, BaselineGate
+from harness.run.plan.group_plan import GroupPlan
+from harness.run.evaluation.stages import BaselineRound, EndpointAsker, QuestionOrder, StagedRun
 from harness.serve.deploy import Endpoint
 
 

@@ -17,14 +17,14 @@ from harness.judge.byte_accounting import account
 from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR
 from harness.eval.metrics import TransferCounters, scrape_pair
 from harness.judge.compare import TransferProof
-from harness.run.kv_digest_evidence import digest_evidence
+from harness.run.evidence.kv_digest_evidence import digest_evidence
 from harness.serve.connectors.base import PAIR_ROLES, KvConnector
 from harness.serve.connectors.registry import connector_for
 from harness.serve.deploy import Deployment
-from harness.serve.launch.effective_config import FORCED_BLOCK_RE
+from harness.protocol.effective_config import FORCED_BLOCK_RE
 from harness.serve.net.netns import process_env
 from harness.serve.proxy.hops import answer_of
-from harness.serve.plugins.faults.spec import APPLIED_PREFIX, parse_fault_log
+from harness.protocol.faults import APPLIED_PREFIX, parse_fault_log
 
 
 def read_proxy_records(path: str | None) -> list[dict]:
@@ -128,7 +128,7 @@ def pair_counters(pair: Deployment) -> TransferCounters:
     """The pair's transfer counters now: each role's /metrics read through its connector's map
     (a pull connector's decode counts the transfers, a push connector's prefill)."""
     connector = connector_for(pair.specs[-1].kv_connector)
-    return scrape_pair({role: pair.urls(role) for role in PAIR_ROLES}, connector)
+    return scrape_pair({role: pair.urls(role) for role in PAIR_ROLES}, connector.metrics)
 
 
 def _byte_account(records: list[dict], delta: TransferCounters, geometry: ByteGeometry | None,

@@ -94,7 +94,7 @@ class EndpointAsker:
 class BaselineRound:
     """One repeat's baseline: its question order, its answers so far (extended when a cell
     needs more questions; the server stays up) and its A/A re-run on the first look's, which
-    may still be running (harness.run.aa_rerun)."""
+    may still be running (harness.run.evaluation.aa_rerun)."""
 
     run_id: str
     order: QuestionOrder
@@ -109,7 +109,7 @@ class BaselineRound:
 
     @property
     def aa(self) -> EvalRun | None:
-        """The A/A re-run, waited for; raises harness.run.aa_rerun.BaselineFailed."""
+        """The A/A re-run, waited for; raises harness.run.evaluation.aa_rerun.BaselineFailed."""
         return None if self.aa_rerun is None else self.aa_rerun.result()
 
     def aa_pending(self) -> bool:

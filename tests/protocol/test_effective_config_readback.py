@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.serve.launch.effective_config import cache_config_info, parse_server_log, summary
+from harness.protocol.effective_config import cache_config_info, parse_server_log, summary
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "server_logs"
 DECODE = (LOGS / "cpu-llama-p32-decode.log").read_text()

@@ -1,4 +1,4 @@
-"""A GPU run packed by harness.run.packing: every baseline group is one `pd-accuracy run` child
+"""A GPU run packed by harness.run.plan.packing: every baseline group is one `pd-accuracy run` child
 process on the GPUs the packer gave it, as many at once as fit, the next admitted as soon as one
 ends (so a group starts while others evaluate).
 
@@ -19,7 +19,8 @@ from typing import Callable, Mapping, Sequence
 from harness.core.cell import Cell
 from harness.core.options import RunOptions
 from harness.judge.verdict import Verdict, error
-from harness.run.packing import GIB, GpuRoom, GroupJob, Packer, model_weight_bytes
+from harness.run.evidence.effective_config_evidence import record_judged
+from harness.run.plan.packing import GIB, GpuRoom, GroupJob, Packer, model_weight_bytes
 from harness.run.record import CellResult, Recorder, load_records
 from harness.serve.supervision.process import ManagedProcess
 
@@ -153,8 +154,8 @@ def collect_results(cells: Sequence[Cell], turns: Sequence[GroupTurn], run_dir: 
         why = ("its group never started" if turn is None or turn.started_s is None else
                f"its group {turn.job.name} exited {turn.exit_code} without a record "
                f"(console: {turn.console})")
-        results.append(recorder.record(cell, error(why, cell.expected_failure),
-                                       artifacts={"console": turn.console if turn else ""}))
+        results.append(record_judged(recorder, cell, error(why, cell.expected_failure),
+                                     artifacts={"console": turn.console if turn else ""}))
     return results
 
 

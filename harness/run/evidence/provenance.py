@@ -28,7 +28,7 @@ def versions(kv_connector: str = DEFAULT_KV_CONNECTOR) -> dict[str, str | None]:
     harness's git commit (its package version outside a git checkout)."""
     import harness
 
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     try:
         sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"],
                              capture_output=True, text=True, timeout=5).stdout.strip() or None

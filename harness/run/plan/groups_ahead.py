@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 import psutil
 
 from harness.core.cell import Cell
-from harness.run.group_plan import GroupPlan, GroupPlanner
+from harness.run.plan.group_plan import GroupPlan, GroupPlanner
 from harness.serve.deploy import Deployment, pair_key
 
 # the next group must fit next to the current one: its servers use about what the current

@@ -1,6 +1,6 @@
 """A cell's KV digest evidence: did the decode hold, for every request, the prompt KV its own
 prefill computed? Read from the digest files the P/D servers wrote
-(harness.serve.plugins.kv_digest.hook) and joined through the proxy's records:
+(harness.protocol.kv_digest) and joined through the proxy's records:
 
 * the prefill's line is the one of the request id its response named (``remote_request_id`` in
   the kv_transfer_params the proxy *received*: the question's own prefill), or, for a connector
@@ -19,23 +19,16 @@ are looked at.
 """
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
-from pathlib import Path
 from typing import Iterable
 
 from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR, KV_CONNECTORS
 from harness.judge.kv_digest_check import compare_digests
-from harness.serve.plugins.kv_digest.device_hash import HASH_ENV, HASH_FUNCTIONS
-from harness.serve.plugins.kv_digest.digest import KVDigest, merge_tp_ranks
-from harness.serve.plugins.kv_digest.hook import RAW_PIECE_TOKENS
+from harness.protocol.kv_digest import (COST_PARTS, HASH_ENV, LEGACY_HASH, RAW_PIECE_TOKENS,
+                                        layers_of, merge_tp_ranks, read_digest_lines)
 
 _UUID = re.compile(r"[0-9a-f]{32}")
-LEGACY_HASH = HASH_FUNCTIONS["blake2b"]     # lines written before they named their hash
-# what a line's elapsed_s is made of (harness.serve.plugins.kv_digest.hook.record_line): on the
-# engine's step, GPU time of the hash kernels and copies, and resolving the digests off the step
-COST_PARTS = ("step_s", "device_s", "resolve_s")
 
 
 def hash_difference(ours: dict, theirs: dict) -> str | None:
@@ -45,38 +38,6 @@ def hash_difference(ours: dict, theirs: dict) -> str | None:
         return None
     return (f"the prefill hashed with {ours['hash']}, the decode with {theirs['hash']}: "
             f"set {HASH_ENV} alike on both")
-
-
-def read_digest_lines(paths: Iterable[str]) -> list[dict]:
-    """Every digest line of `paths` (missing files and cut-off lines skipped)."""
-    lines = []
-    for path in paths:
-        try:
-            text = Path(path).read_text(errors="replace")
-        except OSError:
-            continue
-        for raw in text.splitlines():
-            try:
-                lines.append(json.loads(raw))
-            except json.JSONDecodeError:
-                continue
-    return lines
-
-
-def _layers(line: dict) -> dict[str, KVDigest | str]:
-    """A side's per-layer digests: attention layers' KVDigests, recurrent layers' state hashes
-    (in the model's layer order, so the first difference is the first layer's)."""
-    found: dict[str, KVDigest | str] = {
-        name: KVDigest.from_dict(d) for name, d in (line.get("layers") or {}).items()}
-    found.update(line.get("states") or {})
-    return dict(sorted(found.items(), key=lambda item: _layer_number(item[0])))
-
-
-def _layer_number(name: str) -> tuple[int, str]:
-    match = re.search(r"layers\.(\d+)\.", name)
-    return (int(match.group(1)) if match else 10**9, name)
-
-
 
 
 def raw_difference(ours: dict, theirs: dict) -> dict | None:
@@ -114,7 +75,7 @@ def host_copy_difference(ours: dict) -> dict | None:
 
 def side_of(lines: list[dict]) -> dict:
     """One side of a request from its TP ranks' lines (one per rank, the first kept): the
-    ranks' digests merged into all heads (harness.serve.plugins.kv_digest.digest.merge_tp_ranks); raw
+    ranks' digests merged into all heads (harness.protocol.kv_digest.merge_tp_ranks); raw
     bytes only from a single rank (a rank's bytes hold its own heads only)."""
     ranks: dict[int, dict] = {}
     for line in lines:
@@ -125,8 +86,8 @@ def side_of(lines: list[dict]) -> dict:
                for name, why in (line.get("skipped") or {}).items()}
     error = next((l["error"] for l in ordered if l.get("error")), None)
     try:
-        digests = (_layers(first) if len(ordered) == 1
-                   else merge_tp_ranks([_layers(line) for line in ordered]))
+        digests = (layers_of(first) if len(ordered) == 1
+                   else merge_tp_ranks([layers_of(line) for line in ordered]))
     except ValueError as exc:      # a rank's line is missing, or ranks disagree on tokens
         digests, error = {}, f"TP ranks' digests do not merge: {exc}"
     return {"num_tokens": first.get("num_tokens"), "token_offset": first.get("token_offset"),
@@ -136,7 +97,7 @@ def side_of(lines: list[dict]) -> dict:
                         for part in COST_PARTS},
             "skipped": skipped, "error": error,
             "digests": digests, "raw": first.get("raw") if len(ordered) == 1 else {},
-            "host_digests": (_layers({"layers": first["host_layers"]})
+            "host_digests": (layers_of({"layers": first["host_layers"]})
                              if len(ordered) == 1 and first.get("host_layers") else None),
             "ranks": len(ordered)}
 

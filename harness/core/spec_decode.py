@@ -1,0 +1,35 @@
+"""What a cell's ``spec_decode`` value runs on each server: vLLM's --speculative-config (method,
+token count, draft model) and on which roles. The launcher builds the servers' flags from it
+(harness.serve.launch.server_spec); the judge checks each server's log against it
+(harness.judge.effective_config)."""
+from __future__ import annotations
+
+# Cell.spec_decode -> vLLM's --speculative-config. ngram proposes the next tokens by matching the
+# last 2-4 generated tokens in the prompt: GSM8K-style answers quote the prompt, so drafts are
+# accepted often and the decode verifies several tokens per step against the received KV.
+SPEC_DECODE_CONFIGS = {
+    "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+              "prompt_lookup_min": 2},
+    # the zoo's draft for tiny-llama-gsm (same tokenizer); "model" is a zoo name, resolved to its
+    # checkpoint when the argv is built
+    "draft_p1_d3": {"method": "draft_model", "model": "tiny-llama-gsm-draft",
+                    "num_speculative_tokens": 3},
+    "draft_p0_d3": {"method": "draft_model", "model": "tiny-llama-gsm-draft",
+                    "num_speculative_tokens": 3},
+}
+# Draft-model values run on the prefill too, with their own count: vLLM adds the draft's
+# attention layers to the KV cache, and a prefill without them registers fewer layers with
+# its connector than the decode reads
+PREFILL_SPEC_TOKENS = {"draft_p1_d3": 1}
+ROLES_GENERATING = ("baseline", "decode")   # where speculative decoding runs (and, for a
+# draft model, the prefill: PREFILL_SPEC_TOKENS)
+
+
+def speculative_expectation(spec_decode: str | None, role: str) -> tuple[str, int] | None:
+    """(vLLM's method, speculative tokens) a server of ``role`` runs for a cell's
+    ``spec_decode``; None where it runs none (``role``: baseline, prefill or decode)."""
+    if not spec_decode or (role not in ROLES_GENERATING and spec_decode not in PREFILL_SPEC_TOKENS):
+        return None
+    config = SPEC_DECODE_CONFIGS[spec_decode]
+    tokens = PREFILL_SPEC_TOKENS[spec_decode] if role == "prefill" else config["num_speculative_tokens"]
+    return config["method"], tokens
