@@ -15,6 +15,17 @@ from tests.http_fakes import FakeHttp, Responder
 from tests.run.external_fakes import FakeVllm
 
 
+@pytest.fixture(autouse=True)
+def _registered_secrets_stay_with_their_test():
+    """A token one test registers for redaction (a deployment's auth_env read, a fuzzed value)
+    must not mask words in a later test's output (a README table was masked in a full run)."""
+    from harness.core.redact import forget_secrets, registered_secrets
+
+    before = registered_secrets()
+    yield
+    forget_secrets(keep=before)
+
+
 class Started(list):
     """A factory's servers so far (`.servers`), each closed when the test ends."""
 

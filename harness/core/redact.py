@@ -64,6 +64,18 @@ def register_secret(value: str | None) -> None:
             _known.add(value)
 
 
+def forget_secrets(keep: set[str] | frozenset[str] = frozenset()) -> None:
+    """Forget every registered secret but `keep` (tests: one test's tokens stay its own)."""
+    with _lock:
+        _known.intersection_update(keep)
+
+
+def registered_secrets() -> frozenset[str]:
+    """The secrets registered so far."""
+    with _lock:
+        return frozenset(_known)
+
+
 def known_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
     """Registered secrets plus the values of secret-looking environment variables, longest
     first (so a secret holding another is replaced whole)."""
