@@ -30,6 +30,10 @@ PRIVATE_ACCESS_ALLOWED = {
     ("harness.cli.run_deployment", "refuse_cell_flags", "g._group_actions"),
     ("harness.cli.run_deployment", "refuse_cell_flags", "parser._actions"),
     ("harness.cli.run_packed", "child_options", "parser._actions"),
+    ("harness.cli.inputs", "given_options", "parser._actions"),
+    ("harness.cli.surface", "command_helps", "action._choices_actions"),
+    ("harness.cli.surface", "command_helps", "parser._actions"),
+    ("harness.cli.surface", "options", "parser._actions"),
     # the xdist_group id suffix, set as pytest-xdist's own loadgroup scheduling sets it
     ("harness.pytest_plugin", "suffix_xdist_groups", "item._id"),
     ("harness.pytest_plugin", "suffix_xdist_groups", "item._nodeid"),

@@ -249,7 +249,7 @@ def generate_pipeline(cells: Iterable[Cell], *, profile: str,
     `vllm_releases` adds the release axis: one CPU step running the smoke cells once per vLLM
     release (`run --vllm`), its records beside the others' (the annotation and report read
     them; the report's release x cell heatmap shows them). `pd-accuracy pipeline` passes the
-    profile's `vllm_releases` (the matrix) unless `--vllm-releases` overrides them.
+    profile's `vllm_releases` (the matrix) unless `pipeline --vllm` overrides them.
     Every document is validated (`validate_uploads`) unless `validate` is False.
     """
     from buildkite_sdk import CommandStep, Pipeline

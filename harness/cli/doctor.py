@@ -25,7 +25,9 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("doctor", help="which checks, canaries, weathers and connectors "
                                              "attach to the installed vLLM",
                               description=__doc__.split("\n\n")[2].replace("\n", " "))
-    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    from harness.cli import vocabulary as vocab
+
+    vocab.add_json(p)
     p.add_argument("--no-cache", action="store_true", help="probe vLLM afresh")
     p.set_defaults(func=run_doctor)
 

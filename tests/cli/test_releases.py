@@ -147,5 +147,5 @@ def test_bad_release_input_is_one_line_and_exit_2_before_anything_starts(tmp_pat
                           capture_output=True, text=True, cwd=Path(REPO_ROOT), timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "pd-accuracy run: error: vLLM release 'latest': expected a version (0.29.0), a .whl "
-        "file or a vLLM checkout directory"]
+        "pd-accuracy: error: argument --vllm: vLLM release 'latest': expected a version "
+        "(0.29.0), a .whl file or a vLLM checkout directory"]
