@@ -77,8 +77,8 @@ PD_DEFAULTS = {"pd_profile": "smoke", "pd_matrix": None, "pd_results_dir": "resu
 def option_problem(config: pytest.Config) -> str | None:
     """The first problem of the --pd-* options and the variables the run reads, checked as
     `pd-accuracy run` checks them (harness.cli.front_door); None: all fine. The matrix and the
-    environment are read only when a --pd-* option was given (vLLM's own sessions load this
-    plugin too, and pay nothing for it)."""
+    environment are read here only when a --pd-* option was given (vLLM's own test runs load
+    this plugin too, and pay nothing for it), else when the matrix cells are collected."""
     from harness.cli import inputs
     from harness.cli.front_door import EVALUATION_OPTIONS, SERVER_OPTIONS
     from harness.core.options import UsageError
@@ -278,6 +278,11 @@ def expansion(config: pytest.Config):
     from harness.core.platform import PlatformInfo
     from harness.serve.launch.vllm_features import detect_platform
 
+    from harness.cli.inputs import env_problems, one_line
+
+    problems = env_problems("pytest")   # before a cell's server could read them
+    if problems:
+        pytest.exit(f"pd-accuracy: error: {one_line(problems)}", returncode=2)
     try:
         spec = matrix.load_matrix(config.getoption("--pd-matrix"))
         plat = config.getoption("--pd-platform")

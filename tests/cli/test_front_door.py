@@ -234,7 +234,7 @@ def test_doctor_with_a_malformed_cache_probes_again(tmp_path, monkeypatch, capsy
 ])
 def test_the_pytest_plugin_refuses_bad_options_in_one_line(tmp_path, option, expected):
     """The plugin's options go through the same front door: one line on stderr, exit 2, no
-    test run (a session of vLLM's own tests loads the plugin too)."""
+    test run (a run of vLLM's own tests loads the plugin too)."""
     (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
     repo = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
