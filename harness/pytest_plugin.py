@@ -38,16 +38,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="matrix YAML (default: the packaged harness/matrix/default.yaml); a user "
                      "matrix may `extends:` the default one")
     g.addoption("--pd-results-dir", default="results/runs", help="where records are written")
-    g.addoption("--pd-limit", type=int, default=None, help="questions per cell (default: 50)")
-    g.addoption("--pd-alpha", type=float, default=None, help="significance level (default 0.01)")
-    g.addoption("--pd-margin", type=float, default=None,
+    # values are checked with `pd-accuracy run`'s own types in pytest_configure (one line, exit 2)
+    g.addoption("--pd-limit", default=None, help="questions per cell (default: 50)")
+    g.addoption("--pd-alpha", default=None, help="significance level (default 0.01)")
+    g.addoption("--pd-margin", default=None,
                 help="PASS: P/D is not worse than the baseline by more than this many points "
                      "(default 5)")
-    g.addoption("--pd-max-questions", type=int, default=None,
+    g.addoption("--pd-max-questions", default=None,
                 help="question budget per cell for undecided cells (default 400)")
     g.addoption("--pd-farm", action="store_true",
                 help="run each baseline group's cells as the generated Buildkite steps "
-                     "(`pd-accuracy farm --local`, subprocesses) instead of in this process")
+                     "(`pd-accuracy farm`, subprocesses) instead of in this process")
     g.addoption("--pd-run-arg", action="append", default=[],
                 help="extra `pd-accuracy run` argument (repeatable), e.g. --pd-run-arg=--num-fewshot=1; "
                      "used in both modes")
@@ -66,7 +67,83 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "compete with servers but unit tests fit in the cores they leave idle")
 
 
+# --pd-* option -> the `pd-accuracy run` option it stands for
+RUN_OPTIONS = (("--pd-limit", "--limit"), ("--pd-alpha", "--alpha"), ("--pd-margin", "--margin"),
+               ("--pd-max-questions", "--max-questions"))
+PD_DEFAULTS = {"pd_profile": "smoke", "pd_matrix": None, "pd_results_dir": "results/runs",
+               "pd_kv_connector": None, "pd_weather": None, "pd_platform": None, "pd_run_arg": []}
+
+
+def option_problem(config: pytest.Config) -> str | None:
+    """The first problem of the --pd-* options and the variables the run reads, checked as
+    `pd-accuracy run` checks them (harness.cli.front_door); None: all fine. The matrix and the
+    environment are read here only when a --pd-* option was given (vLLM's own test runs load
+    this plugin too, and pay nothing for it), else when the matrix cells are collected."""
+    from harness.cli import inputs
+    from harness.cli.front_door import EVALUATION_OPTIONS, SERVER_OPTIONS
+    from harness.core.options import UsageError
+
+    get = config.getoption
+    try:
+        argv = [x for opt, flag in RUN_OPTIONS if get(opt) is not None for x in (flag, get(opt))]
+        args = _run_args(argv + list(get("--pd-run-arg")) + ["--results-dir",
+                                                            get("--pd-results-dir")])
+        _check_values(config)
+        if any(get(k) != v for k, v in PD_DEFAULTS.items()) or argv:
+            problems = inputs.env_problems("pytest")
+            if problems:
+                return inputs.one_line(problems)
+            from harness import matrix
+            matrix.load_matrix(get("--pd-matrix")).profile(get("--pd-profile"))
+        run_wide = EVALUATION_OPTIONS + SERVER_OPTIONS
+        extra = [d for d in _run_args(list(get("--pd-run-arg"))).given if d not in run_wide]
+        if extra:
+            return (f"--pd-run-arg {', '.join(args.given.get(d, d) for d in extra)}: the plugin "
+                    f"takes run-wide options (evaluation, servers) there; its cells come from "
+                    f"--pd-profile, -k, --pd-kv-connector and --pd-weather, its records go to "
+                    f"--pd-results-dir")
+    except (UsageError, ValueError) as exc:
+        return " ".join(str(exc).split())
+    return None
+
+
+def _run_args(argv: list[str]):
+    """`pd-accuracy run`'s parse of `argv`; a bad value is a UsageError (one line)."""
+    from harness.cli.vocabulary import run_parser
+    from harness.core.options import UsageError
+
+    parser = run_parser()
+
+    def refuse(message: str):
+        raise UsageError(" ".join(message.split()))
+    parser.error = refuse   # type: ignore[method-assign]
+    return parser.parse_args(argv)
+
+
+def _check_values(config: pytest.Config) -> None:
+    from harness.cli import values as v
+    from harness.core.kv_connectors import KV_CONNECTORS
+    from harness.core.weathers import WEATHERS
+
+    for option, kind in (("--pd-platform", v.platform()),
+                         ("--pd-kv-connector", v.choice(tuple(KV_CONNECTORS), "kv connector")),
+                         ("--pd-weather", v.choice(tuple(WEATHERS), "weather")),
+                         ("--pd-profile", v.text("--pd-profile", 200)),
+                         ("--pd-matrix", v.existing("file", "--pd-matrix")),
+                         ("--pd-results-dir", v.writable("dir", "--pd-results-dir"))):
+        value = config.getoption(option)
+        if value is not None:
+            try:
+                kind(value)
+            except Exception as exc:   # argparse.ArgumentTypeError: the reason, one line
+                raise ValueError(f"{option}: {exc}") from None
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):   # the controller checks once, before any worker
+        problem = option_problem(config)
+        if problem:
+            pytest.exit(f"pd-accuracy: error: {problem}", returncode=2)
     config.addinivalue_line(
         "markers", "pd_accuracy: a real P/D pair against a real baseline (starts vLLM servers)")
     config.addinivalue_line("markers", "slow: starts real processes; takes more than a few seconds")
@@ -202,10 +279,18 @@ def expansion(config: pytest.Config):
     from harness.core.platform import PlatformInfo
     from harness.serve.launch.vllm_features import detect_platform
 
-    spec = matrix.load_matrix(config.getoption("--pd-matrix"))
-    plat = config.getoption("--pd-platform")
-    platform = PlatformInfo.from_spec(plat) if plat else detect_platform()
-    return spec, matrix.expand(spec, config.getoption("--pd-profile"), platform)
+    from harness.cli.inputs import env_problems, one_line
+
+    problems = env_problems("pytest")   # before a cell's server could read them
+    if problems:
+        pytest.exit(f"pd-accuracy: error: {one_line(problems)}", returncode=2)
+    try:
+        spec = matrix.load_matrix(config.getoption("--pd-matrix"))
+        plat = config.getoption("--pd-platform")
+        platform = PlatformInfo.from_spec(plat) if plat else detect_platform()
+        return spec, matrix.expand(spec, config.getoption("--pd-profile"), platform)
+    except ValueError as exc:   # a matrix or profile problem: one line, as `pd-accuracy run`
+        pytest.exit(f"pd-accuracy: error: {' '.join(str(exc).split())}", returncode=2)
 
 
 def no_cells_reason(profile: str, excluded) -> str:
@@ -260,8 +345,7 @@ def pd_run_argv(pytestconfig: pytest.Config) -> list[str]:
     """The `pd-accuracy run` arguments the --pd-* options stand for."""
     argv = ["--results-dir", pytestconfig.getoption("--pd-results-dir"),
             "--profile", pytestconfig.getoption("--pd-profile")]
-    for opt, flag in (("--pd-limit", "--limit"), ("--pd-alpha", "--alpha"),
-                      ("--pd-margin", "--margin"), ("--pd-max-questions", "--max-questions")):
+    for opt, flag in RUN_OPTIONS:
         if pytestconfig.getoption(opt) is not None:
             argv += [flag, str(pytestconfig.getoption(opt))]
     return argv + list(pytestconfig.getoption("--pd-run-arg"))

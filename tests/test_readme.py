@@ -76,7 +76,7 @@ def test_readme_one_gpu_machine_says_the_commands_and_the_pr_cell_count():
 
     text = " ".join(section("One GPU machine").split())
     assert re.search(r"^pd-accuracy run --profile pr\s", FIRST_SCREEN, re.M)
-    assert "pd-accuracy farm --local --gpus 1 --profile pr" in text
+    assert "pd-accuracy farm --gpus 1 --profile pr" in text
     cells = expand(load_matrix(), "pr", PlatformInfo.from_spec("cuda:1")).cells
     assert f"run <run id>: {len(cells)} cell(s)" in text, len(cells)
 

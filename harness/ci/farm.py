@@ -1,6 +1,6 @@
 """Local farm: run a generated Buildkite pipeline on this machine, step by step.
 
-``pd-accuracy farm --local --profile smoke`` generates the same pipeline documents that CI
+``pd-accuracy farm --profile smoke`` generates the same pipeline documents that CI
 uploads (harness.ci.pipeline.generate_pipeline), reads them into steps (harness.ci.steps) and
 executes those here, with the semantics Buildkite gives them:
 

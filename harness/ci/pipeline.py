@@ -208,10 +208,11 @@ def annotate_commands(results_dir: str, *, annotation_path: str = DEFAULT_ANNOTA
                     "--out", annotation_path]),
     ]
     if report_dir:
-        commands.append(
-            shlex.join([RUN_COMMAND, "report", "--results-dir", results_dir, "--out-dir",
-                        report_dir]) + ' --history "$${PD_ACCURACY_HISTORY:-results/history.sqlite}"'
-            + " --append")
+        # the nightly's trend store grows by this run, then the report draws the whole store
+        history = ' --history "$${PD_ACCURACY_HISTORY:-results/history.sqlite}"'
+        commands.append(shlex.join([RUN_COMMAND, "history", "--results-dir", results_dir])
+                        + history)
+        commands.append(shlex.join([RUN_COMMAND, "report", "--out-dir", report_dir]) + history)
     return commands
 
 
@@ -250,7 +251,7 @@ def generate_pipeline(cells: Iterable[Cell], *, profile: str,
     `vllm_releases` adds the release axis: one CPU step running the smoke cells once per vLLM
     release (`run --vllm`), its records beside the others' (the annotation and report read
     them; the report's release x cell heatmap shows them). `pd-accuracy pipeline` passes the
-    profile's `vllm_releases` (the matrix) unless `--vllm-releases` overrides them.
+    profile's `vllm_releases` (the matrix) unless `pipeline --vllm` overrides them.
     Every document is validated (`validate_uploads`) unless `validate` is False.
     """
     from buildkite_sdk import CommandStep, Pipeline

@@ -16,7 +16,7 @@
   runnable threads by name and its CPU seconds; and the host's CPU model and ISA (bf16 speed
   depends on it).
 
-`--json PATH` writes the same numbers as a benchmark record to commit. Numbers only, no
+`--out FILE` writes the same numbers as a benchmark record (JSON) to commit. Numbers only, no
 thresholds: speed targets are read from records, never asserted in tests.
 """
 from __future__ import annotations
@@ -25,6 +25,7 @@ import argparse
 import json
 import re
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -279,7 +280,8 @@ def bench(args: argparse.Namespace) -> int:
     if args.from_dir:
         run_dir = Path(args.from_dir)
         if not ((run_dir / "logs").is_dir() or (run_dir / "packing.json").is_file()):
-            print(f"pd-accuracy: error: {run_dir} has no logs/ (not a run directory)")
+            print(f"pd-accuracy: error: {run_dir} has no logs/ (not a run directory)",
+                  file=sys.stderr)
             return EXIT_USAGE
     else:
         import psutil
@@ -301,21 +303,33 @@ def bench(args: argparse.Namespace) -> int:
         busy = busy_share(cpu_before, psutil.cpu_times())
     record = bench_record(run_dir, wall, rss, busy, load)
     print_bench(record)
-    if args.bench_json:
+    if args.out:
         from harness.core.atomic import atomic_write_text
 
-        atomic_write_text(args.bench_json, json.dumps(record, indent=2) + "\n")
-        print(f"benchmark record: {args.bench_json}")
+        atomic_write_text(args.out, json.dumps(record, indent=2) + "\n")
+        print(f"benchmark record: {args.out}")
     return EXIT_OK
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from harness.cli.run import add_run_arguments
+    from harness.cli import values as v
+    from harness.cli import vocabulary as vocab
 
     p = sub.add_parser("bench", help="run cells (as `run` does) and show where the time went: "
                                      "start-up phases per server, eval, shares")
-    add_run_arguments(p)
     p.add_argument("--from", dest="from_dir", metavar="RUN_DIR",
-                   help="read a finished run's logs and records instead of running")
-    p.add_argument("--json", dest="bench_json", metavar="PATH", help="write a benchmark record")
-    p.set_defaults(func=bench, results_dir="results/bench")
+                   type=v.text("--from"),
+                   help="read a finished run's logs and records instead of running (no other "
+                        "option but --out)")
+    vocab.add_out(p, "also write the numbers as a benchmark record (JSON) to FILE")
+    vocab.add_selection(p)
+    vocab.add_platform(p)
+    vocab.add_cell(p)
+    vocab.add_canary(p)
+    vocab.add_evaluation(p)
+    vocab.add_servers(p)
+    out = p.add_argument_group("output")
+    vocab.add_results_dir(out, "results/bench")
+    vocab.add_junit(out)
+    vocab.add_verbose(out)
+    p.set_defaults(func=bench, dry_run=False)

@@ -1,4 +1,4 @@
-"""`pd-accuracy calibration RESULTS_DIR`: false alarms and canary catches over repeated runs."""
+"""`pd-accuracy calibration --results-dir DIR`: false alarms and canary catches over repeated runs."""
 from __future__ import annotations
 
 import argparse
@@ -15,8 +15,11 @@ def register(subparsers: Any) -> None:
         description="Read the per-repeat records of `pd-accuracy run --repeats N` and count, per "
                     "cell, the FAILs of real cells (false alarms) and the canaries caught for "
                     "their own reason. Exit 1 when a real cell failed or a canary was missed.")
-    p.add_argument("results_dir", nargs="+", help="--results-dir of the run(s)")
-    p.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+    from harness.cli import vocabulary as vocab
+
+    vocab.add_results_dir(p, None, "the --results-dir of the --repeats run", read=True,
+                          required=True, repeat=True)
+    vocab.add_json(p, "print JSON rows instead of a table")
     p.set_defaults(func=run_calibration)
 
 
@@ -28,7 +31,7 @@ def run_calibration(args: argparse.Namespace) -> int:
 
     paths = [p for d in args.results_dir for p in record_paths(d)]
     if not paths:
-        print(f"pd-accuracy calibration: error: no per-repeat records (<run>-rNN/*.json) under "
+        print(f"pd-accuracy: error: no per-repeat records (<run>-rNN/*.json) under "
               f"{', '.join(args.results_dir)}", file=sys.stderr)
         return EXIT_USAGE
     cells = summarize(paths)

@@ -25,7 +25,9 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("doctor", help="which checks, canaries, weathers and connectors "
                                              "attach to the installed vLLM",
                               description=__doc__.split("\n\n")[2].replace("\n", " "))
-    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    from harness.cli import vocabulary as vocab
+
+    vocab.add_json(p)
     p.add_argument("--no-cache", action="store_true", help="probe vLLM afresh")
     p.set_defaults(func=run_doctor)
 
@@ -61,21 +63,31 @@ def diagnose(features: Any) -> dict[str, Any]:
         if why is None and row.min_vllm and _older(version, row.min_vllm):
             why = f"weather {name} needs vLLM >= {row.min_vllm} (its settings)"
         weathers.append({"weather": name, "runs": why is None, "why": why})
-    connectors = []
-    for value, row in KV_CONNECTORS.items():
-        registered = features.kv_connectors is None or row.vllm_name in features.kv_connectors
-        error = (features.kv_transport_errors or {}).get(row.transport)
-        imports = features.kv_transports is None or row.transport in features.kv_transports
-        why = (None if registered and imports else
-               f"vLLM {version} registers no {row.vllm_name}" if not registered else
-               f"transport {row.transport} does not import ({error or 'not found'})")
-        connectors.append({"kv_connector": value, "vllm_class": row.vllm_name,
-                           "attaches": why is None, "why": why})
+    connectors = [{"kv_connector": value, "vllm_class": row.vllm_name,
+                   "attaches": _connector_why(row, features) is None,
+                   "why": _connector_why(row, features)} for value, row in KV_CONNECTORS.items()]
     runners = [{"runner": r, "runs": features.runner_missing(r) is None,
                 "why": features.runner_missing(r)} for r in ("v1", "v2")]
     return {"vllm": version, "platform": features.platform, "hooks": hooks, "checks": checks,
             "canaries": canaries, "weathers": weathers, "connectors": connectors,
             "runners": runners}
+
+
+def _connector_why(row: Any, features: Any) -> str | None:
+    """Why a connector does not run here: one the harness excludes (it moves no KV between
+    servers, or no module drives it: the matrix's rules say the same), or one this vLLM lacks."""
+    if row.moves_kv is not None:
+        return f"excluded: it moves no KV between servers ({row.moves_kv})"
+    if not row.driven:
+        return f"excluded: the harness does not drive it ({row.not_driven or 'no module'})"
+    registered = features.kv_connectors is None or row.vllm_name in features.kv_connectors
+    error = (features.kv_transport_errors or {}).get(row.transport)
+    imports = features.kv_transports is None or row.transport in features.kv_transports
+    if not registered:
+        return f"vLLM {features.version} registers no {row.vllm_name}"
+    if not imports:
+        return f"transport {row.transport} does not import ({error or 'not found'})"
+    return None
 
 
 def _older(version: str, minimum: str) -> bool:

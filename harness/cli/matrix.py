@@ -15,36 +15,23 @@ from harness.core.platform import PlatformInfo
 from harness.core.outcomes import EXIT_OK, EXIT_USAGE
 
 
-def shard_argument(text: str) -> tuple[int, int]:
-    """argparse type of --shard: matrix.parse_shard, its error as argparse's (usage, exit 2)."""
-    try:
-        return parse_shard(text)
-    except MatrixError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def register(subparsers: Any) -> None:
+    from harness.cli import vocabulary as vocab
+
     p = subparsers.add_parser("list", help="list the cells of a matrix profile",
                               description="Expand a matrix profile and show its cells (and, with "
                                           "--show-excluded, the cells dropped and why).")
-    p.add_argument("--profile", default="smoke", help="profile name (default: smoke)")
-    p.add_argument("--matrix", default=None, help="matrix YAML (default: harness/matrix/default.yaml)")
-    p.add_argument("--show-excluded", action="store_true", help="also list excluded cells with rule and reason")
-    p.add_argument("--platform", default=None, metavar="SPEC",
-                   help="pretend machine: cpu, cuda:N or cuda:N:GiB; 'any' skips machine checks "
-                        "(default: detect this one)")
-    p.add_argument("-k", dest="keyword", default=None, help="pytest-style keyword expression on cell ids")
-    # the same flag as run's --only (--cell: its older name here)
-    p.add_argument("--only", "--cell", dest="only", action="append", default=None,
-                   help="comma-separated cell ids or globs, as run --only (repeatable)")
-    p.add_argument("--shard", type=shard_argument, default=None, metavar="I/N", help="only shard I of N (0-based)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    vocab.add_selection(p, profile_default="smoke")
+    vocab.add_platform(p, allow_any=True, what="list the cells of this machine")
+    p.add_argument("--show-excluded", action="store_true",
+                   help="also list excluded cells with rule and reason")
+    vocab.add_json(p)
     p.add_argument("--rules", action="store_true", help="list the validity rules and exit")
     p.set_defaults(func=run_list)
 
 
 def _error(message: str) -> int:
-    print(f"pd-accuracy list: error: {' '.join(str(message).split())}", file=sys.stderr)
+    print(f"pd-accuracy: error: {' '.join(str(message).split())}", file=sys.stderr)
     return EXIT_USAGE
 
 
@@ -66,10 +53,10 @@ def run_list(args: argparse.Namespace) -> int:
             platform = PlatformInfo.from_spec(args.platform) if args.platform else PlatformInfo.detect()
         spec = load_matrix(args.matrix)
         expansion = expand(spec, args.profile, platform)
-        only = None if args.only is None else [c for v in args.only for c in v.split(",") if c]
+        only = None if args.only is None else [c for c in args.only.split(",") if c]
         cells = select(expansion.cells, only, args.keyword)
         if args.shard:
-            cells = shard(cells, *args.shard)
+            cells = shard(cells, *parse_shard(args.shard))
     except (MatrixError, ValueError) as exc:
         return _error(str(exc))
 
@@ -114,6 +101,11 @@ def run_list(args: argparse.Namespace) -> int:
         console.print(dropped)
     elif expansion.excluded:
         console.print(f"[dim]{len(expansion.excluded)} cell(s) excluded; --show-excluded lists them with reasons[/]")
+    if not expansion.cells and platform is not None:
+        from harness.cli.cells import no_cells_here
+
+        console.print(no_cells_here(spec, args.profile, platform, expansion), highlight=False,
+                      soft_wrap=True)
     for coverage in expansion.coverage:   # a pairwise grid: its covering array against the product
         console.print(f"pairwise {coverage.line()}", highlight=False, soft_wrap=True)
     releases = spec.profile(args.profile).vllm_releases

@@ -3,13 +3,13 @@
     pd-accuracy run --vllm 0.28.0,0.30.0,0.32.0 --profile smoke [RUN ARGS]
         the same run once per release, each in its own cached environment
         (harness.run.releases), records under RESULTS_DIR/vllm-<release>/; exit: the worst.
-    pd-accuracy bisect --profile P (--only ID | -k EXPR) --good RELEASE --bad RELEASE
-                       [--releases R1,R2,...] [--on outcome|digest|check:NAME] [RUN ARGS]
+    pd-accuracy bisect --profile P (--only ID | -k EXPR | --model M) --good RELEASE --bad RELEASE
+                       [--vllm R1,R2,...] [--on outcome|digest|check:NAME] [RUN OPTIONS]
         the first bad release between a good and a bad one: runs the cell on the releases
-        between them, halving the range, and prints the table it walked (--table FILE: also
+        between them, halving the range, and prints the table it walked (--out FILE: also
         as markdown). A release is a version, a .whl file or a vLLM checkout directory; the
         releases between two versions are the package's from the index (pip index versions),
-        or --releases. "bad" means the cell's judgement differs from the good release's: its
+        or those of --vllm from --good to --bad. "bad" means the cell's judgement differs from the good release's: its
         outcome (default), its kv-digest check (--on digest: identical vs where it differs),
         or one named check's pass/fail.
 """
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from harness.core.outcomes import EXIT_ERROR, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_USAGE
+from harness.core.outcomes import EXIT_ERROR, EXIT_INCONCLUSIVE, EXIT_OK
 from harness.run.releases import strip_option
 
 # ---- bisect ------------------------------------------------------------------------------------
@@ -128,32 +128,32 @@ def table(steps: Sequence[Step], first_bad: str | None, cell: str, on: str) -> s
 
 
 def run_bisect(args: argparse.Namespace) -> int:
+    from harness.cli import front_door
+    from harness.core.options import UsageError
     from harness.run.record import load_records
     from harness.run.releases import (ReleaseError, default_package, parse_release, release_env,
                                       run_in)
 
-    if not (args.only or args.keyword):
-        print("pd-accuracy bisect: error: name the cell: --only ID or -k EXPR", file=sys.stderr)
-        return EXIT_USAGE
-    if not (args.on in ("outcome", "digest") or args.on.startswith("check:")):
-        print(f"pd-accuracy bisect: error: --on {args.on!r}: expected outcome, digest or "
-              f"check:NAME", file=sys.stderr)
-        return EXIT_USAGE
     try:
-        good, bad = parse_release(args.good), parse_release(args.bad)
-        if args.releases:
-            names = [part.strip() for part in args.releases.split(",") if part.strip()]
-        elif good.kind == bad.kind == "pypi":
-            names = between(good.label, bad.label, index_versions(default_package()))
-        else:
-            names = [args.good, args.bad]
+        front_door.admit(args)
+    except UsageError as exc:
+        return front_door.report(str(exc))
+    names = args.walk
+    try:
+        if names is None:
+            names = between(args.good, args.bad, index_versions(default_package()))
         releases = {name: parse_release(name) for name in names}
-    except (ReleaseError, RuntimeError) as error:
-        print(f"pd-accuracy bisect: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
+    except (ReleaseError, RuntimeError, ValueError) as error:
+        return front_door.report(f"bisect: {error}")
     # the cell's selection and every run option go to each release's run as given
-    passthrough = strip_option(args.argv[1:], "--good", "--bad", "--releases", "--on",
-                               "--table", "--results-dir")
+    passthrough = [a for a in strip_option(args.argv[1:], "--good", "--bad", "--vllm", "--on",
+                                           "--out", "--results-dir") if a != "--dry-run"]
+    if args.dry_run:
+        for name in names:
+            out = Path(args.results_dir) / f"vllm-{releases[name].label}"
+            print(f"{releases[name].label}: pd-accuracy run {' '.join(passthrough)} "
+                  f"--results-dir {out}")
+        return EXIT_OK
     reference: dict[str, str] = {}
 
     def judge(name: str) -> Step | None:
@@ -183,12 +183,13 @@ def run_bisect(args: argparse.Namespace) -> int:
     except ReleaseError as error:
         print(f"pd-accuracy bisect: {error}", file=sys.stderr)
         return EXIT_ERROR
-    text = table(steps, first_bad, args.only or args.keyword, args.on)
+    cell = args.only or args.keyword or args.model
+    text = table(steps, first_bad, cell, args.on)
     print(text)
-    if args.table:
-        Path(args.table).write_text(text + "\n")
-        Path(args.table).with_suffix(".json").write_text(json.dumps(
-            {"cell": args.only or args.keyword, "on": args.on, "releases": names,
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+        Path(args.out).with_suffix(".json").write_text(json.dumps(
+            {"cell": cell, "on": args.on, "releases": names,
              "first_bad": first_bad, "steps": [s.__dict__ for s in steps]}, indent=1) + "\n")
     return EXIT_OK if first_bad else EXIT_INCONCLUSIVE
 
@@ -200,20 +201,32 @@ def _selected(record: dict[str, Any], args: argparse.Namespace) -> bool:
 
 
 def register(subparsers: Any) -> None:
-    from harness.cli.run import add_run_arguments   # bisect takes every option of run
+    from harness.cli import values as v
+    from harness.cli import vocabulary as vocab
 
     p = subparsers.add_parser("bisect", help="the first vLLM release that judges a cell "
                                              "differently from a good one",
                               description="Runs the cell on releases between --good and --bad, "
                                           "halving the range, and prints the table it walked.")
-    p.add_argument("--good", required=True, help="a release that judges the cell as expected")
-    p.add_argument("--bad", required=True, help="a release that does not")
-    p.add_argument("--releases", default=None,
-                   help="comma-separated releases to walk, oldest first (default: the index's "
-                        "between --good and --bad)")
-    p.add_argument("--on", default="outcome",
+    b = p.add_argument_group("the walk")
+    b.add_argument("--good", required=True, type=v.release(), metavar="RELEASE",
+                   help="a release that judges the cell as expected")
+    b.add_argument("--bad", required=True, type=v.release(), metavar="RELEASE",
+                   help="a release that does not")
+    vocab.add_vllm(b, "the releases to walk, oldest first, --good and --bad among them "
+                      "(default: the index's between them)")
+    b.add_argument("--on", default="outcome", type=v.compare_on(),
                    help="what differs: outcome (default), digest, or check:NAME")
-    p.add_argument("--table", default=None, metavar="FILE",
-                   help="also write the walked table (markdown, and FILE.json)")
-    add_run_arguments(p)
+    vocab.add_out(b, "also write the walked table (markdown, and FILE.json)")
+    vocab.add_selection(p, shard=False)
+    vocab.add_platform(p)
+    vocab.add_cell(p)
+    vocab.add_canary(p)
+    vocab.add_evaluation(p)
+    vocab.add_servers(p)
+    out = p.add_argument_group("output")
+    vocab.add_results_dir(out, "results/runs", "where each release's records go "
+                                                 "(RESULTS_DIR/vllm-RELEASE)")
+    vocab.add_dry_run(out, "print the releases and the run each would get; make no environment")
+    vocab.add_verbose(out)
     p.set_defaults(func=run_bisect)

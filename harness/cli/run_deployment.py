@@ -8,6 +8,7 @@ import argparse
 import os
 from collections.abc import Mapping
 
+from harness.cli.vocabulary import CANARY_GROUP, CELL_GROUP, SELECTION_GROUP
 from harness.core.options import RunOptions, UsageError
 from harness.run.deployment_file import (DeploymentError, ExternalDeployment, check_endpoints,
                                          checks_not_available, load_deployment)
@@ -15,9 +16,9 @@ from harness.run.external import ModelFacts, cell_id_for, model_facts, task_prob
 
 # the argument groups that pick or build cells (every flag in them, present and future), and the
 # options of how the harness starts servers: the file describes both
-CELL_GROUPS = ("which cells", "one ad-hoc cell (instead of --profile)")
+CELL_GROUPS = (SELECTION_GROUP, CELL_GROUP, CANARY_GROUP)
 SERVER_FLAGS = ("task", "platform", "gpu_layout", "kv_cache_bytes", "max_starting",
-                "startup_timeout", "server_start")
+                "startup_timeout", "server_start", "parallel_groups", "vllm")
 
 
 class PreflightProblems(UsageError):
@@ -34,8 +35,9 @@ def refuse_cell_flags(args: argparse.Namespace, parser: argparse.ArgumentParser)
     refused = [a for g in parser._action_groups if g.title in CELL_GROUPS
                for a in g._group_actions if a.dest != "deployment"]
     refused += [a for a in parser._actions if a.dest in SERVER_FLAGS]
-    given = [max(a.option_strings, key=len) for a in refused
-             if getattr(args, a.dest, a.default) != a.default]
+    from harness.cli.inputs import given as was_given
+
+    given = [max(a.option_strings, key=len) for a in refused if was_given(args, a.dest)]
     if given:
         raise UsageError(f"--deployment judges the deployment its file describes; it does not "
                          f"combine with {', '.join(given)} (the file names the model, task and "

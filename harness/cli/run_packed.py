@@ -80,7 +80,7 @@ def packed_command(args: argparse.Namespace, parser: argparse.ArgumentParser,
             return 2
         if why:
             print(f"warning: group {job.name} {why}; it runs alone", flush=True)
-    run_id = args.run_id or new_run_id()
+    run_id = getattr(args, "run_id", None) or new_run_id()
     run_dir = Path(options.results_dir) / run_id
     # a per-GPU cap on servers in start-up; a CPU run keeps the caller's (or none)
     starting = options.max_starting or (None if on_cpu else STARTING_PER_GPU * len(rooms))

@@ -7,17 +7,17 @@ the configuration (harness.run.plan.packing.warm_key: model, backend, runner, dt
 dtype). `warm` starts the baseline and first P/D pair of one cell per such key, waits until they
 are healthy and stops them; a farm can run it once and keep the cache directories it prints
 (a packed `run` fills them in its own first wave when nothing was warmed). Takes `run`'s
-selection options; exit 0 when every server became healthy, 3 otherwise.
+selection, cell and server options (no evaluation: nothing is asked); `--dry-run` prints the
+servers it would start. Exit 0 when every server became healthy, 3 otherwise.
 """
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 
-from harness.core.outcomes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from harness.core.outcomes import EXIT_ERROR, EXIT_OK
 
 # where the servers' caches live (the defaults of FlashInfer, vLLM, Triton and Inductor)
 CACHE_DIRS = ("~/.cache/flashinfer", "~/.cache/vllm", "~/.triton/cache",
@@ -25,8 +25,8 @@ CACHE_DIRS = ("~/.cache/flashinfer", "~/.cache/vllm", "~/.triton/cache",
 
 
 def warm(args: argparse.Namespace) -> int:
-    from harness.cli import run_checks
-    from harness.cli.run import options_from, select_cells
+    from harness.cli import front_door
+    from harness.cli.run import dry_run
     from harness.core.options import UsageError
     from harness.judge.verdict import Policy
     from harness.run.plan.packing import warm_key
@@ -34,18 +34,23 @@ def warm(args: argparse.Namespace) -> int:
     from harness.serve.supervision.process import ManagedProcessError, install_signal_handlers
 
     try:
-        options = options_from(args)
-        cells, _, _ = select_cells(args)
+        admission = front_door.admit(args)
     except UsageError as exc:
-        run_checks.print_problems([str(exc)], sys.stderr)
-        return EXIT_USAGE
+        return front_door.report(str(exc))
+    options, cells = admission.options, admission.cells
     leaders = {}
     for cell in cells:
         if cell.fault is None:
             leaders.setdefault(warm_key(cell), cell)
     if not leaders:
-        print("pd-accuracy: error: no cell selected", file=sys.stderr)
-        return EXIT_USAGE
+        return front_door.report("no cell selected: warm starts the servers of cells without a "
+                                 "fault, and every selected cell is a canary")
+    if args.dry_run:
+        print(f"# warm: {len(leaders)} configuration(s) of {len(cells)} cell(s)")
+        catalog = admission.catalog
+        hybrid = [c.model for c in leaders.values()
+                  if catalog is not None and catalog.get(c.model).is_hybrid]
+        return dry_run(list(leaders.values()), options, hybrid, args, settings=False)
     install_signal_handlers()
     runner = Runner(options, Policy.from_options(options), progress=lambda m: print(m, flush=True))
     print(f"warming {len(leaders)} configuration(s) of {len(cells)} cell(s): one baseline and "
@@ -80,11 +85,16 @@ def warm(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from harness.cli import run_checks
-    from harness.cli.run import add_run_arguments
+    from harness.cli import vocabulary as vocab
 
     p = sub.add_parser("warm", help="fill the JIT and compile caches of a profile's server "
                                     "configurations (one baseline and pair each), then stop")
-    add_run_arguments(p)
-    run_checks.add_trust_arguments(p)
-    p.set_defaults(func=warm, results_dir="results/warm")
+    vocab.add_selection(p)
+    vocab.add_platform(p)
+    vocab.add_cell(p)
+    vocab.add_servers(p, parallel_groups=False)
+    out = p.add_argument_group("output")
+    vocab.add_results_dir(out, "results/warm", "where the servers' logs go")
+    vocab.add_dry_run(out, "print the servers it would start; start nothing")
+    vocab.add_verbose(out)
+    p.set_defaults(func=warm)

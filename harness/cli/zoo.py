@@ -1,6 +1,6 @@
 """`pd-accuracy zoo build|list|path|data|install|eval|card`: the harness's own tiny trained models.
 
-    pd-accuracy zoo build NAME [--device cuda|cpu] [--steps N] [--out DIR]
+    pd-accuracy zoo build NAME [--device cuda|cpu] [--steps N] [--out-dir DIR]
         retrain NAME from scratch (default: into its committed checkpoint directory) and
         re-render its card; same seed and steps give the same model.
     pd-accuracy zoo list           names, architectures, hybrid flag, checkpoint present
@@ -45,7 +45,7 @@ def _build(args: argparse.Namespace) -> int:
         print(f"unknown zoo model {args.name!r}; known: {', '.join(SPECS)}", file=sys.stderr)
         return EXIT_USAGE
     spec = SPECS[args.name]
-    target = Path(args.out) if args.out else registry.checkpoint_dir(args.name)
+    target = Path(args.out_dir) if args.out_dir else registry.checkpoint_dir(args.name)
     target.parent.mkdir(parents=True, exist_ok=True)
     # Train beside the target and swap at the end, so a failed build keeps the old checkpoint.
     work = Path(tempfile.mkdtemp(prefix=f".{args.name}.", dir=target.parent))
@@ -68,7 +68,7 @@ def _build(args: argparse.Namespace) -> int:
     finally:
         if work.exists():
             shutil.rmtree(work, ignore_errors=True)
-    if not args.out:
+    if not args.out_dir:
         print(card.write_card(target))
     print(target)
     return EXIT_OK
@@ -178,45 +178,61 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from harness.cli import values as v
+
     p = sub.add_parser("zoo", help="build, list and locate the tiny trained zoo models",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     zoo = p.add_subparsers(dest="zoo_command", metavar="ZOO_COMMAND", required=True)
+    name = dict(type=v.text("NAME", 200), help="a zoo model's name (`pd-accuracy zoo list`)")
 
     b = zoo.add_parser("build", help="retrain a zoo model from scratch (reproducible)")
-    b.add_argument("name")
+    b.add_argument("name", **name)
     b.add_argument("--device", choices=("cpu", "cuda"), default=None,
-                   help="default: cuda when available")
-    b.add_argument("--steps", type=int, default=None, help="default: the recipe's (models.py)")
-    b.add_argument("--out", default=None, help="default: the committed checkpoint directory")
-    b.add_argument("--time-limit", type=float, default=None, help="seconds of training")
-    b.add_argument("--probe-n", type=int, default=0, help="PyTorch probe docs (0: skip)")
-    b.add_argument("--workers", type=int, default=2, help="data-loader processes")
+                   help="where to train, cpu | cuda (default: cuda when available)")
+    b.add_argument("--steps", type=v.whole(1, 10_000_000), metavar="N",
+                   help="training steps (default: the recipe's, models.py)")
+    b.add_argument("--out-dir", type=v.writable("dir", "--out-dir"), metavar="DIR",
+                   help="where the checkpoint goes (default: the committed checkpoint directory)")
+    b.add_argument("--time-limit", type=v.number(0, 1e7, low_open=True), metavar="S",
+                   help="seconds of training at most")
+    b.add_argument("--probe-n", type=v.whole(0, 1_000_000), default=0, metavar="N",
+                   help="PyTorch probe docs (0: skip)")
+    b.add_argument("--workers", type=v.whole(0, 256), default=2, metavar="N",
+                   help="data-loader processes")
     b.set_defaults(func=_build)
 
     zoo.add_parser("list", help="the zoo's models").set_defaults(func=_list)
 
     pa = zoo.add_parser("path", help="checkpoint directory of a zoo model")
-    pa.add_argument("name")
+    pa.add_argument("name", **name)
     pa.set_defaults(func=_path)
 
     d = zoo.add_parser("data", help="write the gsm_synth jsonl splits")
-    d.add_argument("dir", nargs="?", default=None)
+    d.add_argument("dir", nargs="?", default=None, type=v.writable("dir", "DIR"),
+                   help="where the splits go (default: the cache)")
     d.set_defaults(func=_data)
 
     i = zoo.add_parser("install", help="unpack device-trained checkpoint tarballs")
-    i.add_argument("tars", nargs="+")
+    i.add_argument("tars", nargs="+", type=v.existing("file", "TAR"),
+                   help="checkpoint tarballs of scripts/train_on_device.sh")
     i.set_defaults(func=_install)
 
     e = zoo.add_parser("eval", help="measure a zoo model through a real vLLM server (CPU) "
                                     "and write the number into its card")
-    e.add_argument("name")
-    e.add_argument("--limit", type=int, default=200, help="gsm_synth test docs (default 200)")
-    e.add_argument("--startup-timeout", type=float, default=600.0, help="seconds")
+    e.add_argument("name", **name)
+    e.add_argument("--limit", type=v.whole(1, 1_000_000), default=200, metavar="N",
+                   help="gsm_synth test docs (default 200)")
+    e.add_argument("--startup-timeout", type=v.number(0, 7 * 24 * 3600, low_open=True),
+                   default=600.0, metavar="S", help="seconds the server may take to start "
+                                                    "(default 600)")
     e.set_defaults(func=_eval)
 
     c = zoo.add_parser("card", help="re-render a model card (optionally with vLLM results)")
-    c.add_argument("name")
-    c.add_argument("--vllm-results", default=None, help="lm-eval results JSON (gsm_synth)")
-    c.add_argument("--vllm-version", default=None)
-    c.add_argument("--command", default=None, help="how the vLLM numbers were measured")
+    c.add_argument("name", **name)
+    c.add_argument("--vllm-results", type=v.existing("file", "--vllm-results"), metavar="FILE",
+                   help="lm-eval results JSON (gsm_synth) measured through vLLM")
+    c.add_argument("--vllm-version", type=v.text("--vllm-version", 100), metavar="VERSION",
+                   help="the vLLM version --vllm-results were measured with")
+    c.add_argument("--command", type=v.text("--command"), metavar="CMD",
+                   help="how the vLLM numbers were measured")
     c.set_defaults(func=_card)

@@ -8,7 +8,9 @@ rules read it and must not depend on the code that starts servers.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +21,7 @@ from typing import Any, Iterable, Mapping
 # a runner a vLLM release no longer ships -> what its users read (vllm/platforms/interface.py of
 # 0.34.0: "VLLM_USE_V2_MODEL_RUNNER=0 is no longer supported: Model Runner V1 has been removed")
 RUNNERS_REMOVED = {"v1": "Model Runner V1 was removed in 0.34.0"}
+MAX_PRETEND_GPUS = 1024   # more than any host; a pretend machine of more would only cost memory
 
 
 @dataclass(frozen=True)
@@ -288,15 +291,25 @@ class PlatformInfo:
             return cls()
         if parts[0] == "cpu" and len(parts) == 2 and parts[1]:
             flags = tuple(parts[1].split("+"))
-            unknown = [f for f in flags if f not in CPU_ISA_FLAGS]
+            unknown = [f[:20] for f in flags if f not in CPU_ISA_FLAGS][:3]
             if unknown:
-                raise ValueError(f"platform spec {spec!r}: unknown ISA flag(s) {unknown}; "
+                raise ValueError(f"platform spec {spec[:40]!r}: unknown ISA flag(s) {unknown}; "
                                  f"known: {'+'.join(CPU_ISA_FLAGS)}")
             return cls(cpu_isa=flags)
-        if parts[0] != "cuda" or len(parts) not in (2, 3) or not parts[1].isdigit():
-            raise ValueError(f"platform spec {spec!r}: expected 'cpu', 'cpu:ISA+ISA', 'cuda:N' or 'cuda:N:GiB'")
-        gib = float(parts[2]) if len(parts) == 3 else 80.0
+        shown = spec if len(spec) <= 40 else spec[:37] + "..."
+        if (parts[0] != "cuda" or len(parts) not in (2, 3)
+                or not re.fullmatch(r"[0-9]{1,30}", parts[1])):
+            raise ValueError(f"platform spec {shown!r}: expected 'cpu', 'cpu:ISA+ISA', 'cuda:N' "
+                             f"or 'cuda:N:GiB'")
         count = int(parts[1])
+        if not 1 <= count <= MAX_PRETEND_GPUS:   # each pretend GPU is an object: bound them
+            raise ValueError(f"platform spec {shown!r}: N must be 1 to {MAX_PRETEND_GPUS} GPUs")
+        try:
+            gib = float(parts[2]) if len(parts) == 3 else 80.0
+        except ValueError:
+            gib = math.nan
+        if not (math.isfinite(gib) and 0 < gib <= 1 << 20):
+            raise ValueError(f"platform spec {shown!r}: GiB per GPU must be a number in (0, 1048576]")
         return cls.from_devices(GpuDevice(i, "pretend", int(gib * 1024**3)) for i in range(count))
 
     def describe(self) -> str:

@@ -15,6 +15,7 @@ anything of run/ is imported (harness.matrix may only import core).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -34,7 +35,13 @@ class WeatherParam:
     def problem(self, name: str, value: Any) -> str | None:
         """Why `value` is not a valid value of this parameter, or None."""
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return f"{name} must be a number, got {value!r}"
+            return f"{name} must be a number, got {str(value)[:40]!r}"
+        try:   # NaN, infinities and integers past a float's range are no parameter
+            finite = math.isfinite(float(value)) and abs(float(value)) <= MAX_PARAM
+        except OverflowError:
+            finite = False
+        if not finite:
+            return f"{name} must be a finite number of at most {MAX_PARAM:g}, got {str(value)[:40]}"
         if self.integer and float(value) != int(value):
             return f"{name} must be a whole number, got {value!r}"
         if value < self.low or (self.high is not None and value > self.high):
@@ -45,6 +52,7 @@ class WeatherParam:
 
 
 SHARE = dict(low=0.0, high=1.0)   # a share of the requests: 0-1
+MAX_PARAM = 1e12   # no weather parameter means anything larger (requests, blocks, seconds)
 
 
 @dataclass(frozen=True)
@@ -208,7 +216,17 @@ def resolved_params(weather: str, params: Mapping[str, Any]) -> dict[str, float]
 
 def params_token(params: tuple[tuple[str, Any], ...]) -> str:
     """The id suffix of explicitly set parameters ("in_flight=96" -> "in_flight96")."""
-    return "".join(f"_{k}{v:g}" if isinstance(v, (int, float)) else f"_{k}{v}" for k, v in params)
+    return "".join(f"_{k}{_number_token(v)}" for k, v in params)
+
+
+def _number_token(value: Any) -> str:
+    """A parameter's value in an id: %g for numbers a float holds, else its text (cut)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return f"{value:g}"
+        except OverflowError:   # a 400-digit integer: the rules refuse it; the id must not crash
+            return str(value)[:20]
+    return str(value)[:40]
 
 
 __all__ = ["BOUNDARY_MIN_MODEL_LEN", "BOUNDARY_UNIT", "DEFAULT_WEATHER", "SHARE", "ServerChanges", "WEATHERS", "WeatherParam", "WeatherRow", "params_token",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import re
+import warnings
 from typing import Sequence
 
 from harness.core.cell import Cell
@@ -25,9 +26,13 @@ def _keyword_matches(expression: str, cell_id: str) -> bool:
         else:
             python.append(str(tok.lower() in cell_id.lower()))
     try:
-        return bool(eval(" ".join(python), {"__builtins__": {}}, {}))  # only True/False/and/or/not/()
-    except SyntaxError as exc:
-        raise MatrixError(f"keyword expression {expression!r} is not valid (use words with and/or/not/())") from exc
+        with warnings.catch_warnings():   # "(a)(b)" compiles with a SyntaxWarning, then fails
+            warnings.simplefilter("ignore")
+            return bool(eval(" ".join(python), {"__builtins__": {}}, {}))  # only True/False/and/or/not/()
+    except (SyntaxError, TypeError, ValueError, RecursionError, MemoryError):
+        shown = expression if len(expression) <= 60 else expression[:57] + "..."
+        raise MatrixError(f"keyword expression {shown!r} is not valid (use words with "
+                          f"and/or/not/())") from None
 
 
 def select(cells: Sequence[Cell], only: Sequence[str] | None = None, keyword: str | None = None) -> list[Cell]:

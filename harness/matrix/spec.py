@@ -263,7 +263,8 @@ def _check_releases(profile: Profile, where: str) -> None:
     if not profile.vllm_releases:
         return
     try:
-        parse_releases(profile.vllm_releases, source="the list")
+        # the names only: which package a version means is the host's, when it runs
+        parse_releases(profile.vllm_releases, package="vllm", source="the list")
     except ReleaseError as exc:
         raise MatrixError(f"{where}: profiles.{profile.name}.vllm_releases: {exc}") from None
 

@@ -20,7 +20,7 @@ and its figures under ``out_dir/img/``, in this order:
 
 Units are points for deltas and percent for accuracies everywhere (harness.report.evidence);
 each outcome has one colour of its own (OUTCOME_COLOURS). Rendering writes only under
-`out_dir`; appending records to a history is a separate, asked-for step (`report --append`).
+`out_dir`; adding records to a history is a separate, asked-for step (`pd-accuracy history`).
 Rows of canaries recorded before CAUGHT/MISSED existed (outcome FAIL) are judged as canaries
 here (harness.report.cell_ids.with_canary_outcome).
 """

@@ -46,8 +46,14 @@ KILL_WAIT_S = 10.0
 
 
 def envs_root(env: Mapping[str, str] | None = None) -> Path:
+    """Where the release environments live: $PD_ACCURACY_VLLM_ENVS, an absolute path without
+    '..' (ReleaseError otherwise), resolved; else ~/.cache/pd-accuracy/vllm-envs."""
     env = os.environ if env is None else env
-    return Path(env.get(ENVS_ENV) or DEFAULT_ENVS).expanduser()
+    raw = env.get(ENVS_ENV) or ""
+    root = Path(raw or DEFAULT_ENVS).expanduser()
+    if raw and ("\x00" in raw or not root.is_absolute() or ".." in root.parts):
+        raise ReleaseError(f"${ENVS_ENV}={raw[:40]!r}: expected an absolute path without '..'")
+    return root.resolve()
 
 
 def _uv() -> list[str]:
@@ -225,7 +231,7 @@ def run_releases(names: str, argv: Sequence[str], results_dir: str, dry_run: boo
     """`pd-accuracy run --vllm NAMES` (``argv``: that command line): the same run once per
     release, one after another, into RESULTS_DIR/vllm-<release>; the worst exit code."""
     try:
-        releases = parse_releases(names)
+        envs = [release_env(release) for release in parse_releases(names)]
     except ReleaseError as error:
         print(f"pd-accuracy run: error: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -233,11 +239,15 @@ def run_releases(names: str, argv: Sequence[str], results_dir: str, dry_run: boo
     if base and base[0] == "run":
         base = base[1:]
     codes: dict[str, int] = {}
-    for release in releases:
-        env = release_env(release)
-        if dry_run:
+    for env in envs:
+        release = env.release
+        out = Path(results_dir) / f"vllm-{release.label}"
+        if dry_run and not env.ready():   # nothing to ask a release that is not installed yet
             for command in env.commands():
                 print(" ".join(command))
+            print(f"{env.python} -m harness.cli run {' '.join(base)} --results-dir {out}")
+            codes[release.label] = EXIT_OK
+            continue
         try:
             python = env.python if dry_run else env.ensure(
                 lambda line: print(line, file=sys.stderr))
@@ -245,7 +255,6 @@ def run_releases(names: str, argv: Sequence[str], results_dir: str, dry_run: boo
             print(f"pd-accuracy run: {error}", file=sys.stderr)
             codes[release.label] = EXIT_ERROR
             continue
-        out = Path(results_dir) / f"vllm-{release.label}"
         print(f"== vLLM {release.label}: {python}", flush=True)
         codes[release.label] = run_in(python, ["run", *base, "--results-dir", str(out)]).returncode
     print("vLLM releases: " + ", ".join(f"{label} exit {code}" for label, code in codes.items()))

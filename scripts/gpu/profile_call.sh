@@ -13,10 +13,10 @@ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 res=/tmp/res-$name
 started=$(date +%s)
 timeout --signal=INT --kill-after=40 "$budget" pd-accuracy bench --results-dir "$res" \
-  --json "$OUT/$name-bench.json" "$@" 2>&1 | tee "$OUT/$name-console.log" | grep -v "^│\|^┃\|^┡\|^└\|^┏"
+  --out "$OUT/$name-bench.json" "$@" 2>&1 | tee "$OUT/$name-console.log" | grep -v "^│\|^┃\|^┡\|^└\|^┏"
 echo "wall: $(( $(date +%s) - started )) s"
 run=$(ls -d "$res"/*/ | head -1)
-[ -f "$OUT/$name-bench.json" ] || pd-accuracy bench --from "$run" --json "$OUT/$name-bench.json" > /dev/null 2>&1
+[ -f "$OUT/$name-bench.json" ] || pd-accuracy bench --from "$run" --out "$OUT/$name-bench.json" > /dev/null 2>&1
 pd-accuracy annotate --results-dir "$run" --out "$OUT/$name-summary.md" --agent never
 python3 scripts/gpu/keep.py "$run" "/tmp/keep-$name/$(basename "$run")" | cut -c1-120
 cp "$OUT/$name-bench.json" "/tmp/keep-$name/$(basename "$run")/bench.json" 2>/dev/null

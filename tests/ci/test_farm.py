@@ -218,7 +218,7 @@ def test_farm_runs_the_generated_pipeline_commands_verbatim(tmp_path):
 
 
 def test_run_farm_smoke_profile_with_fake_run_command(tmp_path, monkeypatch):
-    """`farm --local --profile smoke` end to end, with `pd-accuracy` faked (no vLLM)."""
+    """`farm --profile smoke` end to end, with `pd-accuracy` faked (no vLLM)."""
     from harness import matrix
     from harness.cli.main import main
 
@@ -230,7 +230,7 @@ def test_run_farm_smoke_profile_with_fake_run_command(tmp_path, monkeypatch):
     monkeypatch.delenv("BUILDKITE", raising=False)
     monkeypatch.setenv("FAKE_FAIL", "no-cell-has-this")
     monkeypatch.chdir(tmp_path)
-    assert main(["farm", "--local", "--profile", "smoke", "--gpus", "0", "--limit", "3",
+    assert main(["farm", "--profile", "smoke", "--gpus", "0", "--limit", "3",
                  "--log-dir", "logs"]) == 0
 
     import json
@@ -248,13 +248,13 @@ def test_run_farm_smoke_profile_with_fake_run_command(tmp_path, monkeypatch):
     assert len(list((tmp_path / "logs").glob("*.log"))) == len(runs) + 1
 
 
-def test_cli_farm_needs_local_and_a_known_profile(tmp_path, monkeypatch, capsys):
+def test_cli_farm_refuses_the_old_local_flag_and_an_unknown_profile(tmp_path, monkeypatch, capsys):
     from harness.cli.main import main
 
     monkeypatch.chdir(tmp_path)
-    assert main(["farm", "--profile", "smoke"]) == 2
-    assert main(["farm", "--local", "--profile", "nosuch"]) == 2
-    assert main(["farm", "--local", "--profile", "smoke", "--dry-run"]) == 0
+    assert main(["farm", "--local", "--profile", "smoke"]) == 2   # here is the only mode: no flag
+    assert main(["farm", "--profile", "nosuch"]) == 2
+    assert main(["farm", "--profile", "smoke", "--dry-run"]) == 0
     assert "pd-accuracy run --profile smoke" in capsys.readouterr().out
 
 
@@ -282,7 +282,7 @@ def test_one_group_gpu_steps_share_a_gpu_by_memory(tmp_path):
 
 
 def test_farm_runs_the_pr_profile_on_one_gpu_with_groups_side_by_side(tmp_path, monkeypatch):
-    """`farm --local --gpus 1 --profile pr` on a (pretended) one-H200 machine, `pd-accuracy`
+    """`farm --gpus 1 --profile pr` on a (pretended) one-H200 machine, `pd-accuracy`
     faked: every pr cell runs, every GPU step on GPU 0, and several at once."""
     import json
 
@@ -305,7 +305,7 @@ def test_farm_runs_the_pr_profile_on_one_gpu_with_groups_side_by_side(tmp_path, 
     monkeypatch.delenv("BUILDKITE", raising=False)
     monkeypatch.setenv("FAKE_FAIL", "no-cell-has-this")
     monkeypatch.chdir(tmp_path)
-    assert main(["farm", "--local", "--profile", "pr", "--gpus", "1", "--log-dir", "logs"]) == 0
+    assert main(["farm", "--profile", "pr", "--gpus", "1", "--log-dir", "logs"]) == 0
     runs = [a for a in map(json.loads, calls.read_text().splitlines()) if a[0] == "run"]
     cells = matrix.expand(matrix.load_matrix(), "pr", platform.PlatformInfo.from_devices(h200)).cells
     assert len(cells) == 32

@@ -223,8 +223,10 @@ def test_parallelism_shards_with_escaped_job_variables():
 def test_report_dir_adds_report_command_with_escaped_history_default():
     (doc,) = generate_pipeline(cpu_cells(), profile="nightly", report_dir="results/report")
     annotate = doc["steps"][-1]
-    assert annotate["commands"][-1].startswith("pd-accuracy report --results-dir results/runs")
-    assert "$${PD_ACCURACY_HISTORY:-results/history.sqlite}" in annotate["commands"][-1]
+    assert annotate["commands"][-2].startswith("pd-accuracy history --results-dir results/runs")
+    assert annotate["commands"][-1].startswith("pd-accuracy report --out-dir results/report")
+    for command in annotate["commands"][-2:]:
+        assert "$${PD_ACCURACY_HISTORY:-results/history.sqlite}" in command
     assert "results/report/**/*" in annotate["artifact_paths"]
 
 
@@ -304,7 +306,7 @@ def test_generated_commands_parse_with_the_real_cli():
                 assert args.results_dir == "results/runs" and args.junit_xml.endswith(".xml")
                 assert args.shard in (None, "0/8")
                 assert args.limit in (None, 20)
-    assert seen == {"run", "annotate", "report"}
+    assert seen == {"run", "annotate", "history", "report"}
 
 
 # ---- CLI --------------------------------------------------------------------------------------
@@ -343,7 +345,7 @@ def test_cli_pipeline_options(tmp_path, capsys):
     assert main(["pipeline", "--profile", "pr", "--queues", "[1]"]) == 2
     assert main(["pipeline", "--profile", "pr", "--queues", '{"0": "cpu"}']) == 2   # no GPU queue
     out = tmp_path / "areas.yaml"
-    assert main(["pipeline", "--profile", "pr", "--format", "test-areas", "--device", "h200",
+    assert main(["pipeline", "--profile", "pr", "--format", "test-areas", "--ci-device", "h200",
                  "--out", str(out)]) == 0
     areas = yaml.safe_load(out.read_text())
     assert areas["group"] and all(set(s) <= TEST_AREA_FIELDS for s in areas["steps"])
@@ -378,9 +380,9 @@ def test_nightly_generation_command_takes_schedule_env():
     assert argv[argv.index("--queues") + 1] == queues
     assert argv[argv.index("--out-dir") + 1] == ".pd-accuracy-pipeline"
     # the releases: the nightly profile's unless the schedule names others (or `none`)
-    assert "--vllm-releases" not in argv
+    assert "--vllm" not in argv
     argv = _shell_argv(command, {"PD_ACCURACY_VLLM_RELEASES": "0.31.0,0.32.0"})
-    assert argv[argv.index("--vllm-releases") + 1] == "0.31.0,0.32.0"
+    assert argv[argv.index("--vllm") + 1] == "0.31.0,0.32.0"
 
 
 # ---- vLLM ci-infra test_areas -----------------------------------------------------------------
@@ -479,21 +481,20 @@ def test_vllm_releases_on_the_command_line_overrides_the_profile(tmp_path, capsy
     matrix = tmp_path / "m.yaml"
     matrix.write_text(RELEASE_MATRIX)
     base = ["--matrix", str(matrix), "--profile", "night"]
-    (step,) = _release_steps(main, capsys, [*base, "--vllm-releases", "0.31.0, 0.32.0"])
+    (step,) = _release_steps(main, capsys, [*base, "--vllm", "0.31.0, 0.32.0"])
     assert "--vllm 0.31.0,0.32.0 " in step["commands"][-1]
     (step,) = _release_steps(main, capsys, ["--matrix", str(matrix), "--profile", "base",
-                                            "--vllm-releases", "0.32.0"])
+                                            "--vllm", "0.32.0"])
     assert "--vllm 0.32.0 " in step["commands"][-1]
-    assert _release_steps(main, capsys, [*base, "--vllm-releases", "none"]) == []
+    assert _release_steps(main, capsys, [*base, "--vllm", "none"]) == []
 
 
 @pytest.mark.parametrize("value,message", [
-    ("", "pd-accuracy: --vllm-releases names no release (`--vllm-releases none`: no release "
-         "step)"),
-    ("0.31.0,0.31.0", "pd-accuracy: --vllm-releases: the list names a release twice: "
+    ("", "pd-accuracy: error: argument --vllm: the list names no release"),
+    ("0.31.0,0.31.0", "pd-accuracy: error: argument --vllm: the list names a release twice: "
                       "0.31.0,0.31.0"),
-    ("0.30.0,latest", "pd-accuracy: --vllm-releases: vLLM release 'latest': expected a version "
-                      "(0.29.0), a .whl file or a vLLM checkout directory"),
+    ("0.30.0,latest", "pd-accuracy: error: argument --vllm: vLLM release 'latest': expected a "
+                      "version (0.29.0), a .whl file or a vLLM checkout directory"),
 ])
 def test_a_bad_vllm_releases_option_is_one_line(tmp_path, capsys, value, message):
     from harness.cli.main import main
@@ -501,6 +502,6 @@ def test_a_bad_vllm_releases_option_is_one_line(tmp_path, capsys, value, message
     matrix = tmp_path / "m.yaml"
     matrix.write_text(RELEASE_MATRIX)
     assert main(["pipeline", "--matrix", str(matrix), "--profile", "night",
-                 "--vllm-releases", value]) == 2
+                 "--vllm", value]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.splitlines() == [message]

@@ -15,7 +15,7 @@ import pytest
     (["--model", "tiny-llama-random", "--runner", "v2"], "V2"),
     (["--profile", "no-such-profile"], "unknown profile"),
     (["--model", "tiny-llama-random", "--block-size", "64:x"], "PREFILL:DECODE"),
-    (["--model", "tiny-llama-random", "--max-starting", "-1"], "--max-starting must be 0"),
+    (["--model", "tiny-llama-random", "--max-starting", "-1"], "argument --max-starting: must be a whole number from 0"),
     (["--model", "shape-qwen3-0.6b", "--no-kv-digest"], "has no weights (--load-format dummy)"),
 ])
 def test_bad_input_is_one_line_before_any_server(args: list[str], expected: str, tmp_path) -> None:
@@ -34,7 +34,7 @@ def test_bad_input_is_one_line_before_any_server(args: list[str], expected: str,
 
 @pytest.mark.parametrize("args, expected", [
     (["no-such-model"], "is not a zoo model"),
-    (["tiny-llama-gsm", "--limit", "0"], "--limit must be at least 1"),
+    (["tiny-llama-gsm", "--limit", "0"], "argument --limit: must be a whole number from 1"),
 ])
 def test_zoo_eval_bad_input_is_one_line_before_any_server(args: list[str], expected: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "harness.cli.main", "zoo", "eval", *args],

@@ -104,6 +104,7 @@ def test_a_walk_whose_ends_agree_names_no_release():
 
 def test_doctor_names_what_does_not_attach_and_why():
     from harness.cli.doctor import diagnose, render
+    from harness.core.kv_connectors import KV_CONNECTORS
 
     features = VllmFeatures(version="0.20.0", platform="cpu", attention_backend_flag=True,
                             attention_backend_env=False, v2_runner_env=False, kv_roles=(),
@@ -120,6 +121,11 @@ def test_doctor_names_what_does_not_attach_and_why():
     assert "kv-digest          NOT AVAILABLE kv-events: gone" in text
     assert "[on get_finished(finished_req_ids)]" in text
     assert "expiry                     not available: weather expiry needs vLLM >= 0.26.0" in text
+    # a connector the harness excludes is never said to run (the README's list of excluded ones)
+    excluded = [c for c in report["connectors"] if c["why"] and c["why"].startswith("excluded")]
+    assert excluded and not any(c["attaches"] for c in excluded)
+    assert all(not KV_CONNECTORS[c["kv_connector"]].driven
+               or KV_CONNECTORS[c["kv_connector"]].moves_kv is not None for c in excluded)
 
 
 def test_the_rule_leaves_out_a_canary_whose_hook_does_not_attach():
@@ -147,5 +153,5 @@ def test_bad_release_input_is_one_line_and_exit_2_before_anything_starts(tmp_pat
                           capture_output=True, text=True, cwd=Path(REPO_ROOT), timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "pd-accuracy run: error: vLLM release 'latest': expected a version (0.29.0), a .whl "
-        "file or a vLLM checkout directory"]
+        "pd-accuracy: error: argument --vllm: vLLM release 'latest': expected a version "
+        "(0.29.0), a .whl file or a vLLM checkout directory"]

@@ -123,7 +123,8 @@ def test_a_malformed_file_is_one_line(tmp_path, capsys):
 
 def test_a_task_without_its_documents_is_one_line(tmp_path, fake_vllm, capsys):
     path = router_deployment(tmp_path, fake_vllm, task="gsm8k_local")
-    assert run(path, tmp_path, "--dataset-dir", str(tmp_path / "nowhere")) == 2
+    (tmp_path / "empty").mkdir()
+    assert run(path, tmp_path, "--dataset-dir", str(tmp_path / "empty")) == 2
     [line] = error_lines(capsys)
     assert line.startswith(f"{path}: task gsm8k_local: ") and "does not exist" in line
     assert asked_nothing(fake_vllm)

@@ -53,7 +53,7 @@ CASES = [
     ("matrix-extra-env-equals", matrix("extends: default\n" + GRID % "extra_env: {'A=B': x}"),
      "extra_env"),
     ("matrix-tp-huge", matrix("extends: default\n" + GRID % "tp: 1000000000000"),
-     "no cell selected"),   # the validity rules drop it, with the reason in `matrix list`
+     "not divisible by TP"),   # the validity rules drop every cell: their reason is the line
     ("matrix-tp-huge-unknown-model", matrix("extends: default\n" + (GRID % "tp: 1000000000000")
                                             .replace("tiny-llama-gsm", "org/unknown")),
      "prefill_tp"),
@@ -61,12 +61,12 @@ CASES = [
     ("matrix-giant-value", matrix("extends: default\ndefaults: [" + ", ".join(["FOO" * 50] * 5000)
                                   + "]\n"), "defaults"),
     ("matrix-list-top", matrix("[1, 2, 3]\n"), "mapping"),
-    ("matrix-missing", ["--matrix", "/nonexistent/m.yaml"], "cannot read"),
+    ("matrix-missing", ["--matrix", "/nonexistent/m.yaml"], "--matrix: '/nonexistent/m.yaml' is not a file"),
     # ---- command line
     ("platform-cuda-abc", ["--platform", "cuda:abc"], "--platform"),
     ("platform-cuda-huge", ["--platform", "cuda:100000000"], "--platform"),
     ("platform-cuda-zero", ["--platform", "cuda:0"], "--platform"),
-    ("keyword-huge", ["-k", "not " * 20000 + "x"], "-k expression"),
+    ("keyword-huge", ["-k", "not " * 20000 + "x"], "argument -k: 80001 characters"),
     ("fault-share-negative", ["--fault-share", "-3"], "--fault-share"),
     ("fault-share-nan", ["--fault-share", "nan"], "--fault-share"),
     ("fault-share-word", ["--fault-share", "lots"], "--fault-share"),
@@ -125,7 +125,7 @@ CASES = [
     ("deploy-secret-key", deployment(OK_DEPLOY.replace("{router: 'http://127.0.0.1:8'}",
                                      f"{{router: 'http://127.0.0.1:8', api_key: {SECRET}}}")),
      "does not belong"),
-    ("deploy-missing", ["--deployment", "/nonexistent/d.yaml"], "cannot read"),
+    ("deploy-missing", ["--deployment", "/nonexistent/d.yaml"], "is not a file"),
 ]
 
 

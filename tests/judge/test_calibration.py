@@ -35,7 +35,7 @@ def test_false_alarms_and_catches(tmp_path, capsys):
     assert cells["canary"].caught == 3
     assert cells["canary"].row()["accuracy_drop_pts"] == [60.0, 60.0]
     assert cells["drop"].caught == 2
-    assert main(["calibration", str(tmp_path), "--json"]) == EXIT_FAIL
+    assert main(["calibration", "--results-dir", str(tmp_path), "--json"]) == EXIT_FAIL
     rows = {r["cell"]: r for r in json.loads(capsys.readouterr().out)}
     assert rows["real"]["false_alarms"] == "1/3" and rows["drop"]["caught"] == "2/3"
 
@@ -53,10 +53,10 @@ def test_wrong_reason_is_a_miss_and_clean_runs_pass(tmp_path):
     for r in range(2):
         _record(clean, r, "real", "PASS", "ok")
         _record(clean, r, "canary", "FAIL", "another request's transfer parameters", "foreign-params")
-    assert main(["calibration", str(clean)]) == EXIT_OK
+    assert main(["calibration", "--results-dir", str(clean)]) == EXIT_OK
     assert set(CANARY_REASONS) == set(FAULTS)   # every fault says what catching it means
 
 
 def test_no_records_is_a_usage_error(tmp_path, capsys):
-    assert main(["calibration", str(tmp_path)]) == EXIT_USAGE
+    assert main(["calibration", "--results-dir", str(tmp_path)]) == EXIT_USAGE
     assert "no per-repeat records" in capsys.readouterr().err

@@ -216,7 +216,7 @@ def test_adhoc_flags_reach_the_servers(capsys):
 
 
 @pytest.mark.parametrize("flags,what", [
-    (["--kv-cache-dtype", "int4"], "(known-prefill-kv-cache-dtype)"),
+    (["--kv-cache-dtype", "int4"], "unknown kv cache dtype 'int4'"),
     (["--kv-cache-dtype", "fp8:fp8:fp8"], "--kv-cache-dtype must be N or PREFILL:DECODE"),
     (["--kv-cache-dtype", "fp8", "--platform", "cpu:avx2"], "(kv-cache-fp8-cpu-isa)"),
     (["--prefill-runner", "v2"], "(mixed-runners-not-on-cpu)"),

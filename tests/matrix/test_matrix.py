@@ -400,14 +400,12 @@ def test_cli_run_bad_shard_is_one_line_exit_2(capsys, shard_arg):
     code = cli_main(["run", "--profile", "smoke", "--platform", "cpu", "--shard", shard_arg, "--dry-run"])
     err = capsys.readouterr().err
     assert code == 2
-    assert err.count("\n") == 1 and err.startswith(f"pd-accuracy: error: --shard {shard_arg!r}: ")
+    assert err.count("\n") == 1 and err.startswith("pd-accuracy: error: argument --shard: ")
 
 
 def test_cli_list_bad_shard_is_an_argparse_error(capsys):
-    with pytest.raises(SystemExit) as info:
-        cli_main(["list", "--profile", "smoke", "--platform", "cpu", "--shard", "5/2"])
-    assert info.value.code == 2
-    assert "pd-accuracy list: error: argument --shard: --shard '5/2': need 0 <= I < N" in capsys.readouterr().err
+    assert cli_main(["list", "--profile", "smoke", "--platform", "cpu", "--shard", "5/2"]) == 2
+    assert "pd-accuracy: error: argument --shard: need 0 <= I < N" in capsys.readouterr().err
 
 
 def test_cli_rules(capsys):

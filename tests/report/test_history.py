@@ -81,9 +81,9 @@ def test_records_without_ids_are_skipped(tmp_path):
 
 def test_cli_history_append(tmp_path, capsys):
     db = tmp_path / "h.sqlite"
-    assert main(["history", "--append", str(RECORDS), "--history", str(db)]) == 0
+    assert main(["history", "--results-dir", str(RECORDS), "--history", str(db)]) == 0
     assert "11 records appended" in capsys.readouterr().out
-    assert main(["history", "--append", str(tmp_path / "missing"), "--history", str(db)]) == 2
+    assert main(["history", "--results-dir", str(tmp_path / "missing"), "--history", str(db)]) == 2
 
 
 def test_a_version_1_store_is_read_as_is_and_migrated_in_place_on_append(tmp_path):

@@ -266,15 +266,13 @@ def test_cli_report_writes_only_its_out_dir_unless_asked(tmp_path, capsys, monke
     assert main(["report", "--results-dir", str(results), "--history", str(db),
                  "--out-dir", str(out)]) == 0
     assert not db.exists()                               # read, never created
-    assert main(["report", "--results-dir", str(results), "--history", str(db), "--append",
-                 "--out-dir", str(out)]) == 0
-    assert len(load_cells(db)) == 6                      # asked: appended
+    assert main(["history", "--results-dir", str(results), "--history", str(db)]) == 0
+    assert len(load_cells(db)) == 6                      # asked, by `history`: appended
     before = db.read_bytes()
     assert main(["report", "--history", str(db), "--out-dir", str(out)]) == 0
     assert db.read_bytes() == before
     assert main(["report", "--history", str(tmp_path / "none.sqlite"),
                  "--out-dir", str(out)]) == 2
-    assert main(["report", "--append", "--history", str(db), "--out-dir", str(out)]) == 2
 
 
 def test_a_soak_record_gets_its_plot_over_the_request_index(tmp_path):

@@ -105,8 +105,8 @@ def test_parallel_groups_option():
     args = run_parser().parse_args(["--profile", "pr"])
     assert parallel_groups(args) is None
     assert parallel_groups(run_parser().parse_args(["--parallel-groups", "3"])) == 3
-    with pytest.raises(UsageError, match="--parallel-groups"):
-        parallel_groups(run_parser().parse_args(["--parallel-groups", "0"]))
+    with pytest.raises(SystemExit):   # refused by its type, one line
+        run_parser().parse_args(["--parallel-groups", "0"])
 
 
 def test_cpu_runs_pack_only_when_asked():

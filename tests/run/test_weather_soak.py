@@ -38,7 +38,7 @@ def test_fault_after_is_in_the_cell_id_and_bad_values_exit_2(capsys):
     assert cell.cell_id.endswith("-w_soak-fault-corrupt-block-after400")
     assert main(["run", "--model", "tiny-llama-gsm", "--fault", "corrupt-block",
                  "--fault-after", "later", "--dry-run"]) == 2
-    assert "--fault-after must be a whole number" in capsys.readouterr().err
+    assert "--fault-after: must be a whole number" in capsys.readouterr().err
 
 
 def test_the_soak_defaults_by_device_and_sizes_servers_like_load():

@@ -7,7 +7,7 @@ its baseline, the pair it evaluates and the next pair, started while that one is
 (harness.run.runner). A group is admitted to a GPU when that peak fits the GPU's room next to the
 groups already there, and no more groups run than the host's cores can start and drive.
 
-`run` (harness.run.plan.packed), `farm --local` (each job packs its shard on the GPUs it was given)
+`run` (harness.run.plan.packed), `farm` (each job packs its shard on the GPUs it was given)
 and the Buildkite steps (a TP1 cell asks for one GPU) all plan with this module. Pure: no
 process is started here; the caller measures the GPUs and the cores.
 """

@@ -23,6 +23,8 @@ first, after setting ``UCX_RCACHE_MAX_UNRELEASED`` (``vllm/distributed/nixl_util
 """
 from __future__ import annotations
 
+from harness.serve.connectors.nixl_vars import DEFAULT_PTHR_DELAY_US, DELAY_ENV, parse_delay_us
+
 import importlib.util
 import logging
 import os
@@ -35,27 +37,11 @@ from harness.serve.plugins.entry import vllm_plugin
 # Child of vLLM's "vllm" logger so lines carry vLLM's format and reach the server log.
 logger = logging.getLogger("vllm.pd_accuracy.nixl_idle")
 
-DELAY_ENV = "PD_ACCURACY_NIXL_PTHR_DELAY_US"
-# 1 ms: the smallest poll() timeout UCX's shared thread can use; idle wake-ups cost ~nothing.
-DEFAULT_PTHR_DELAY_US = 1000
+# DELAY_ENV and its parse live in nixl_vars: the command line checks the value before a run
 # The per-flavour modules that nixl/__init__.py installs as `nixl._api` (and vLLM's ROCm path
 # imports directly). Hooking them rather than `nixl` also covers code importing them directly.
 NIXL_API_MODULES = ("nixl_cu12._api", "nixl_cu13._api", "nixl_rocm._api")
 
-
-
-def parse_delay_us(env: Mapping[str, str]) -> int:
-    """Progress-thread delay in µs from ``env``; 0 means "leave NIXL's default".
-
-    Raises ValueError for a value that is not a non-negative integer.
-    """
-    raw = env.get(DELAY_ENV, "").strip()
-    if not raw:
-        return DEFAULT_PTHR_DELAY_US
-    delay_us = int(raw)
-    if delay_us < 0:
-        raise ValueError(f"{DELAY_ENV} must be >= 0, got {raw!r}")
-    return delay_us
 
 
 def apply_progress_delay(agent_config: Any, delay_us: int) -> bool:

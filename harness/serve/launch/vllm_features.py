@@ -245,7 +245,7 @@ def detect(use_cache: bool = True, cache_dir: str | os.PathLike[str] | None = No
     if use_cache and path.is_file():
         try:
             return VllmFeatures.from_dict(json.loads(path.read_text()))
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, AttributeError, KeyError):
             pass  # a corrupt or older-format cache file: probe again and overwrite it
     features = VllmFeatures.from_dict(_run_probe())
     atomic_write_text(path, json.dumps(features.to_dict(), indent=1, sort_keys=True))

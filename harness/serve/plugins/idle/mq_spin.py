@@ -30,6 +30,7 @@ from typing import Any, Mapping
 import wrapt
 
 from harness.protocol.switches import MQ_SPIN_SLEEP_ENV as ENV
+from harness.protocol.switches import parse_mq_spin_sleep_us
 from harness.serve.plugins.entry import vllm_plugin
 
 logger = logging.getLogger("vllm.pd_accuracy.mq_spin")
@@ -38,15 +39,8 @@ SHM_BROADCAST = "vllm.distributed.device_communicators.shm_broadcast"
 
 
 
-def parse_sleep_us(env: Mapping[str, str]) -> int | None:
-    """Microseconds a reader sleeps between checks; None when unset (vLLM's own yield)."""
-    raw = env.get(ENV, "").strip()
-    if not raw:
-        return None
-    value = int(raw)
-    if value <= 0:
-        raise ValueError(f"{ENV} must be a positive number of microseconds, got {raw!r}")
-    return value
+# the variable's parse is the protocol's: the harness checks the same value before a run
+parse_sleep_us = parse_mq_spin_sleep_us
 
 
 def patch_spin_condition(module: Any, sleep_us: int) -> bool:
