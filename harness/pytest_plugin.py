@@ -52,7 +52,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="extra `pd-accuracy run` argument (repeatable), e.g. --pd-run-arg=--num-fewshot=1; "
                      "used in both modes")
     g.addoption("--pd-kv-connector", default=None, metavar="VALUE",
-                help="only the profile's cells of this KV connector (harness.core.kv_connectors: "
+                help="only the profile's cells of this KV connector (harness.connectors: "
                      "nixl, nixl-push, ...); with pd_judge/pd_pair, Cell(kv_connector=...)")
     g.addoption("--pd-weather", default=None, metavar="VALUE",
                 help="only the profile's cells of this weather (harness.core.weathers: calm, "

@@ -16,7 +16,7 @@ from typing import Sequence
 from harness.core.cell import (ASYNC_SCHEDULING, COMPILE_MODES, CUDAGRAPH_MODES, KV_CACHE_DTYPES,
                                KV_LAYOUTS, NETWORKS, RUNNERS, SPEC_DECODE_METHODS, Cell,
                                weather_items)
-from harness.core.kv_connectors import KV_CONNECTORS
+from harness.connectors import KV_CONNECTORS
 from harness.core.weathers import WEATHERS
 from harness.cli import run_checks
 from harness.core.redact import install_log_redaction, redact

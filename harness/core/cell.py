@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR
+from harness.connectors import DEFAULT_KV_CONNECTOR
 from harness.core.weathers import DEFAULT_WEATHER, WEATHERS, params_token
 
 RUNNERS = ("v1", "v2")
@@ -78,7 +78,7 @@ class Cell:
     chunked_prefill: int | None = None  # token budget per step (--max-num-batched-tokens); every server
     cudagraph_mode: str = "default"     # see CUDAGRAPH_MODES; every server
     kv_layout: str = "default"          # see KV_LAYOUTS; the decode server only
-    # harness.core.kv_connectors key: what moves the KV; in the id (not the baseline) when not default
+    # harness.connectors key: what moves the KV; in the id (not the baseline) when not default
     kv_connector: str = DEFAULT_KV_CONNECTOR
     prefill_kv_cache_dtype: str = "auto"    # see KV_CACHE_DTYPES; the prefill server
     decode_kv_cache_dtype: str = "auto"     # see KV_CACHE_DTYPES; the decode and the baseline

@@ -3,7 +3,7 @@ parameters it takes and the devices it can run on. Its driver (what it changes i
 servers, what workload it sends, which events it injects and records, what must hold
 afterwards) is a module of harness.run.weather, which registers it under the same name. A
 weather that drives a connector's own machinery (its lease, its read poll) runs with the
-connectors whose row in harness.core.kv_connectors lists it; the others run with any. Adding a
+connectors whose row in harness.connectors lists it; the others run with any. Adding a
 weather is one row here and one registered module there (docs/weather.md).
 
 ``calm`` is today's polite, steady workload against roomy KV caches: the default, absent from
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from harness.core.kv_connectors import KV_CONNECTORS, connector_row
+from harness.connectors import KV_CONNECTORS, connector_row
 
 
 @dataclass(frozen=True)

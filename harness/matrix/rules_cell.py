@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from harness.core.cell import (BACKENDS, COMPILE_MODES, CPU_BACKENDS, DEVICES, FAULTS, GPU_BACKENDS,
                                KV_BUFFER_DEVICES, NETWORKS, RUNNERS, Cell)
-from harness.core.kv_connectors import ANY_BLOCKS, DECODE_MULTIPLE, KV_CONNECTORS
+from harness.connectors import KV_CONNECTORS
+from harness.connectors.facts import ANY_BLOCKS, DECODE_MULTIPLE
 from harness.core.weathers import (BOUNDARY_MIN_MODEL_LEN, BOUNDARY_UNIT, WEATHERS, resolved_params,
                                    runs_with, weather_connectors, weather_problem)
 from harness.matrix.rule_types import RuleContext, RuleList, blocks
@@ -56,7 +57,7 @@ def _known_kv_buffer(cell: Cell, ctx: RuleContext) -> str | None:
 
 @rule("known-kv-connector", "invalid")
 def _known_kv_connector(cell: Cell, ctx: RuleContext) -> str | None:
-    """The KV connector is one of harness.core.kv_connectors, and runs on the cell's device."""
+    """The KV connector is one of harness.connectors, and runs on the cell's device."""
     row = KV_CONNECTORS.get(cell.kv_connector)
     if row is None:
         return f"unknown kv_connector {cell.kv_connector!r}; use one of {', '.join(KV_CONNECTORS)}"
@@ -78,13 +79,13 @@ def _kv_connector_moves_kv(cell: Cell, ctx: RuleContext) -> str | None:
 
 @rule("kv-connector-driven", "invalid")
 def _kv_connector_driven(cell: Cell, ctx: RuleContext) -> str | None:
-    """The harness has a module that drives the cell's KV connector (harness.serve.connectors)."""
+    """The harness has a package that drives the cell's KV connector (harness.connectors)."""
     row = KV_CONNECTORS.get(cell.kv_connector)
     if row is None or row.driven:
         return None
     needs = f"; it needs {row.package}" if row.package else ""
     return (f"the harness does not drive kv_connector {cell.kv_connector} ({row.vllm_name}): "
-            f"{row.not_driven or 'no module in harness.serve.connectors'}{needs}")
+            f"{row.not_driven or 'no package in harness/connectors/'}{needs}")
 @rule("known-weather", "invalid")
 def _known_weather(cell: Cell, ctx: RuleContext) -> str | None:
     """The weather is one of harness.core.weathers, its parameters its own and in their bounds

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.core.kv_connectors import KV_CONNECTORS
+from harness.connectors import KV_CONNECTORS
 from harness.core.cell import Cell
 from harness.core.platform import PlatformInfo, VllmFeatures
 from harness.core.weathers import (WEATHERS, ServerChanges, WeatherRow, resolved_params,

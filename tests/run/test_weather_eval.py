@@ -113,7 +113,7 @@ def test_the_lease_hook_wraps_the_reaper_once(monkeypatch):
     import sys
     import types
 
-    from harness.serve.plugins.kv_events.by_connector import nixl
+    from harness.connectors.nixl.in_server import kv_events as nixl
 
     calls = []
 
@@ -138,7 +138,7 @@ def test_on_vllm_026_the_lease_hook_wraps_get_finished_and_puts_cut_leases_first
     import sys
     import types
 
-    from harness.serve.plugins.kv_events.by_connector import nixl
+    from harness.connectors.nixl.in_server import kv_events as nixl
 
     class Worker:       # vLLM 0.26: the leases are reaped inline, oldest first, up to a live one
         def get_finished(self):

@@ -29,7 +29,7 @@ from harness.run.evaluation.stages import BaselineRound, EndpointAsker, Question
 from harness.run.evidence.transfer_evidence import (ByteGeometry, DigestFiles, link_evidence,
                                                     link_start, pair_counters, read_proxy_records,
                                                     transfer_proof)
-from harness.serve.connectors.registry import connector_for
+from harness.connectors import connector_for
 from harness.serve.deploy import DeployContext, Deployment, Endpoint, ProxyDeployment
 from harness.serve.launch.server_spec import draft_model_path
 from harness.serve.launch.vllm_features import hooks_not_available

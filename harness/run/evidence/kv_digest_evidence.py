@@ -23,7 +23,7 @@ import re
 from collections import Counter
 from typing import Iterable
 
-from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR, KV_CONNECTORS
+from harness.connectors import DEFAULT_KV_CONNECTOR, KV_CONNECTORS
 from harness.judge.kv_digest_check import compare_digests
 from harness.protocol.kv_digest import (COST_PARTS, HASH_ENV, LEGACY_HASH, RAW_PIECE_TOKENS,
                                         layers_of, merge_tp_ranks, read_digest_lines)

@@ -19,7 +19,7 @@ from harness.core.weathers import ServerChanges
 from harness.judge.weather import InjectedEvent, WeatherCondition
 from harness.run.weather.base import Weather, WeatherRun, Workload
 from harness.run.weather.tagged import events_of, share_tag, tagged_records
-from harness.serve.connectors.registry import connector_for
+from harness.connectors import connector_for
 from harness.serve.proxy.aborts import MIX, PHASES, request_tag
 
 USAGE_SAMPLE = "vllm:kv_cache_usage_perc"

@@ -31,8 +31,8 @@ from typing import Callable, Mapping
 from harness.core.cell import Cell
 from harness.core.weathers import ServerChanges
 from harness.judge.weather import InjectedEvent, RequestRow, WeatherCondition
-from harness.serve.connectors.base import KvConnector
-from harness.serve.connectors.registry import connector_for
+from harness.connectors.driver import KvConnector
+from harness.connectors import connector_for
 from harness.serve.deploy import Deployment
 
 

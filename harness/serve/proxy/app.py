@@ -4,7 +4,7 @@ Every completion request makes two hops under one request id, as vLLM's toy prox
 (``max_tokens=1``, the connector's prefill ``kv_transfer_params``), then decode (the original
 body plus the params the connector makes of the prefill's answer, so the KV crosses; streamed
 through unchanged on ``stream=true``). What the params are and how they travel is the
-connector's (harness.serve.connectors, ``--kv-connector``). Unlike the toy proxies it records
+connector's (harness.connectors, ``--kv-connector``). Unlike the toy proxies it records
 every request (servers, statuses, kv params received and sent, timings) as the transfer
 evidence, and it injects the proxy-side canaries ``drop-transfer`` (decode gets no params) and
 ``foreign-params`` (the previous request's). Bodies, faults, records: ``hops``; run:
@@ -25,10 +25,9 @@ from typing import Any, Iterator, Mapping
 import aiohttp
 from aiohttp import web
 
-from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR, driven_connectors
+from harness.connectors import DEFAULT_KV_CONNECTOR, connector_for, driven_connectors
 from harness.core.prompts import prompt_hash
-from harness.serve.connectors.base import KvConnector
-from harness.serve.connectors.registry import connector_for
+from harness.connectors.driver import KvConnector
 from harness.serve.proxy.upstream import (
     REQUEST_ID_HEADER,
     UPSTREAM_KEEPALIVE_S,
@@ -378,7 +377,7 @@ def create_app(
     independently. fault: ``drop-transfer`` or ``foreign-params`` are applied here; any other name
     is only recorded. records_path: JSONL file that every request's record is appended to.
     timeout_s: total time allowed per upstream hop before answering 504. kv_connector: the
-    harness.core.kv_connectors value whose params the hops carry. prefill_sides: each prefill
+    harness.connectors value whose params the hops carry. prefill_sides: each prefill
     URL's connector side channel ``host:port`` (for a connector whose prefill answers no params).
     """
     state = ProxyState(

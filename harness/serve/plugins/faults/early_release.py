@@ -10,8 +10,8 @@ ignored), so nothing crashes: a decode that reads at once reads the right bytes,
 reads whatever the recycled blocks hold by then. Calm weather cannot see it; load must.
 
 Where it hooks: the connector's send leases, before each step's lease check
-(:func:`harness.serve.plugins.kv_events.interface.hold_leases`; the connector's module under
-``kv_events/by_connector/`` gives that moment), on the prefill
+(:func:`harness.serve.plugins.kv_events.interface.hold_leases`; the connector package's
+``in_server`` gives that moment), on the prefill
 (``PD_ACCURACY_PREFILL_FAULT=by-request``), for the requests whose id carries the
 ``early-release`` tag. One fault line per request it shortened (spec.format_fault_line).
 """

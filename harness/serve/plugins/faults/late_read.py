@@ -11,7 +11,7 @@ How: on the decode's scheduler side of the connector interface, a request whose 
 (``get_num_new_matched_tokens`` answers ``None``: "cannot tell yet", and vLLM's scheduler skips
 the request that step) until its delay has passed since it arrived (``on_new_request``); and
 the decode sends no lease-renewal heartbeats for it (the connector module's
-``stop_lease_renewal``, under ``kv_events/by_connector/``), so nothing extends the prefill's
+``stop_lease_renewal``, in its package's ``in_server``), so nothing extends the prefill's
 lease. Then the read runs as usual. Each held request gives one :data:`HELD_PREFIX` line when
 held and one when released (the lines and their parser: :mod:`harness.protocol.late_read`).
 Armed by :mod:`harness.serve.plugins.faults.decode` under ``PD_ACCURACY_FAULT=by-request``.

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from harness.serve.connectors.base import MetricMap, ServerPorts
-from harness.serve.connectors.nixl import (LEASE_KEY, NIXL_LOG, NIXL_SAMPLES, PREFILL_PARAMS,
+from harness.connectors.driver import MetricMap, ServerPorts
+from harness.connectors.nixl.pull import (LEASE_KEY, NIXL_LOG, NIXL_SAMPLES, PREFILL_PARAMS,
                                            NixlConnector)
 
 # the prefill answer's keys the decode gets (toy_push_proxy_server.py): no remote_block_ids

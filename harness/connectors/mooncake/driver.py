@@ -13,7 +13,7 @@ engine id is derived from it, so the proxy needs only each prefill's side channe
 Evidence: vLLM 0.32 gives Mooncake's transfer statistics no Prometheus metrics (its stats.py:
 "add MooncakePromMetrics ... in a follow-up PR"); the harness's kv-events plugin exposes the
 connector's own statistics object as ``vllm:mooncake_*`` counters
-(harness.serve.plugins.kv_events.by_connector.mooncake). The writer counts: bytes, transfers and
+(harness.connectors.mooncake.in_server). The writer counts: bytes, transfers and
 failed writes on the prefill, failed reads on the decode. The params list no blocks, so the
 judge cannot hold it to an exact byte count.
 """
@@ -22,13 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from harness.serve.connectors.base import KvConnector, MetricMap, ServerPorts
+from harness.connectors.driver import KvConnector, MetricMap, ServerPorts
 
 BOOTSTRAP_PORT_ENV = "VLLM_MOONCAKE_BOOTSTRAP_PORT"
 ENGINE_ID_PREFIX = "pdacc-mooncake-"
 TRANSFER_ID_PREFIX = "xfer-"
 
-# harness.serve.plugins.kv_events.by_connector.mooncake exposes these (Prometheus adds _total)
+# harness.connectors.mooncake.in_server exposes these (Prometheus adds _total)
 MOONCAKE_SAMPLES = {
     "vllm:mooncake_bytes_transferred_total": "kv_bytes",
     "vllm:mooncake_transfers_total": "kv_transfers",

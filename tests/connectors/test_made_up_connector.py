@@ -1,59 +1,71 @@
-"""A connector's capabilities live on its row and module only: a made-up connector with other
-capabilities than NIXL's changes the matrix rules' outcomes, what the weathers set and count,
-provenance and the verdict's words, registered here and nowhere else."""
+"""Adding a connector is a package: a made-up one from a test package (tests/data/fake_connector,
+no harness file changed) registered, with other capabilities than NIXL's, changes the matrix
+rules' outcomes, what the weathers set and count, provenance, the verdict's words and what the
+servers' connector interface finds for its class."""
 from __future__ import annotations
 
-import dataclasses
 import re
 from pathlib import Path
 
 import pytest
 
-from harness.core import kv_connectors
+from harness import connectors
+from harness.connectors import connector_for, connector_row
 from harness.core.cell import Cell
-from harness.core.kv_connectors import (ANY_BLOCKS, KV_DTYPE_MIX, ConnectorRow, Refusal,
-                                        connector_row)
 from harness.core.platform import PlatformInfo
 from harness.core.weathers import resolved_params
 from harness.judge.kv_digest_check import entered
 from harness.matrix import load_matrix
 from harness.matrix.rules import check_cell
+from harness.protocol.late_read import HELD_PREFIX
 from harness.run.evidence.provenance import versions
 from harness.run.weather import weather_for
 from harness.run.weather.base import WeatherRun
-from harness.serve.connectors import registry
-from harness.serve.connectors.base import KvConnector, LogPatterns, MetricMap
-from harness.protocol.late_read import HELD_PREFIX
+from harness.serve.plugins.kv_events import interface
 from harness.serve.proxy.hops import new_request_id
+from tests.data import fake_connector
+from tests.data.fake_connector import VALUE
 
 CPU = PlatformInfo()
 CATALOG = load_matrix().models
-VALUE = "made-up"
-
-ROW = ConnectorRow(
-    "MadeUpConnector", "json:loads", ("cpu", "cuda"), driven=True, label="MadeUp",
-    weathers=("expiry", "load-failures"), block_sizes=ANY_BLOCKS,
-    refusals={KV_DTYPE_MIX: Refusal(how="its handshake says 'dtypes differ, made-up'",
-                                    fails_with="dtypes differ, made-up")},
-    distributions=("made-up-transfer",))
-# it counts everything on the side NIXL pull does not: expirations on the decode, failed
-# transfers on the prefill
-CONNECTOR = KvConnector(
-    value=VALUE, vllm_name="MadeUpConnector",
-    metrics=MetricMap({"vllm:madeup_expired_total": "expired_requests",
-                       "vllm:madeup_failed_total": "failed_transfers"},
-                      role_of={"expired_requests": "decode", "failed_transfers": "prefill"}),
-    lease_key="madeup_lease_seconds",
-    log=LogPatterns(lease_expired=r"made-up lease over for (\S+)"))
 
 
 @pytest.fixture
-def made_up(monkeypatch):
-    monkeypatch.setitem(kv_connectors.KV_CONNECTORS, VALUE, ROW)
-    monkeypatch.setitem(registry.CONNECTORS, VALUE, CONNECTOR)
-    registry.log_patterns.cache_clear()
+def made_up():
+    connectors.register(fake_connector)
     yield
-    registry.log_patterns.cache_clear()
+    connectors.unregister(fake_connector)
+
+
+def test_registering_adds_its_rows_driver_and_in_server_part(made_up):
+    assert connectors.packages()[-1] is fake_connector
+    assert list(connectors.KV_CONNECTORS)[-1] == VALUE
+    assert connector_for(VALUE) is fake_connector.DRIVERS[0]
+    assert interface.specifics_for(type("MadeUpConnector", (), {})).__name__ == (
+        "tests.data.fake_connector.in_server")
+    assert "MADE_UP_SIDE_PORT" in interface.per_server_env()
+    assert "made-up lease over" in connectors.log_patterns("lease_expired")
+
+
+def test_unregistering_takes_it_back():
+    connectors.register(fake_connector)
+    connectors.unregister(fake_connector)
+    assert VALUE not in connectors.KV_CONNECTORS
+    assert interface.specifics_for(type("MadeUpConnector", (), {})) is None
+    assert "made-up" not in (connectors.log_patterns("lease_expired") or "")
+
+
+def test_an_installed_distributions_entry_point_is_a_package_too(monkeypatch):
+    entry = type("Entry", (), {"load": staticmethod(lambda: fake_connector)})()
+    monkeypatch.setattr(connectors.importlib.metadata, "entry_points",
+                        lambda group: [entry] if group == connectors.ENTRY_POINTS else [])
+    connectors._refill()
+    try:
+        assert connector_row(VALUE).word == "MadeUp"
+    finally:
+        monkeypatch.undo()
+        connectors._refill()
+    assert VALUE not in connectors.KV_CONNECTORS
 
 
 def problems(cell: Cell) -> dict[str, object]:
@@ -141,8 +153,8 @@ def test_load_failures_counts_on_the_rows_role(made_up, tmp_path):
 
 def test_provenance_and_verdict_words_are_the_rows(made_up):
     assert "made_up_transfer" in versions(VALUE) and "nixl" not in versions(VALUE)
-    assert CONNECTOR.label == "MadeUp" == connector_row(VALUE).word
-    said = entered({"connector": CONNECTOR.label}, {"raw": {}})
+    assert connector_row(VALUE).word == "MadeUp"
+    said = entered({"connector": connector_row(VALUE).word}, {"raw": {}})
     assert said.startswith("entered after the transfer: MadeUp wrote the bytes")
 
 
@@ -150,13 +162,11 @@ def test_only_the_registry_schema_mapping_and_help_name_nixl_outside_the_connect
     """docs/connectors.md lists these modules; a new one that names NIXL is a connector fact
     in the wrong room."""
     root = Path(__file__).resolve().parents[2] / "harness"
-    allowed = {"core/kv_connectors.py", "core/schema_one.py", "run/record.py", "cli/run.py",
-               "pytest_plugin.py", "core/vllm_hooks.py", "serve/launch/hook_plugins.py",
-               "run/releases.py"}
+    allowed = {"connectors/vllm_registry.py", "core/schema_one.py", "run/record.py", "cli/run.py",
+               "pytest_plugin.py"}
     naming = {str(p.relative_to(root)) for p in root.rglob("*.py")
               if re.search("nixl", p.read_text(), re.I)
-              and not str(p.relative_to(root)).startswith(("serve/connectors/",
-                                                           "serve/plugins/kv_events/by_connector/"))}
+              and not str(p.relative_to(root)).startswith("connectors/nixl/")}
     assert naming <= allowed, sorted(naming - allowed)
     listed = (root.parent / "docs" / "connectors.md").read_text()
     assert all(f"harness/{m}" in listed for m in allowed)

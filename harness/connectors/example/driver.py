@@ -11,7 +11,7 @@ answers none and the decode needs none (it matches by prompt). Evidence: the con
 counters and its hops no params, so the checks built on them are not available (the record says
 so); what proves the transfer is the decode's own count of prompt tokens of source
 ``external_kv_transfer`` and the KV digest of both sides
-(harness.serve.plugins.kv_events.by_connector.example: what the prefill saved, what the decode
+(harness.connectors.example.in_server: what the prefill saved, what the decode
 loaded), joined per request by the proxy's id.
 
 It loads whole blocks of the prompt less its last token (``align_to_block_size(len - 1)``): the
@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from harness.serve.connectors.base import KvConnector, MetricMap
+from harness.connectors.driver import KvConnector, MetricMap
 
 SHARED_PATH_KEY = "shared_storage_path"
 NO_PARAMS = "its hops carry no kv_transfer_params (the decode loads by the prompt's hash)"

@@ -5,7 +5,7 @@
   nowhere but a log line (its stats.py: "add MooncakePromMetrics ... in a follow-up PR"). The
   harness gives the class the ``build_prom_metrics`` it lacks, as counters over the connector's
   own statistics (``vllm:mooncake_*_total``), so the transfer proof reads Mooncake's own counts
-  from /metrics like any other connector's (harness.serve.connectors.mooncake maps them). A vLLM that has its own
+  from /metrics like any other connector's (harness.connectors.mooncake.driver maps them). A vLLM that has its own
   keeps it.
 * The interface's arguments serve the rest: the prefill's ``request_finished`` keeps the blocks
   (``delay=True``, no params), the decode's receiving blocks come through
@@ -19,7 +19,7 @@ from typing import Any
 logger = logging.getLogger("vllm.pd_accuracy.kv_events")
 
 CONNECTOR_CLASSES = ("MooncakeConnector",)
-# each P/D server's own bootstrap port (harness.serve.connectors.mooncake)
+# each P/D server's own bootstrap port (harness.connectors.mooncake.driver)
 PER_SERVER_ENV = ("VLLM_MOONCAKE_BOOTSTRAP_PORT",)
 # statistics key -> counter name (Prometheus appends _total); a key counted by its list's length
 # or, for bytes, by its sum

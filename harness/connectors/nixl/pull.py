@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from harness.serve.connectors.base import KvConnector, LogPatterns, MetricMap, ServerPorts
+from harness.connectors.driver import KvConnector, LogPatterns, MetricMap, ServerPorts
 
 SIDE_CHANNEL_HOST_ENV = "VLLM_NIXL_SIDE_CHANNEL_HOST"
 SIDE_CHANNEL_PORT_ENV = "VLLM_NIXL_SIDE_CHANNEL_PORT"

@@ -1,8 +1,8 @@
-"""What one KV connector needs from the harness and gives back, as one typed value.
+"""What one KV connector needs from the harness and gives back, as one typed value: its driver.
 
-A connector module (``harness.serve.connectors.<name>``, named by the table in
-``harness.core.kv_connectors``) defines ``CONNECTOR``, a :class:`KvConnector`. Everything
-connector-specific the harness does goes through it:
+A connector package (harness/connectors/<name>/) lists its drivers in ``DRIVERS``, one
+:class:`KvConnector` per ``driven`` row of its ``ROWS``. Everything connector-specific the
+harness does goes through it:
 
 - the servers: ``kv_transfer_config`` per role, the env and ports per server (a side channel);
 - the proxy: what the prefill hop asks for and how its answer becomes the decode hop's params;
@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Mapping
-
-from harness.core.kv_connectors import connector_row
 
 PAIR_ROLES = ("prefill", "decode")
 # The connector-neutral transfer counters (harness.eval.metrics.TransferCounters field names)
@@ -88,8 +86,8 @@ class KvConnector:
     # whether the harness's kv-digest plugin (harness.serve.plugins.kv_digest) hooks this
     # connector's vLLM class; False: the kv-digest check is left out, and the record says why
     kv_digest: bool = False
-    # whether the prefill answers the params the decode needs (NIXL); False: it answers none and
-    # the proxy names the transfer itself (Mooncake: a transfer id on both hops)
+    # whether the prefill answers the params the decode needs; False: it answers none and the
+    # proxy names the transfer itself (a transfer id on both hops)
     prefill_answers_params: bool = True
     # the kv_connector_extra_config key that takes a directory both servers of a pair share
     # (the deployment makes a fresh one per pair); None: the connector needs none
@@ -101,11 +99,6 @@ class KvConnector:
     # its decode (seconds); None: it has no lease (the lease weathers do not run with it)
     lease_key: str | None = None
     log: LogPatterns = LogPatterns()
-
-    @property
-    def label(self) -> str:
-        """A word for humans ("NIXL (push)"): its row's, the one the matrix and verdict use."""
-        return connector_row(self.value).word
 
     # ---- servers ------------------------------------------------------------------------
     def kv_transfer_config(self, role: str, *, kv_role: str, kv_buffer_device: str,
