@@ -55,7 +55,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="only the profile's cells of this KV connector (harness.connectors: "
                      "nixl, nixl-push, ...); with pd_judge/pd_pair, Cell(kv_connector=...)")
     g.addoption("--pd-weather", default=None, metavar="VALUE",
-                help="only the profile's cells of this weather (harness.core.weathers: calm, "
+                help="only the profile's cells of this weather (harness.weathers: calm, "
                      "load, ...); with pd_judge/pd_pair, Cell(weather=...)")
     g.addoption("--pd-platform", default=None,
                 help="expand for this platform instead of this machine (cpu, cuda:N)")

@@ -24,9 +24,11 @@ TOP_LEVEL_ALLOWED = {"__init__", "pytest_plugin", "pytest_suite"}
 # one package per connector and per weather, holding its modules of every layer: a module's
 # layer is its role's (a part of its dotted name), any other is core's (facts the matrix reads
 # before anything above core is imported)
-CONCEPTS = ("connectors",)
+CONCEPTS = ("connectors", "weathers")
 ROLE_LAYERS = {
     "connectors": {"in_server": "serve"},
+    "weathers": {"protocol": "protocol", "in_server": "serve", "proxy": "serve",
+                 "driver": "run"},
 }
 # the room of serve/ a concept package's serve-layer role belongs to
 ROLE_ROOMS = {"in_server": "plugins", "proxy": "proxy"}
@@ -63,7 +65,7 @@ def modules() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(ROOT.rglob("*.py")) if "checkpoints" not in p.parts}
 
 
-# a string that names a harness module ("harness.run.weather.calm", or "module:attribute") is an
+# a string that names a harness module ("harness.weathers.calm.driver", or "module:attribute") is an
 # import waiting to happen (importlib, entry points): the graph counts it like an import
 MODULE_STRING = re.compile(r"harness(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_]\w*)?")
 
@@ -146,6 +148,10 @@ def test_a_concept_packages_modules_take_their_roles_layers():
     assert package_of("harness.connectors") == package_of("harness.connectors.nixl") == "core"
     assert package_of("harness.connectors.nixl.in_server.idle") == "serve"
     assert serve_room_of("harness.connectors.nixl.in_server.idle") == "plugins"
+    assert package_of("harness.weathers.expiry.driver") == "run"
+    assert package_of("harness.weathers.expiry.protocol") == "protocol"
+    assert package_of("harness.weathers.aborts.proxy") == "serve"
+    assert serve_room_of("harness.weathers.aborts.proxy") == "proxy"
     assert package_of("harness.run.weather") == "run"
 
 
@@ -159,12 +165,12 @@ def test_reader_sees_real_imports():
 def test_reader_sees_imports_by_string_and_not_processes():
     known = set(modules())
     lazy = "def f():\n    import harness.run.record\n"
-    by_string = "import importlib\nM = importlib.import_module('harness.run.weather.calm')\n"
+    by_string = "import importlib\nM = importlib.import_module('harness.weathers.calm.driver')\n"
     entry = "ENTRY = 'harness.serve.plugins.faults.decode:register'\n"
     launched = "ARGV = ['python', '-m', 'harness.cli', 'run']\n"
     logger = "import logging\nlog = logging.getLogger('harness.serve.proxy.app')\n"
     assert imports_in(lazy, known) == {"harness.run.record"}
-    assert imports_in(by_string, known) == {"harness.run.weather.calm"}
+    assert imports_in(by_string, known) == {"harness.weathers.calm.driver"}
     assert imports_in(entry, known) == {"harness.serve.plugins.faults.decode"}
     assert imports_in(launched, known) == imports_in(logger, known) == set()
 

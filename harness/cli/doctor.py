@@ -35,7 +35,7 @@ def diagnose(features: Any) -> dict[str, Any]:
     from harness.core.cell import FAULTS
     from harness.connectors import KV_CONNECTORS
     from harness.core.vllm_hooks import hooks as all_hooks, not_available_checks, unavailable_for
-    from harness.core.weathers import WEATHERS
+    from harness.weathers import WEATHERS
     from harness.judge.verdict import CHECKS
     from harness.serve.launch.hook_plugins import hook_plugins
 

@@ -17,7 +17,7 @@ from harness.core.cell import (ASYNC_SCHEDULING, COMPILE_MODES, CUDAGRAPH_MODES,
                                KV_LAYOUTS, NETWORKS, RUNNERS, SPEC_DECODE_METHODS, Cell,
                                weather_items)
 from harness.connectors import KV_CONNECTORS
-from harness.core.weathers import WEATHERS
+from harness.weathers import WEATHERS
 from harness.cli import run_checks
 from harness.core.redact import install_log_redaction, redact
 from harness.report.console import save_console_log, start_console_log, stop_console_log

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from harness.connectors import DEFAULT_KV_CONNECTOR
-from harness.core.weathers import DEFAULT_WEATHER, WEATHERS, params_token
+from harness.weathers import DEFAULT_WEATHER, WEATHERS, params_token
 
 RUNNERS = ("v1", "v2")
 # MLA (latent KV) models take their own backends on CUDA (vLLM AttentionBackendEnum names)
@@ -83,7 +83,7 @@ class Cell:
     prefill_kv_cache_dtype: str = "auto"    # see KV_CACHE_DTYPES; the prefill server
     decode_kv_cache_dtype: str = "auto"     # see KV_CACHE_DTYPES; the decode and the baseline
     prefill_runner: str | None = None   # the prefill's runner when not `runner` (mixed runners)
-    # harness.core.weathers key: the workload and environment the pair is judged in; in the id
+    # harness.weathers key: the workload and environment the pair is judged in; in the id
     # ("w_<name>", then its explicitly set parameters), not the baseline key (it runs calm)
     weather: str = DEFAULT_WEATHER
     weather_params: tuple[tuple[str, Any], ...] = ()   # sorted (name, number): the row's params

@@ -129,12 +129,6 @@ PLUGIN_HOOKS: tuple[Hook, ...] = (
          ("canaries corrupt-block, swap-blocks, perturb-kv",),
          requires=("kv-events",), canaries=("corrupt-block", "swap-blocks", "perturb-kv"),
          what="breaks the decode's received KV before its first step"),
-    Hook("late-read",
-         ("weather expiry (a decode read held past the lease)",),
-         needs=(base_need("on_new_request", "request"),
-                base_need("get_num_new_matched_tokens", "request", "num_computed_tokens")),
-         requires=("kv-events",), weathers=("expiry",),
-         what="holds a tagged request's read until its delay has passed"),
     Hook("compile-key",
          ("a P/D pair shares its baseline's torch.compile cache",),
          needs=(Need("vllm.envs", "compile_factors"),),
@@ -162,9 +156,10 @@ PLUGIN_HOOKS: tuple[Hook, ...] = (
 def hooks() -> tuple[Hook, ...]:
     """The whole table: the plugins' rows, then each connector package's, then each weather
     package's (their order in lists)."""
-    from harness import connectors
+    from harness import connectors, weathers
 
-    return PLUGIN_HOOKS + tuple(hook for _, hook in connectors.package_hooks())
+    return PLUGIN_HOOKS + tuple(hook for _, hook in connectors.package_hooks()
+                                + weathers.package_hooks())
 
 
 def hooks_by_name() -> dict[str, Hook]:

@@ -13,11 +13,11 @@ from harness import connectors
 from harness.connectors import connector_for, connector_row
 from harness.core.cell import Cell
 from harness.core.platform import PlatformInfo
-from harness.core.weathers import resolved_params
+from harness.weathers import resolved_params
 from harness.judge.kv_digest_check import entered
 from harness.matrix import load_matrix
 from harness.matrix.rules import check_cell
-from harness.protocol.late_read import HELD_PREFIX
+from harness.weathers.expiry.protocol import HELD_PREFIX
 from harness.run.evidence.provenance import versions
 from harness.run.weather import weather_for
 from harness.run.weather.base import WeatherRun

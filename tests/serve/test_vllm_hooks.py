@@ -214,7 +214,7 @@ def test_nixl_leases_cut_inline_in_get_finished(monkeypatch):
 
 @older("late-read")
 def test_late_read_holds_on_the_old_matched_tokens(monkeypatch):
-    from harness.serve.plugins.faults import late_read
+    from harness.weathers.expiry import in_server as late_read
 
     assert missing("late-read", importer(VLLM_027)) is None
     allow(monkeypatch, "late-read")

@@ -36,7 +36,7 @@ from harness.serve.launch.vllm_features import hooks_not_available
 from harness.protocol.faults import request_tag_for
 from harness.serve.supervision.process import most_decisive_line
 from harness.serve.proxy.hops import PROXY_FAULTS
-from harness.core.weathers import DEFAULT_WEATHER
+from harness.weathers import DEFAULT_WEATHER
 from harness.judge.weather import WeatherJudgement
 from harness.run.weather_eval import WeatherWitness, answered_only, weather_plan
 

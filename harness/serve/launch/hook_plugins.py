@@ -7,14 +7,13 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from harness import connectors
+from harness import connectors, weathers
 
 # the harness's own plugins' hooks
 PLUGIN_MODULES: Mapping[str, str] = {
     "kv-events": "harness.serve.plugins.kv_events.interface",
     "kv-digest": "harness.serve.plugins.kv_digest.hook",
     "kv-faults": "harness.serve.plugins.faults.decode",
-    "late-read": "harness.serve.plugins.faults.late_read",
     "compile-key": "harness.serve.plugins.startup.compile_key",
     "fork-start": "harness.serve.plugins.startup.fork_start",
     "cpu-amx": "harness.serve.plugins.startup.cpu_amx",
@@ -26,7 +25,7 @@ PLUGIN_MODULES: Mapping[str, str] = {
 def hook_plugins() -> dict[str, str]:
     """Every hook -> the dotted name of the module that attaches it."""
     found = dict(PLUGIN_MODULES)
-    for package, hook in connectors.package_hooks():
+    for package, hook in connectors.package_hooks() + weathers.package_hooks():
         found[hook.name] = f"{package.__name__}.{package.HOOK_PLUGINS[hook.name]}"
     return found
 

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 
 from harness.core.cell import Cell
 from harness.connectors import DEFAULT_KV_CONNECTOR, connector_for
-from harness.core.weathers import ServerChanges
+from harness.weathers.facts import ServerChanges
 from harness.core.spec_decode import PREFILL_SPEC_TOKENS, ROLES_GENERATING, SPEC_DECODE_CONFIGS
 from harness.serve.launch import thread_budget
 from harness.protocol.faults import BY_REQUEST, PREFILL_FAULT_ENV
@@ -106,7 +106,7 @@ class ServerSpec:
     cudagraph_mode: str = "default"            # --compilation-config {"cudagraph_mode": ...}
     kv_layout: str = "default"                 # VLLM_KV_CACHE_LAYOUT (HND | NHD)
     kv_cache_dtype: str = "auto"               # --kv-cache-dtype (fp8, fp8_e4m3, fp8_e5m2)
-    # what the cell's weather changes in this P/D server (harness.core.weathers; none when calm)
+    # what the cell's weather changes in this P/D server (harness.weathers; none when calm)
     weather: ServerChanges = ServerChanges()
     python: str = field(default_factory=lambda: sys.executable)
     # where it runs (harness.serve.net.netns): the address it binds and is reached at, the

@@ -11,7 +11,7 @@ VALUE = "made-up"
 
 ROWS = {VALUE: ConnectorRow(
     "MadeUpConnector", "json:loads", ("cpu", "cuda"), driven=True, label="MadeUp",
-    weathers=("expiry", "load-failures"), block_sizes=ANY_BLOCKS,
+    weathers=("expiry", "load-failures", "drizzle"), block_sizes=ANY_BLOCKS,
     refusals={KV_DTYPE_MIX: Refusal(how="its handshake says 'dtypes differ, made-up'",
                                     fails_with="dtypes differ, made-up")},
     distributions=("made-up-transfer",))}

@@ -1,5 +1,5 @@
 """aborts: the harness proxy cancels a share of the requests, each at one of four phases
-(harness.serve.proxy.aborts: queued on the prefill; prefill done, decode never sent; the decode
+(its ``proxy``: queued on the prefill; prefill done, decode never sent; the decode
 took it, before its first token; mid-decode), the way a client that goes away does (vllm
 #41269, #46240, #46283, #50754: stranded blocks, a killed EngineCore). A short lease (the
 connector's ``lease_key``) lets the prefill release the blocks of a decode that never came.
@@ -15,12 +15,11 @@ from collections import Counter
 from typing import Mapping
 
 from harness.core.cell import Cell
-from harness.core.weathers import ServerChanges
+from harness.weathers.facts import ServerChanges
 from harness.judge.weather import InjectedEvent, WeatherCondition
 from harness.run.weather.base import Weather, WeatherRun, Workload
-from harness.run.weather.tagged import events_of, share_tag, tagged_records
-from harness.connectors import connector_for
-from harness.serve.proxy.aborts import MIX, PHASES, request_tag
+from harness.run.weather.tagged import events_of, lease_key, share_tag, tagged_records
+from harness.weathers.aborts.protocol import MIX, PHASES, request_tag
 
 USAGE_SAMPLE = "vllm:kv_cache_usage_perc"
 MARKER = "wx.abort."
@@ -62,15 +61,6 @@ class Aborts(Weather):
                 f"{server} {USAGE_SAMPLE} {usage if usage is not None else '?'} "
                 f"{self.settle_s(run.params):g} s after the last request (wanted 0)"))
         return tuple(out)
-
-
-def lease_key(cell: Cell) -> str:
-    """The cell's connector's lease setting (the matrix runs these weathers only with connectors
-    whose row lists them; one without a lease cannot get here)."""
-    key = connector_for(cell.kv_connector).lease_key
-    if key is None:
-        raise ValueError(f"kv_connector {cell.kv_connector} has no KV lease to shorten")
-    return key
 
 
 WEATHER = Aborts()

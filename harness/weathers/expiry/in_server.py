@@ -1,20 +1,21 @@
-"""The ``late-read`` weather fault: the decode server starts a tagged request's KV read late.
+"""The expiry weather's fault in the decode (``late-read``): a tagged request's KV read starts
+late.
 
-The ``expiry`` weather needs a decode whose read comes after the prefill's KV lease
+The weather needs a decode whose read comes after the prefill's KV lease
 (``kv_lease_duration``) ran out, the way a slow or stalled decode does: vLLM 0.32's prefill then
 releases the request's blocks (its connector counts them expired) and a read that still comes
 finds blocks that may hold another prompt's KV. The decode must answer such a request with an
 error or a right answer, never a wrong HTTP 200.
 
 How: on the decode's scheduler side of the connector interface, a request whose id carries
-:func:`harness.protocol.late_read.request_tag` is held back from the connector
+:func:`harness.weathers.expiry.protocol.request_tag` is held back from the connector
 (``get_num_new_matched_tokens`` answers ``None``: "cannot tell yet", and vLLM's scheduler skips
 the request that step) until its delay has passed since it arrived (``on_new_request``); and
 the decode sends no lease-renewal heartbeats for it (the connector module's
 ``stop_lease_renewal``, in its package's ``in_server``), so nothing extends the prefill's
 lease. Then the read runs as usual. Each held request gives one :data:`HELD_PREFIX` line when
-held and one when released (the lines and their parser: :mod:`harness.protocol.late_read`).
-Armed by :mod:`harness.serve.plugins.faults.decode` under ``PD_ACCURACY_FAULT=by-request``.
+held and one when released (the lines and their parser: this package's ``protocol``). Armed by
+:mod:`harness.serve.plugins.faults.decode` under ``PD_ACCURACY_FAULT=by-request``.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import logging
 import time
 from typing import Any, Callable
 
-from harness.protocol.late_read import HELD_PREFIX, held_line, parse_delay_ms, released_line
+from harness.weathers.expiry.protocol import HELD_PREFIX, held_line, parse_delay_ms, released_line
 
 logger = logging.getLogger("vllm.pd_accuracy.late_read")
 

@@ -25,10 +25,10 @@ from dataclasses import replace
 from typing import Mapping
 
 from harness.core.cell import Cell
-from harness.core.weathers import ServerChanges
+from harness.weathers.facts import ServerChanges
 from harness.judge.weather import MISSING, InjectedEvent, RequestRow, WeatherCondition
 from harness.run.weather.base import SoakQuestion, Sustain, WeatherRun, Workload
-from harness.run.weather.load import EVICTED_SAMPLE, Load
+from harness.weathers.load.driver import EVICTED_SAMPLE, Load
 from harness.run.weather.tagged import SERVER_FAULT_ENV, counted, events_of, share_tag, tagged_records
 from harness.protocol.faults import FAIL_TRANSFER, FaultSpec, request_fault_tag
 

@@ -1,4 +1,6 @@
-"""The ``aborts`` weather in the proxy: a tagged request is cancelled at one phase of its two hops.
+"""The words of the aborts weather: the tag that asks the proxy to cancel a request at one phase
+of its two hops, and what the client then gets (its ``proxy`` cancels, its ``driver`` reads the
+records back; standard library only, as harness.protocol).
 
 A client that goes away is an abort to vLLM (the connection closes, the server aborts the
 request), and P/D has four moments where that strands or races KV (vllm #41269, #46240,

@@ -1,7 +1,7 @@
 """expiry: a short KV lease on the prefill (the connector's ``lease_key``) and, for a share of the
-requests, the decode's read started after it ran out (the decode's late-read fault,
-harness.serve.plugins.faults.late_read, its tag and lines harness.protocol.late_read: the
-request is held from its connector and sends no lease-renewal heartbeats). The prefill then
+requests, the decode's read started after it ran out (the decode's late-read fault, this
+package's ``in_server``, its tag and lines its ``protocol``: the request is held from its
+connector and sends no lease-renewal heartbeats). The prefill then
 releases the request's blocks; a read that still comes must end in an error or a right answer,
 never a wrong HTTP 200 (aws-samples/aws-do-eks #84: 8 of 42 requests served from released
 blocks, all 200; vllm #58222, #50789).
@@ -18,13 +18,12 @@ import re
 from typing import Mapping
 
 from harness.core.cell import Cell
-from harness.core.weathers import ServerChanges
+from harness.weathers.facts import ServerChanges
 from harness.judge.weather import InjectedEvent, WeatherCondition
-from harness.run.weather.aborts import lease_key
 from harness.run.weather.base import Weather, WeatherRun, Workload
 from harness.run.weather.tagged import (SERVER_FAULT_ENV, counted, decode_log, events_of,
-                                        share_tag, tagged_records)
-from harness.protocol.late_read import parse_late_read_log, request_tag
+                                        lease_key, share_tag, tagged_records)
+from harness.weathers.expiry.protocol import parse_late_read_log, request_tag
 
 LATE_BY_S = 2.0          # the read starts this long after the lease ran out
 MARKER = "wx.late-read."

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from harness.core.cell import Cell
-from harness.core.weathers import ServerChanges
+from harness.weathers.facts import ServerChanges
 from harness.judge.weather import InjectedEvent, WeatherCondition
 from harness.run.weather.base import Weather, WeatherRun, Workload
 from harness.run.weather.tagged import (SERVER_FAULT_ENV, counted, decode_log, events_of,

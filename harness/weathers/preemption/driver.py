@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from harness.core.cell import Cell
-from harness.core.weathers import ServerChanges
+from harness.weathers.facts import ServerChanges
 from harness.judge.weather import WeatherCondition
 from harness.run.weather.base import Weather, WeatherRun, Workload
 

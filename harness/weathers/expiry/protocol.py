@@ -1,6 +1,6 @@
-"""The ``late-read`` weather fault's words: the tag a request's id carries to ask for a late
-read, and the lines the decode writes for each request it holds (written by
-harness.serve.plugins.faults.late_read, read back by the ``expiry`` weather)."""
+"""The words of the expiry weather's late read: the tag a request's id carries to ask for one,
+and the lines the decode writes for each request it holds (written by its ``in_server`` part,
+read back by its ``driver``; standard library only, as harness.protocol)."""
 from __future__ import annotations
 
 import re
