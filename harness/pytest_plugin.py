@@ -32,6 +32,9 @@ LOADGROUP_KEY = "pd_accuracy_loadgroup"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    from harness.connectors import driven_connectors
+    from harness.weathers import WEATHERS
+
     g = parser.getgroup("pd-accuracy")
     g.addoption("--pd-profile", default="smoke", help="matrix profile to parametrize (default smoke)")
     g.addoption("--pd-matrix", default=None,
@@ -53,10 +56,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "used in both modes")
     g.addoption("--pd-kv-connector", default=None, metavar="VALUE",
                 help="only the profile's cells of this KV connector (harness.connectors: "
-                     "nixl, nixl-push, ...); with pd_judge/pd_pair, Cell(kv_connector=...)")
+                     f"{', '.join(driven_connectors()[:2])}, ...); with pd_judge/pd_pair, "
+                     "Cell(kv_connector=...)")
     g.addoption("--pd-weather", default=None, metavar="VALUE",
-                help="only the profile's cells of this weather (harness.weathers: calm, "
-                     "load, ...); with pd_judge/pd_pair, Cell(weather=...)")
+                help="only the profile's cells of this weather (harness.weathers: "
+                     f"{', '.join(list(WEATHERS)[:2])}, ...); with pd_judge/pd_pair, "
+                     "Cell(weather=...)")
     g.addoption("--pd-platform", default=None,
                 help="expand for this platform instead of this machine (cpu, cuda:N)")
     g.addoption("--pd-servers-on-one-worker", action="store_true",

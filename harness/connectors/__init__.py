@@ -27,6 +27,7 @@ import importlib
 import importlib.metadata
 import pkgutil
 from types import ModuleType
+from typing import Any
 
 from harness.connectors.driver import KvConnector
 from harness.connectors.facts import ConnectorRow
@@ -117,7 +118,7 @@ def log_patterns(kind: str) -> str | None:
     return _LOG_PATTERNS[kind]
 
 
-def package_hooks() -> tuple[tuple[ModuleType, object], ...]:
+def package_hooks() -> tuple[tuple[ModuleType, Any], ...]:
     """(package, hook) for every row of the compatibility table a connector package adds."""
     return tuple((p, hook) for p in _PACKAGES for hook in getattr(p, "HOOKS", ()))
 

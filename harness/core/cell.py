@@ -200,7 +200,7 @@ class Cell:
             **({"kv_cache_dtype": self.decode_kv_cache_dtype}
                if self.decode_kv_cache_dtype != "auto" else {}),
             **self._baseline_engine_settings(),
-            # a weather that asks its own prompts (block-boundary) needs their baseline
+            # a weather that asks its own prompts (its row's task_variants) needs their baseline
             **({"prompts": self.weather} if self.weather_task_variants else {}),
             "extra_args": list(self.extra_args),
             # the fault switches only act on a decode server: a canary shares the real baseline

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness.core import vllm_hooks
-from harness.connectors.nixl.hooks import NIXL_WORKER
+from harness.connectors.nixl import NIXL_WORKER
 from harness.core.vllm_hooks import hooks, missing, shapes
 from harness.connectors.nixl.in_server import kv_events as nixl
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness.core import vllm_hooks
-from harness.connectors.nixl.hooks import NIXL_WORKER
+from harness.connectors.nixl import NIXL_WORKER
 from harness.core.vllm_hooks import (FACTORY, KV_BASE, hooks, missing, not_available_checks, shapes,
                                      unavailable_for)
 from harness.serve.plugins import compat

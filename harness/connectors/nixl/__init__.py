@@ -3,7 +3,8 @@ hooks into vLLM and in-server part, found by harness.connectors' scan of its pac
 
 - facts: ``ROWS`` below (what the matrix checks, what the weathers and verdict need);
 - drivers: ``pull`` (vLLM's P/D default), ``push``, ``multi`` (``DRIVERS``);
-- hooks into vLLM and NIXL: ``hooks`` (``HOOKS``, ``HOOK_PLUGINS``);
+- hooks into vLLM and NIXL: ``HOOKS`` below (the worker's read poll and send leases, attached
+  by ``in_server/kv_events.py``; the binding's agent, by ``in_server/idle.py``);
 - in the servers: ``in_server/`` (what NIXL does its own way at the connector interface: its
   read poll, its send leases; MultiConnector and its offloading child left unhooked; NIXL's idle
   progress thread, a vLLM general plugin of its own).
@@ -13,8 +14,8 @@ from __future__ import annotations
 from harness.connectors.facts import (DECODE_MULTIPLE, KV_DTYPE_MIX, KV_LAYERS_MIX,
                                       PERMUTE_HYBRID, ConnectorRow, Refusal)
 from harness.connectors.nixl import multi, pull, push
-from harness.connectors.nixl.hooks import HOOK_PLUGINS, HOOKS
 from harness.connectors.vllm_registry import OFFLOAD_ON_GPU_ONLY
+from harness.core.vllm_hooks import Hook, Need, any_of
 
 NIXL_TRANSPORT = "nixl._api:nixl_agent"
 # the weathers that drive a connector's own machinery (its lease, its read poll, its
@@ -80,5 +81,36 @@ ROWS: dict[str, ConnectorRow] = {
 }
 DRIVERS = (pull.CONNECTOR, push.CONNECTOR, multi.MULTI_NIXL, multi.CONNECTOR)
 
+NIXL_WORKER = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker"
+WORKER = "NixlBaseConnectorWorker"
+
+HOOKS = (
+    Hook("nixl-read-poll",
+         ("canary fail-transfer", "weather load-failures", "digest as written (before post-processing)"),
+         needs=(Need(NIXL_WORKER, f"{WORKER}._pop_done_transfers", ("transfers",)),
+                # 0.30 on: the failed set too; 0.27-0.29: (req_id, handle), failures queued
+                any_of(Need(NIXL_WORKER, f"{WORKER}._handle_failed_transfer",
+                            ("req_id", "handle", "failed_req_ids")),
+                       Need(NIXL_WORKER, f"{WORKER}._handle_failed_transfer",
+                            ("req_id", "handle")))),
+         requires=("kv-events",), canaries=("fail-transfer",), weathers=("load-failures",),
+         what="the NIXL worker's read poll: bytes in place, not yet post-processed"),
+    Hook("nixl-leases",
+         ("canary early-release",),
+         # 0.31 on: a reaper of its own; before: get_finished checks the leases inline
+         needs=(any_of(Need(NIXL_WORKER, f"{WORKER}._reap_expired_send_leases"),
+                       Need(NIXL_WORKER, f"{WORKER}.get_finished")),),
+         canaries=("early-release",),
+         what="shortens the prefill's send leases before each step's lease check"),
+    Hook("nixl-idle",
+         ("NIXL's progress thread sleeps while idle (CPU time)",),
+         needs=(any_of(Need("nixl_cu12._api", "nixlBind.nixlAgent"),
+                       Need("nixl_cu13._api", "nixlBind.nixlAgent")),),
+         what="raises NIXL's progress-thread delay from 0"),
+)
+# which module of this package attaches each hook (doctor says where a hook lives)
+HOOK_PLUGINS = {"nixl-read-poll": "in_server.kv_events", "nixl-leases": "in_server.kv_events",
+                "nixl-idle": "in_server.idle"}
+
 __all__ = ["DRIVERS", "HOOKS", "HOOK_PLUGINS", "NIXL_DISTRIBUTIONS", "NIXL_FACTS", "NIXL_PINS",
-           "NIXL_REFUSALS", "NIXL_TRANSPORT", "NIXL_WEATHERS", "ROWS"]
+           "NIXL_REFUSALS", "NIXL_TRANSPORT", "NIXL_WEATHERS", "NIXL_WORKER", "ROWS", "WORKER"]

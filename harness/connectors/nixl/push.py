@@ -8,8 +8,8 @@ host/port, TP size) with ``do_remote_prefill`` and *no* block ids; it allocates 
 registers them with the prefill over a NIXL notification, and the prefill writes into them.
 The writer counts the transfer, so the byte counters are on the prefill's ``/metrics`` (and the
 lease expirations); a failed write is the prefill's failed transfer, a failed arrival (the
-decode's poll reporting a request's KV did not land, what the fail-transfer fault and the
-load-failures weather inject) the decode's, so that counter is read from both. A failed
+decode's poll reporting a request's KV did not land, what the fail-transfer fault injects)
+the decode's, so that counter is read from both. A failed
 registration is the decode's. The bytes are still the prefill's listed blocks (what it answered)
 x the KV geometry.
 """

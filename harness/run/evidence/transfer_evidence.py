@@ -205,7 +205,7 @@ def transfer_proof(records: list[dict], delta: TransferCounters, hybrid: bool,
         return bool(params) and bool(params.get("remote_block_ids") is not None
                                      or params.get("remote_engine_id"))
 
-    # a connector whose prefill answers no params (Mooncake): the handle the proxy named once
+    # a connector whose prefill answers no params: the handle the proxy named once
     # the prefill answered, counted as that prefill's params (TransferProof.params_named_by_proxy)
     with_params = sum(usable(answer_of(r)) for r in records)
     named = sum(bool(r.get("kv_transfer_handle")) for r in records)

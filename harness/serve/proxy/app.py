@@ -78,7 +78,7 @@ class ProxyState:
     connector: KvConnector = field(default_factory=connector_for)   # how the params travel
     forward_authorization: bool = False   # pass the client's Authorization on (else strip it)
     # prefill URL -> its connector side channel "host:port" (a connector whose prefill answers no
-    # params names the transfer from it: Mooncake's bootstrap server)
+    # params names the transfer from it: its bootstrap server)
     prefill_sides: dict[str, str] = field(default_factory=dict)
     records: list[dict[str, Any]] = field(default_factory=list)
     session: aiohttp.ClientSession | None = None
@@ -432,7 +432,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--decode", action="append", required=True, metavar="URL",
                         help="decode server base URL; repeat for several")
     parser.add_argument("--prefill-side", action="append", default=[], metavar="URL=HOST:PORT",
-                        help="a prefill's connector side channel (Mooncake: its bootstrap server)")
+                        help="a prefill's connector side channel (e.g. its bootstrap server)")
     parser.add_argument("--fault", default=None,
                         help=f"fault to inject ({', '.join(PROXY_FAULTS)} here; others only recorded)")
     parser.add_argument("--request-tag", default="", help="text in every request id, e.g. "

@@ -18,7 +18,8 @@ decode allocated first) do their own way, for :mod:`harness.serve.plugins.kv_eve
 * ``hold_leases``: the prefill worker's send leases (``_reqs_to_send``: request id -> the
   deadline after which vLLM releases its blocks, extended by the decode's heartbeats), checked
   once per step by ``_reap_expired_send_leases``; a hook there can shorten them (the
-  early-release canary), and the release then runs through vLLM's own expiry path.
+  early-release canary), and the release then runs through vLLM's own path for a lease that
+  ran out.
 """
 from __future__ import annotations
 

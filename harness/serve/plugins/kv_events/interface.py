@@ -343,7 +343,7 @@ def patch_connector_class(cls: type) -> None:
         install(cls)
     module = specifics_for(cls)
     extend = getattr(module, "extend", None) if module is not None else None
-    if extend:    # what the class lacks that the evidence needs (Mooncake: its counters)
+    if extend:    # what the class lacks that the evidence needs (its own counters)
         extend(cls)
     for patcher in list(_class_patchers):
         try:
