@@ -3,8 +3,9 @@ help show every ``kv_connector`` value in, and the rows of the connectors vLLM r
 (``KVConnectorFactory``, vLLM CPU 0.32) that the harness does not drive, each saying why: so
 that ``pd-accuracy list --show-excluded`` says for every one where it runs or why it is excluded
 (docs/connectors.md has the errors each one gave when tried here). A connector the harness
-drives has its rows in its own package (harness/connectors/<name>/); driving one of these is a
-new package, and its row leaves this table.
+drives has its rows in its own package (harness/connectors/<name>/), an old name of a driven
+class too (judged as that class); driving one of these is a new package, and its row leaves this
+table.
 """
 from __future__ import annotations
 
