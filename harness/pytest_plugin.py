@@ -32,6 +32,9 @@ LOADGROUP_KEY = "pd_accuracy_loadgroup"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    from harness.connectors import driven_connectors
+    from harness.weathers import WEATHERS
+
     g = parser.getgroup("pd-accuracy")
     g.addoption("--pd-profile", default="smoke", help="matrix profile to parametrize (default smoke)")
     g.addoption("--pd-matrix", default=None,
@@ -53,11 +56,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="extra `pd-accuracy run` argument (repeatable), e.g. --pd-run-arg=--num-fewshot=1; "
                      "used in both modes")
     g.addoption("--pd-kv-connector", default=None, metavar="VALUE",
-                help="only the profile's cells of this KV connector (harness.core.kv_connectors: "
-                     "nixl, nixl-push, ...); with pd_judge/pd_pair, Cell(kv_connector=...)")
+                help="only the profile's cells of this KV connector (harness.connectors: "
+                     f"{', '.join(driven_connectors()[:2])}, ...); with pd_judge/pd_pair, "
+                     "Cell(kv_connector=...)")
     g.addoption("--pd-weather", default=None, metavar="VALUE",
-                help="only the profile's cells of this weather (harness.core.weathers: calm, "
-                     "load, ...); with pd_judge/pd_pair, Cell(weather=...)")
+                help="only the profile's cells of this weather (harness.weathers: "
+                     f"{', '.join(list(WEATHERS)[:2])}, ...); with pd_judge/pd_pair, "
+                     "Cell(weather=...)")
     g.addoption("--pd-platform", default=None,
                 help="expand for this platform instead of this machine (cpu, cuda:N)")
     g.addoption("--pd-servers-on-one-worker", action="store_true",
@@ -122,8 +127,8 @@ def _run_args(argv: list[str]):
 
 def _check_values(config: pytest.Config) -> None:
     from harness.cli import values as v
-    from harness.core.kv_connectors import KV_CONNECTORS
-    from harness.core.weathers import WEATHERS
+    from harness.connectors import KV_CONNECTORS
+    from harness.weathers import WEATHERS
 
     for option, kind in (("--pd-platform", v.platform()),
                          ("--pd-kv-connector", v.choice(tuple(KV_CONNECTORS), "kv connector")),

@@ -2,7 +2,7 @@
 
     python scripts/vllm_hook_shapes.py VLLM_WHEEL [TORCH_WHEEL] > tests/data/vllm_hook_shapes/RELEASE.json
 
-For every need of `harness.core.vllm_hooks.HOOKS` (each alternative of an `any_of`) it parses the
+For every need of `harness.core.vllm_hooks.hooks()` (each alternative of an `any_of`) it parses the
 module's source with `ast` (nothing is imported: a CUDA wheel cannot be imported on a CPU
 machine) and writes whether the dotted attribute exists and, for a function, its parameter
 names. `tests/serve/test_vllm_hook_shapes.py` builds fake modules of exactly that shape and asks
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.core.vllm_hooks import HOOKS, AnyOf  # noqa: E402
+from harness.core.vllm_hooks import AnyOf, hooks  # noqa: E402
 
 
 def _sources(wheels: list[str]) -> dict[str, str]:
@@ -96,7 +96,7 @@ def main(argv: list[str]) -> int:
     sources = _sources(argv)
     release = next((Path(w).name.split("-")[1] for w in argv if Path(w).name.startswith("vllm-")), "?")
     table = {}
-    for row in HOOKS:
+    for row in hooks():
         needs = []
         for need in row.needs:
             for alt in (need.needs if isinstance(need, AnyOf) else (need,)):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from harness.cli.main import build_parser
 from harness.cli.run import final_line
-from harness.core.kv_connectors import KV_CONNECTORS
+from harness.connectors import KV_CONNECTORS
 from harness.core.outcomes import CAUGHT, EXIT_CODES, EXIT_USAGE, PASS, XFAIL, summary_line
 from harness.matrix import expand, load_matrix
 from harness.pytest_plugin import pytest_addoption

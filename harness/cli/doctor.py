@@ -35,19 +35,20 @@ def register(subparsers: Any) -> None:
 def diagnose(features: Any) -> dict[str, Any]:
     """Everything doctor prints, from a probed VllmFeatures (pure; tests pass fakes)."""
     from harness.core.cell import FAULTS
-    from harness.core.kv_connectors import KV_CONNECTORS
-    from harness.core.vllm_hooks import HOOKS, not_available_checks, unavailable_for
-    from harness.core.weathers import WEATHERS
+    from harness.connectors import KV_CONNECTORS
+    from harness.core.vllm_hooks import hooks as all_hooks, not_available_checks, unavailable_for
+    from harness.weathers import WEATHERS
     from harness.judge.verdict import CHECKS
-    from harness.serve.launch.hook_plugins import HOOK_PLUGINS
+    from harness.serve.launch.hook_plugins import hook_plugins
 
     version = features.version
     missing = features.hooks_missing()
     shapes = features.hook_shapes or {}
+    plugins = hook_plugins()
     hooks = [{"hook": row.name, "attaches": row.name not in missing,
               "missing": missing.get(row.name), "serves": list(row.serves),
-              "uses": list(shapes.get(row.name, ())), "plugin": HOOK_PLUGINS.get(row.name)}
-             for row in HOOKS]
+              "uses": list(shapes.get(row.name, ())), "plugin": plugins.get(row.name)}
+             for row in all_hooks()]
     if features.hooks is None:      # an older cached probe: nothing known, nothing claimed
         hooks = [{**h, "attaches": None, "missing": "not probed"} for h in hooks]
     checks_off = not_available_checks(missing, version)

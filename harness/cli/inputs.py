@@ -124,7 +124,7 @@ def _with(parse: Callable[[Mapping[str, str]], Any], name: str) -> Callable[[str
 
 
 def _server_checks() -> dict[str, Callable[[str], None]]:
-    from harness.serve.connectors import variable_parsers
+    from harness.connectors import variable_parsers
     from harness.protocol.kv_digest import HASH_ENV, hash_choice
     from harness.protocol.switches import MQ_SPIN_SLEEP_ENV as SPIN_ENV
     from harness.protocol.switches import parse_mq_spin_sleep_us as parse_sleep_us

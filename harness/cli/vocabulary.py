@@ -75,8 +75,8 @@ def add_cell(p: argparse.ArgumentParser) -> None:
     from harness.core.cell import (ASYNC_SCHEDULING, BACKENDS, COMPILE_MODES, CUDAGRAPH_MODES,
                                    DEVICES, KV_BUFFER_DEVICES, KV_CACHE_DTYPES, KV_LAYOUTS,
                                    NETWORKS, RUNNERS, SPEC_DECODE_METHODS, Cell)
-    from harness.core.kv_connectors import KV_CONNECTORS
-    from harness.core.weathers import WEATHERS
+    from harness.connectors import KV_CONNECTORS
+    from harness.weathers import WEATHERS
     from harness.matrix.rules_cell import DTYPES
 
     d = Cell(model="-")
@@ -137,7 +137,7 @@ def add_cell(p: argparse.ArgumentParser) -> None:
 
 
 def _connector_help(default: str) -> str:
-    from harness.core.kv_connectors import KV_CONNECTORS
+    from harness.connectors import KV_CONNECTORS
 
     named = [f"{value} ({row.vllm_name}{'' if row.driven else ', not driven'})"
              for value, row in KV_CONNECTORS.items()]
@@ -158,7 +158,7 @@ def add_canary(p: argparse.ArgumentParser) -> None:
                                      "(0-1]")
     g.add_argument("--fault-after", type=v.whole(0, 9_999_999), metavar="N",
                    help="a server-side canary breaks no request before the proxy's (N+1)-th "
-                        "(a fault that starts late, e.g. in a soak)")
+                        "(a fault that starts late, under a long weather)")
 
 
 def add_evaluation(p: argparse.ArgumentParser) -> None:

@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR
-from harness.core.weathers import DEFAULT_WEATHER, WEATHERS, params_token
+from harness.connectors import DEFAULT_KV_CONNECTOR
+from harness.weathers import DEFAULT_WEATHER, WEATHERS, params_token
 
 RUNNERS = ("v1", "v2")
 # MLA (latent KV) models take their own backends on CUDA (vLLM AttentionBackendEnum names)
@@ -78,12 +78,12 @@ class Cell:
     chunked_prefill: int | None = None  # token budget per step (--max-num-batched-tokens); every server
     cudagraph_mode: str = "default"     # see CUDAGRAPH_MODES; every server
     kv_layout: str = "default"          # see KV_LAYOUTS; the decode server only
-    # harness.core.kv_connectors key: what moves the KV; in the id (not the baseline) when not default
+    # harness.connectors key: what moves the KV; in the id (not the baseline) when not default
     kv_connector: str = DEFAULT_KV_CONNECTOR
     prefill_kv_cache_dtype: str = "auto"    # see KV_CACHE_DTYPES; the prefill server
     decode_kv_cache_dtype: str = "auto"     # see KV_CACHE_DTYPES; the decode and the baseline
     prefill_runner: str | None = None   # the prefill's runner when not `runner` (mixed runners)
-    # harness.core.weathers key: the workload and environment the pair is judged in; in the id
+    # harness.weathers key: the workload and environment the pair is judged in; in the id
     # ("w_<name>", then its explicitly set parameters), not the baseline key (it runs calm)
     weather: str = DEFAULT_WEATHER
     weather_params: tuple[tuple[str, Any], ...] = ()   # sorted (name, number): the row's params
@@ -200,7 +200,7 @@ class Cell:
             **({"kv_cache_dtype": self.decode_kv_cache_dtype}
                if self.decode_kv_cache_dtype != "auto" else {}),
             **self._baseline_engine_settings(),
-            # a weather that asks its own prompts (block-boundary) needs their baseline
+            # a weather that asks its own prompts (its row's task_variants) needs their baseline
             **({"prompts": self.weather} if self.weather_task_variants else {}),
             "extra_args": list(self.extra_args),
             # the fault switches only act on a decode server: a canary shares the real baseline

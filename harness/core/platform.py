@@ -36,7 +36,7 @@ class VllmFeatures:
     kv_roles: tuple[str, ...]             # accepted KVTransferConfig.kv_role values
     attention_backends: tuple[str, ...] = ()  # AttentionBackendEnum member names, when known
     # KV connector names vLLM's KVConnectorFactory registers, and the connectors' transports
-    # ("module:attribute", harness.core.kv_connectors) that import; None: not probed
+    # ("module:attribute", harness.connectors) that import; None: not probed
     kv_connectors: tuple[str, ...] | None = None
     kv_transports: tuple[str, ...] | None = None
     # a transport that does not import -> the error it raised (one line), when probed

@@ -14,6 +14,10 @@ run (the feature probe, :func:`report`), so the record names each check a missin
 out ("check X not available on vLLM Y: <missing>", never a pass) and ``pd-accuracy doctor``
 prints it. It lives in core because the matrix's validity rules read it too (a canary or
 weather whose hook does not attach is not run).
+
+The rows here are those of the harness's own plugins (harness.serve.plugins); a connector or a
+weather package that hooks vLLM adds its rows (its ``HOOKS``), and :func:`hooks` is the whole
+table.
 """
 from __future__ import annotations
 
@@ -24,10 +28,7 @@ from typing import Callable, Iterable, Mapping
 
 FACTORY = "vllm.distributed.kv_transfer.kv_connector.factory"
 KV_BASE = "vllm.distributed.kv_transfer.kv_connector.v1.base"
-NIXL_WORKER = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker"
-NIXL_SCHEDULER = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_scheduler"
 BASE = "KVConnectorBase_V1"
-WORKER = "NixlBaseConnectorWorker"
 
 
 @dataclass(frozen=True)
@@ -100,23 +101,25 @@ class Hook:
     what: str = ""
 
 
-def _base(method: str, *params: str) -> Need:
+def base_need(method: str, *params: str) -> Need:
+    """A method of vLLM's KV connector interface (``KVConnectorBase_V1``) taking ``params``."""
     return Need(KV_BASE, f"{BASE}.{method}", params)
 
 
-HOOKS: tuple[Hook, ...] = (
+# the hooks of the harness's own plugins (harness.serve.plugins)
+PLUGIN_HOOKS: tuple[Hook, ...] = (
     Hook("kv-events",
          ("the KV connector interface's events (sent, received) every digest and fault uses",),
          needs=(Need(FACTORY, "KVConnectorFactory.get_connector_class"),
-                _base("request_finished", "request", "block_ids"),
-                _base("get_num_new_matched_tokens", "request", "num_computed_tokens"),
-                _base("update_state_after_alloc", "request", "blocks", "num_external_tokens"),
-                _base("build_connector_meta", "scheduler_output"),
-                _base("register_kv_caches", "kv_caches"),
-                _base("bind_connector_metadata", "connector_metadata"),
+                base_need("request_finished", "request", "block_ids"),
+                base_need("get_num_new_matched_tokens", "request", "num_computed_tokens"),
+                base_need("update_state_after_alloc", "request", "blocks", "num_external_tokens"),
+                base_need("build_connector_meta", "scheduler_output"),
+                base_need("register_kv_caches", "kv_caches"),
+                base_need("bind_connector_metadata", "connector_metadata"),
                 # vLLM before 0.30: get_finished alone reports a request's KV in place
-                any_of(_base("get_transfer_results", "finished_req_ids"),
-                       _base("get_finished", "finished_req_ids"))),
+                any_of(base_need("get_transfer_results", "finished_req_ids"),
+                       base_need("get_finished", "finished_req_ids"))),
          what="wraps the class KVConnectorFactory hands out at the connector interface"),
     Hook("kv-digest",
          ("check kv-digest", "weather check silent-wrong-answers"),
@@ -126,29 +129,6 @@ HOOKS: tuple[Hook, ...] = (
          ("canaries corrupt-block, swap-blocks, perturb-kv",),
          requires=("kv-events",), canaries=("corrupt-block", "swap-blocks", "perturb-kv"),
          what="breaks the decode's received KV before its first step"),
-    Hook("nixl-read-poll",
-         ("canary fail-transfer", "weather load-failures", "digest as written (before post-processing)"),
-         needs=(Need(NIXL_WORKER, f"{WORKER}._pop_done_transfers", ("transfers",)),
-                # 0.30 on: the failed set too; 0.27-0.29: (req_id, handle), failures queued
-                any_of(Need(NIXL_WORKER, f"{WORKER}._handle_failed_transfer",
-                            ("req_id", "handle", "failed_req_ids")),
-                       Need(NIXL_WORKER, f"{WORKER}._handle_failed_transfer",
-                            ("req_id", "handle")))),
-         requires=("kv-events",), canaries=("fail-transfer",), weathers=("load-failures",),
-         what="the NIXL worker's read poll: bytes in place, not yet post-processed"),
-    Hook("nixl-leases",
-         ("canary early-release",),
-         # 0.31 on: a reaper of its own; before: get_finished checks the leases inline
-         needs=(any_of(Need(NIXL_WORKER, f"{WORKER}._reap_expired_send_leases"),
-                       Need(NIXL_WORKER, f"{WORKER}.get_finished")),),
-         canaries=("early-release",),
-         what="shortens the prefill's send leases before each step's lease check"),
-    Hook("late-read",
-         ("weather expiry (a decode read held past the lease)",),
-         needs=(_base("on_new_request", "request"),
-                _base("get_num_new_matched_tokens", "request", "num_computed_tokens")),
-         requires=("kv-events",), weathers=("expiry",),
-         what="holds a tagged request's read until its delay has passed"),
     Hook("compile-key",
          ("a P/D pair shares its baseline's torch.compile cache",),
          needs=(Need("vllm.envs", "compile_factors"),),
@@ -170,23 +150,24 @@ HOOKS: tuple[Hook, ...] = (
          ("one gloo group in a world of one rank (CPU time)",),
          needs=(Need("torch.distributed", "new_group", ("ranks",)),),
          what="one shared gloo group instead of one per parallel dimension"),
-    Hook("nixl-idle",
-         ("NIXL's progress thread sleeps while idle (CPU time)",),
-         needs=(any_of(Need("nixl_cu12._api", "nixlBind.nixlAgent"),
-                       Need("nixl_cu13._api", "nixlBind.nixlAgent")),),
-         what="raises NIXL's progress-thread delay from 0"),
-    Hook("mooncake-counters",
-         ("MooncakeConnector's transfer counters on /metrics",),
-         needs=(Need("vllm.distributed.kv_transfer.kv_connector.v1.metrics",
-                     "KVConnectorPromMetrics"),
-                Need("vllm.v1.metrics.utils", "create_metric_per_engine")),
-         what="Prometheus counters over Mooncake's own statistics"),
 )
-HOOKS_BY_NAME: Mapping[str, Hook] = {hook.name: hook for hook in HOOKS}
+
+
+def hooks() -> tuple[Hook, ...]:
+    """The whole table: the plugins' rows, then each connector package's, then each weather
+    package's (their order in lists)."""
+    from harness import connectors, weathers
+
+    return PLUGIN_HOOKS + tuple(hook for _, hook in connectors.package_hooks()
+                                + weathers.package_hooks())
+
+
+def hooks_by_name() -> dict[str, Hook]:
+    return {row.name: row for row in hooks()}
 
 
 def hook(name: str) -> Hook:
-    found = HOOKS_BY_NAME.get(name)
+    found = hooks_by_name().get(name)
     if found is None:
         raise KeyError(f"no hook {name!r} in the compatibility table")
     return found
@@ -221,7 +202,7 @@ def shapes(name: str, importer: Callable[[str], object] = importlib.import_modul
 def report(importer: Callable[[str], object] = importlib.import_module
            ) -> dict[str, str | None]:
     """Every hook of the table -> what it lacks here (None: attaches)."""
-    return {row.name: missing(row.name, importer) for row in HOOKS}
+    return {row.name: missing(row.name, importer) for row in hooks()}
 
 
 def vllm_version() -> str:
@@ -246,10 +227,11 @@ def not_available_checks(missing_hooks: Mapping[str, str | None], version: str,
     a hook that does not attach leaves out (``checks``: only these)."""
     wanted = None if checks is None else set(checks)
     lines: dict[str, str] = {}
+    table = hooks_by_name()
     for name, why in missing_hooks.items():
-        if why is None or name not in HOOKS_BY_NAME:
+        if why is None or name not in table:
             continue
-        for check in HOOKS_BY_NAME[name].checks:
+        for check in table[name].checks:
             if wanted is None or check in wanted:
                 lines.setdefault(check, f"{check}: not available on vLLM {version}: "
                                         f"hook {name}: {why}")
@@ -260,8 +242,9 @@ def unavailable_for(kind: str, value: str, missing_hooks: Mapping[str, str | Non
                     version: str) -> str | None:
     """Why a canary (``kind`` "canary") or a weather ("weather") cannot run on this vLLM: the
     line naming the hook it needs and what is missing, or None: it can."""
+    table = hooks_by_name()
     for name, why in missing_hooks.items():
-        row = HOOKS_BY_NAME.get(name)
+        row = table.get(name)
         if why is None or row is None:
             continue
         served = row.canaries if kind == "canary" else row.weathers
@@ -270,5 +253,6 @@ def unavailable_for(kind: str, value: str, missing_hooks: Mapping[str, str | Non
     return None
 
 
-__all__ = ["HOOKS", "AnyOf", "Hook", "Need", "any_of", "hook", "missing",
+__all__ = ["PLUGIN_HOOKS", "AnyOf", "Hook", "Need", "any_of", "hook", "hooks", "hooks_by_name",
+           "base_need", "missing",
            "not_available_checks", "report", "unavailable_for", "vllm_version"]

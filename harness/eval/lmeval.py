@@ -119,8 +119,8 @@ class EvalRun:
     accuracy_flexible: float
     wall_s: float
     questions: tuple[QuestionRecord, ...] = field(repr=False)
-    # prompt hash -> the completions request lm-eval sent for it (a soak sends it again); not
-    # written to the samples
+    # prompt hash -> the completions request lm-eval sent for it (a weather may send it again);
+    # not written to the samples
     payloads: Mapping[str, dict] = field(default_factory=dict, repr=False, compare=False)
 
     def by_doc(self) -> dict[int, QuestionRecord]:

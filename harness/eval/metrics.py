@@ -2,7 +2,7 @@
 counters the verdict needs; `TransferCounters.delta` gives what one evaluation moved.
 
 The prompt-token sources are vLLM's own (the decode's); the transfer counters come through the
-cell's connector's metric map (its ``MetricMap``, harness.serve.connectors.base, handed in as a
+cell's connector's metric map (its ``MetricMap``, harness.connectors.driver, handed in as a
 :class:`CounterMap`), from the role whose servers count them.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Exact byte accounting of the KV connector: the bytes that should have crossed, request by
-request, against the bytes the connector's /metrics say it moved (harness.serve.connectors: a
+request, against the bytes the connector's /metrics say it moved (harness.connectors: a
 connector whose ``byte_accounting`` is None cannot be held to a count).
 
 Why: the transfer checks before this only asked for bytes > 0. A fault that skipped the last

@@ -16,7 +16,7 @@ CANARY_REASONS = {
     "foreign-params": r"another request's transfer parameters",
     # corrupted KV is named by the digest first (it decides before accuracy); a pair run without
     # digests (--no-kv-digest) must still see it in the answers
-    # under weather (a soak) the per-request digest names it first: a 200 whose KV differs
+    # under weather the per-request digest names it first: a 200 whose KV differs
     "corrupt-block": (r"\[kv-digest\]: prompt KV differs|P/D (logprobs diverge|accuracy is lower|"
                       r"generations diverge)|silent wrong answers under weather: .*its KV differs"),
     "swap-blocks": r"\[kv-digest\]: prompt KV differs|P/D (logprobs diverge|accuracy is lower|generations diverge)",

@@ -42,7 +42,7 @@ class TransferProof:
     kv_digest: dict | None = None
     kv_digest_skipped: str | None = None
     # requests whose params the proxy named itself, because the connector's prefill answers
-    # none (Mooncake: a transfer id, the prefill's engine and bootstrap address)
+    # none (a transfer id, the prefill's engine and bootstrap address)
     params_named_by_proxy: int = 0
     # whether the connector counts the bytes it moves (False: ExampleConnector, no /metrics of
     # its own; kv-arrived-externally then rests on vLLM's external prompt-token count)

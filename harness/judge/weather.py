@@ -1,6 +1,6 @@
 """The verdict under weather: *silent wrong answers: 0*.
 
-A cell judged in a weather other than calm (harness.core.weathers) is judged per request. Every
+A cell judged in a weather other than calm (harness.weathers) is judged per request. Every
 request's row joins what the client got (HTTP status, stream error, answer), what the proxy
 recorded, and the KV digests of its prefill and decode (harness.run.evidence.kv_digest_evidence),
 with the event the weather injected into it, if any (harness.run.weather). Then:

@@ -27,7 +27,8 @@ Model facts come from a ModelCatalog (harness.core.catalog), always passed in: a
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
+import functools
+from typing import Callable, Iterable
 
 from harness.core.catalog import ModelCatalog
 from harness.core.cell import Cell
@@ -35,14 +36,37 @@ from harness.core.platform import PlatformInfo
 from harness.matrix import rules_cell, rules_engine, rules_machine, rules_models
 from harness.matrix.rule_types import EXCLUDING_KINDS, Problem, ProblemKind, Rule, RuleContext
 from harness.matrix.rules_models import SSM_LAYOUT_ENV, SSM_LAYOUT_REQUIRED
+from harness.weathers import weather_rules
+from harness.weathers.facts import WeatherRule
 
 __all__ = [
     "EXCLUDING_KINDS", "RULES", "InvalidCellError", "Problem", "ProblemKind", "Rule", "RuleContext",
-    "check_cell", "describe_rules", "normalize_cell", "validate_or_die",
+    "check_cell", "describe_rules", "normalize_cell", "rules", "validate_or_die",
 ]
 
-RULES: tuple[Rule, ...] = (*rules_cell.RULES, *rules_engine.RULES, *rules_models.RULES,
-                           *rules_machine.RULES)
+# a weather's own rules are checked (and listed) right after this one
+WEATHER_RULES_AFTER = "known-weather"
+
+
+def _on_its_weather(weather: str, check: Callable[[Cell], str | None]) -> Callable:
+    return lambda cell, ctx: check(cell) if cell.weather == weather else None
+
+
+@functools.lru_cache(maxsize=None)
+def _ordered(own: tuple[tuple[str, WeatherRule], ...]) -> tuple[Rule, ...]:
+    cut = next(i for i, r in enumerate(rules_cell.RULES) if r.name == WEATHER_RULES_AFTER) + 1
+    added = tuple(Rule(rule.name, "invalid", rule.summary, _on_its_weather(weather, rule.check))
+                  for weather, rule in own)
+    return (*rules_cell.RULES[:cut], *added, *rules_cell.RULES[cut:], *rules_engine.RULES,
+            *rules_models.RULES, *rules_machine.RULES)
+
+
+def rules() -> tuple[Rule, ...]:
+    """Every rule in the order it is checked and listed, with the registered weathers' own."""
+    return _ordered(weather_rules())
+
+
+RULES: tuple[Rule, ...] = rules()     # the rules of the weathers found at import
 
 
 def normalize_cell(cell: Cell, catalog: ModelCatalog) -> Cell:
@@ -62,7 +86,7 @@ def check_cell(cell: Cell, platform: PlatformInfo | None, catalog: ModelCatalog)
     """
     ctx = RuleContext(platform=platform, model=catalog.get(cell.model), catalog=catalog)
     problems = []
-    for registered in RULES:
+    for registered in rules():
         message = registered.check(cell, ctx)
         if message:
             problems.append(Problem(registered.kind, registered.name, " ".join(message.split()),
@@ -90,4 +114,4 @@ def validate_or_die(cells: Iterable[Cell], platform: PlatformInfo | None,
 
 def describe_rules() -> list[tuple[str, str, str]]:
     """(name, kind, summary) of every rule, for documentation and `pd-accuracy list --rules`."""
-    return [(r.name, r.kind, r.summary) for r in RULES]
+    return [(r.name, r.kind, r.summary) for r in rules()]

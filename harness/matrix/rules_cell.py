@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from harness.core.cell import (BACKENDS, COMPILE_MODES, CPU_BACKENDS, DEVICES, FAULTS, GPU_BACKENDS,
                                KV_BUFFER_DEVICES, NETWORKS, RUNNERS, Cell)
-from harness.core.kv_connectors import ANY_BLOCKS, DECODE_MULTIPLE, KV_CONNECTORS
-from harness.core.weathers import (BOUNDARY_MIN_MODEL_LEN, BOUNDARY_UNIT, WEATHERS, resolved_params,
-                                   runs_with, weather_connectors, weather_problem)
+from harness.connectors import KV_CONNECTORS
+from harness.connectors.facts import ANY_BLOCKS, DECODE_MULTIPLE
 from harness.matrix.rule_types import RuleContext, RuleList, blocks
+from harness.weathers import (WEATHERS, resolved_params, runs_with, weather_connectors,
+                              weather_problem)
 
 DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float")
 FLASHINFER_KERNEL_BLOCKS = (16, 32, 64)
@@ -56,7 +57,7 @@ def _known_kv_buffer(cell: Cell, ctx: RuleContext) -> str | None:
 
 @rule("known-kv-connector", "invalid")
 def _known_kv_connector(cell: Cell, ctx: RuleContext) -> str | None:
-    """The KV connector is one of harness.core.kv_connectors, and runs on the cell's device."""
+    """The KV connector is one of harness.connectors, and runs on the cell's device."""
     row = KV_CONNECTORS.get(cell.kv_connector)
     if row is None:
         return f"unknown kv_connector {cell.kv_connector!r}; use one of {', '.join(KV_CONNECTORS)}"
@@ -78,16 +79,16 @@ def _kv_connector_moves_kv(cell: Cell, ctx: RuleContext) -> str | None:
 
 @rule("kv-connector-driven", "invalid")
 def _kv_connector_driven(cell: Cell, ctx: RuleContext) -> str | None:
-    """The harness has a module that drives the cell's KV connector (harness.serve.connectors)."""
+    """The harness has a package that drives the cell's KV connector (harness.connectors)."""
     row = KV_CONNECTORS.get(cell.kv_connector)
     if row is None or row.driven:
         return None
     needs = f"; it needs {row.package}" if row.package else ""
     return (f"the harness does not drive kv_connector {cell.kv_connector} ({row.vllm_name}): "
-            f"{row.not_driven or 'no module in harness.serve.connectors'}{needs}")
+            f"{row.not_driven or 'no package in harness/connectors/'}{needs}")
 @rule("known-weather", "invalid")
 def _known_weather(cell: Cell, ctx: RuleContext) -> str | None:
-    """The weather is one of harness.core.weathers, its parameters its own and in their bounds
+    """The weather is one of harness.weathers, its parameters its own and in their bounds
     (a share 0-1), and it can blow on the cell's connector and device."""
     problem = weather_problem(cell.weather, cell.weather_settings)
     if problem:
@@ -106,22 +107,6 @@ def _known_weather(cell: Cell, ctx: RuleContext) -> str | None:
                 return (f"weather {cell.weather}: {name}={params[name]} blocks of {block} "
                         f"tokens hold {params[name] * block}, less than one request of "
                         f"max_model_len {cell.max_model_len} on the {role}")
-    return None
-
-
-@rule("boundary-blocks", "invalid")
-def _boundary_blocks(cell: Cell, ctx: RuleContext) -> str | None:
-    """block-boundary's prompts land on k*128-1, k*128, k*128+1 tokens: a boundary only of block
-    sizes dividing 128, and they need max_model_len room for the padded prompt and its answer."""
-    if cell.weather != "block-boundary":
-        return None
-    bad = sorted({b for b in blocks(cell) if BOUNDARY_UNIT % b})
-    if bad:
-        return (f"weather block-boundary pads prompts to k*{BOUNDARY_UNIT}-1/+0/+1 tokens: block "
-                f"size {', '.join(map(str, bad))} does not divide {BOUNDARY_UNIT}")
-    if cell.max_model_len < BOUNDARY_MIN_MODEL_LEN:
-        return (f"weather block-boundary needs max_model_len >= {BOUNDARY_MIN_MODEL_LEN} (padded "
-                f"prompts and their answers), got {cell.max_model_len}")
     return None
 
 

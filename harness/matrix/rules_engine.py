@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from harness.core.cell import (ASYNC_SCHEDULING, CUDAGRAPH_MODES, DRAFT_MODEL_SPEC_DECODE,
                                KV_CACHE_DTYPES, KV_LAYOUTS, SPEC_DECODE_METHODS, Cell)
-from harness.core.kv_connectors import (KV_CONNECTORS, KV_DTYPE_MIX, KV_LAYERS_MIX, PERMUTE_HYBRID,
-                                        Refusal)
+from harness.connectors import KV_CONNECTORS
+from harness.connectors.facts import KV_DTYPE_MIX, KV_LAYERS_MIX, PERMUTE_HYBRID, Refusal
 from harness.matrix.rule_types import RuleContext, RuleList
 from harness.matrix.rules_models import NO_PREFIX_CACHING
 from harness.zoo import registry

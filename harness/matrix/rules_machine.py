@@ -7,11 +7,11 @@ expansion step rewrites a cell for this machine: `host_dtype`, the dtype its CPU
 from __future__ import annotations
 
 from harness.core.cell import DEVICES, Cell
-from harness.core.kv_connectors import KV_CONNECTORS
+from harness.connectors import KV_CONNECTORS
 from harness.core.model_config import (AMX_MLA_BLOCK_MULTIPLE, AMX_MLA_DTYPE, CPU_MLA_BLOCK,
                                        cpu_mla_backend, cpu_mla_block_runs)
 from harness.core.platform import PlatformInfo
-from harness.core.weathers import WEATHERS
+from harness.weathers import WEATHERS
 from harness.matrix.rule_types import RuleContext, RuleList
 
 RULES = RuleList()

@@ -33,14 +33,14 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import relevance
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR, driven_connectors
+from harness.connectors import (DEFAULT_KV_CONNECTOR, connector_for, connector_row,
+                                driven_connectors)
 from harness.core import exact_headers
 from harness.core.bounded_yaml import BoundedYAMLError, load_bounded
 from harness.core.redact import register_secret
 from harness.core.url_tokens import url_token_problem
 from harness.eval.lmeval import TASKS_DIR
 from harness.matrix.schema import describe
-from harness.serve.connectors.registry import connector_for
 
 SCHEMA: dict[str, Any] = json.loads(
     resources.files("harness.run").joinpath("deployment.schema.json").read_text("utf-8"))
@@ -117,7 +117,7 @@ class ExternalDeployment:
     decode_metrics: tuple[Endpoint, ...]
     prefill_metrics: tuple[Endpoint, ...]
     timeout_s: float = DEFAULT_TIMEOUT_S
-    kv_connector: str = DEFAULT_KV_CONNECTOR   # harness.core.kv_connectors: how its KV moves
+    kv_connector: str = DEFAULT_KV_CONNECTOR   # harness.connectors: how its KV moves
 
     @property
     def uses_harness_proxy(self) -> bool:
@@ -235,7 +235,7 @@ def check_endpoints(dep: ExternalDeployment, get: Get = exact_headers.get,
         problem = _check_models(label, endpoint, dep.model, dep.timeout_s, get, environ)
         if problem:
             problems.append(problem)
-    label = connector_for(dep.kv_connector).label
+    label = connector_row(dep.kv_connector).word
     pages = [("decode", e, samples_wanted(dep.kv_connector, "decode"),
               f"a vLLM decode server with {label}") for e in dep.decode_metrics]
     pages += [("prefill", e, samples_wanted(dep.kv_connector, "prefill"),

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core import exact_headers
-from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR
+from harness.connectors import DEFAULT_KV_CONNECTOR, connector_for
 from harness.core.outcomes import CONTINUE
 from harness.core.redact import redact, register_secret
 from harness.core.reference import ReferenceAccuracy
@@ -47,7 +47,6 @@ from harness.run.evaluation.aa_rerun import finished
 from harness.run.runner import BaselineRound, CellResult, Runner
 from harness.run.evaluation.stages import QuestionOrder, StagedRun
 from harness.run.evidence.transfer_evidence import read_proxy_records, transfer_proof
-from harness.serve.connectors.registry import connector_for
 from harness.serve.deploy import ProxyDeployment
 
 EXTERNAL_PREFIX = "external-"

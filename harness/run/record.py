@@ -7,10 +7,10 @@ Schema (version 2) — every key is always present; unknown values are null:
       "run_id": "20261129T193000Z-ab12cd",      # one per harness invocation
       "created_at": "2026-11-29T19:31:02Z",
       "cell": {... Cell.to_dict() (kv_connector included), "id": "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1"},
-      "versions": {"vllm": "0.32.0", "nixl": "1.5.1", "lm_eval": "0.4.13", "torch": "2.13.0+cpu",
-                   "harness": "<git sha or version>", "python": "3.11.7"},
-                  # the connector's transport under its distribution's name (here NIXL's;
-                  # "mooncake_transfer_engine" for Mooncake, none for ExampleConnector)
+      "versions": {"vllm": "0.32.0", "<transport>": "1.5.1", "lm_eval": "0.4.13",
+                   "torch": "2.13.0+cpu", "harness": "<git sha or version>", "python": "3.11.7"},
+                  # the connector's transport under its distribution's name (its row's first
+                  # distributions; none for a connector that is vLLM's own code)
       "hardware": {"platform": "cpu"|"cuda", "cpu": "...", "cpu_isa": ["avx2", ...],
                    "cpu_count": 2, "gpus": ["NVIDIA H200"], "hostname": "..."},
       "options": {... RunOptions as dict},

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from harness.core.cell import Cell
-from harness.core.weathers import DEFAULT_WEATHER
+from harness.weathers import DEFAULT_WEATHER
 from harness.eval.metrics import TransferCounters
 from harness.judge import stats
 from harness.judge.compare import Comparison, TransferProof

@@ -6,10 +6,11 @@ wheel file, or a local vLLM checkout (a directory). Each gets its own virtual en
 ``$PD_ACCURACY_VLLM_ENVS`` (default ``~/.cache/pd-accuracy/vllm-envs/<label>``), made once with
 uv (fast: it hard-links one download cache into every environment) with the stack bootstrap.sh
 installs next to that vLLM: torchvision/torchaudio/torchcodec removed (their PyPI builds break
-``import transformers`` on CPU), NIXL 1.5.1 without dependencies, lm-eval 0.4.13, and this
-harness (not editable: its ``vllm.general_plugins`` entry points must be registered there; a
-run then imports the harness from this checkout through PYTHONPATH, so an edit needs no
-reinstall). A stamp file holds the recipe's hash: a changed recipe rebuilds the environment.
+``import transformers`` on CPU), the connectors' transports without dependencies (their rows'
+``release_pins``), lm-eval 0.4.13, and this harness (not editable: its ``vllm.general_plugins``
+entry points must be registered there; a run then imports the harness from this checkout
+through PYTHONPATH, so an edit needs no reinstall). A stamp file holds the recipe's hash: a
+changed recipe rebuilds the environment.
 
 A run in a release (:func:`run_in`) is ``python -m harness.cli ARGS`` with that environment's
 interpreter first on PATH: every server the harness starts is that release's vLLM, and the
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from harness.connectors import KV_CONNECTORS
 from harness.core.outcomes import EXIT_ERROR, EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_USAGE
 # naming a release lives in core (the matrix names releases too); re-exported here
 from harness.core.vllm_releases import (PACKAGE_ENV, Release, ReleaseError, default_package,
@@ -38,7 +40,7 @@ DEFAULT_ENVS = Path("~/.cache/pd-accuracy/vllm-envs")
 STAMP = ".pd-accuracy-release"
 # what bootstrap.sh installs beside vLLM (one home: a new pin here rebuilds every environment)
 REMOVED = ("torchvision", "torchaudio", "torchcodec")
-NO_DEPS = ("nixl==1.5.1", "nixl-cu12==1.5.1")
+NO_DEPS = tuple(dict.fromkeys(pin for row in KV_CONNECTORS.values() for pin in row.release_pins))
 BESIDE = ("lm-eval[api]==0.4.13",)
 # ending a run's process group: SIGTERM, this long for it to go, then SIGKILL
 TERM_GRACE_S = 30.0

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from harness.core import exact_headers
 from harness.core.cell import Cell
-from harness.core.weathers import resolved_params
+from harness.weathers import resolved_params
 from harness.eval.lmeval import EvalRun, QuestionRecord
 from harness.eval.metrics import scrape_samples
 from harness.judge.sequential import SequentialPlan

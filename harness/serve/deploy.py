@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from harness.core.cell import Cell
-from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR
-from harness.core.weathers import DEFAULT_WEATHER, ServerChanges, params_token
-from harness.serve.connectors.registry import connector_for
+from harness.connectors import DEFAULT_KV_CONNECTOR, connector_for
+from harness.weathers import DEFAULT_WEATHER, params_token
+from harness.weathers.facts import ServerChanges
 from harness.serve.net.netns import TopologyLedger, TwoHostTopology
 from harness.serve.launch.placement import Placement
 from harness.serve.host.ports import PortAllocator

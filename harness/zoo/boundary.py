@@ -1,5 +1,5 @@
 """gsm_synth_boundary: the gsm_synth task with each prompt padded onto a KV block boundary, for
-the `block-boundary` weather (harness.core.weathers; vLLM #50558: a prompt an exact multiple of
+the `block-boundary` weather (harness.weathers; vLLM #50558: a prompt an exact multiple of
 the block size made the decode allocate one block more than the prefill sent).
 
 gsm_synth's prompts are 429-485 tokens in steps of 7, none at a boundary. Each doc here is a
@@ -19,7 +19,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from harness.core.weathers import BOUNDARY_UNIT
+from harness.weathers.block_boundary import BOUNDARY_UNIT
 from harness.zoo import task
 
 BOUNDARY_TASK_NAME = "gsm_synth_boundary"

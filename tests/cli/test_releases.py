@@ -104,7 +104,7 @@ def test_a_walk_whose_ends_agree_names_no_release():
 
 def test_doctor_names_what_does_not_attach_and_why():
     from harness.cli.doctor import diagnose, render
-    from harness.core.kv_connectors import KV_CONNECTORS
+    from harness.connectors import KV_CONNECTORS
 
     features = VllmFeatures(version="0.20.0", platform="cpu", attention_backend_flag=True,
                             attention_backend_env=False, v2_runner_env=False, kv_roles=(),

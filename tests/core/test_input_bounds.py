@@ -8,7 +8,7 @@ import pytest
 from harness.core.platform import MAX_PRETEND_GPUS, PlatformInfo
 from harness.core.suggest import canonical, did_you_mean
 from harness.core.vllm_releases import ReleaseError, default_package, parse_release
-from harness.core.weathers import WEATHERS, params_token, weather_problem
+from harness.weathers import WEATHERS, params_token, weather_problem
 from harness.run.releases import envs_root
 
 

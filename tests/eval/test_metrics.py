@@ -12,7 +12,7 @@ import requests
 
 from harness.eval import metrics
 from harness.eval.metrics import TransferCounters
-from harness.serve.connectors.registry import connector_for
+from harness.connectors import connector_for
 
 NIXL = connector_for("nixl").metrics     # the decode reads: its pages carry the transfer counters
 

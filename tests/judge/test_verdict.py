@@ -496,7 +496,7 @@ def example_proof(n: int = N, external: float = 384.0 * N, **digest) -> Transfer
 
 
 def test_checks_a_connector_cannot_be_held_to_are_said_not_passed():
-    from harness.serve.connectors.registry import connector_for
+    from harness.connectors import connector_for
 
     lines = connector_for("example").not_available_lines()
     v = decide(comparison(transfer=example_proof()), not_available=lines)
@@ -511,7 +511,7 @@ def test_checks_a_connector_cannot_be_held_to_are_said_not_passed():
 
 
 def test_no_external_tokens_fail_a_connector_that_counts_no_bytes():
-    from harness.serve.connectors.registry import connector_for
+    from harness.connectors import connector_for
 
     v = decide(comparison(transfer=example_proof(external=0.0)),
                not_available=connector_for("example").not_available_lines())
@@ -520,7 +520,7 @@ def test_no_external_tokens_fail_a_connector_that_counts_no_bytes():
 
 
 def test_a_corrupted_block_of_a_connector_without_params_is_caught_by_the_digest():
-    from harness.serve.connectors.registry import connector_for
+    from harness.connectors import connector_for
 
     v = decide(comparison(pd_wrong=N // 2, transfer=example_proof(differing=N)),
                not_available=connector_for("example").not_available_lines())

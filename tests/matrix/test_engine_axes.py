@@ -161,7 +161,8 @@ def test_engine_settings_a_cpu_runs_are_clean():
 def test_a_draft_on_the_decode_only_expects_the_measured_refusal():
     """The reason of the CPU run of 2026-12-03 (results/reference/cpu-draft-20261203): all
     50 requests HTTP 500, the decode's handshake asserting on the prefill's fewer KV layers."""
-    from harness.core.kv_connectors import KV_LAYERS_MIX, NIXL_REFUSALS
+    from harness.connectors.facts import KV_LAYERS_MIX
+    from harness.connectors.nixl import NIXL_REFUSALS
     DRAFT_LAYERS_REFUSAL = NIXL_REFUSALS[KV_LAYERS_MIX].fails_with
 
     cell = Cell(model="tiny-llama-gsm", spec_decode="draft_p0_d3")

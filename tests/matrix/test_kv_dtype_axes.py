@@ -19,7 +19,8 @@ from harness.core.platform import PlatformInfo
 from harness.judge.verdict import Verdict
 from harness.matrix import MatrixError, expand, load_matrix
 from harness.matrix.rules import check_cell
-from harness.core.kv_connectors import KV_DTYPE_MIX, NIXL_REFUSALS
+from harness.connectors.facts import KV_DTYPE_MIX
+from harness.connectors.nixl import NIXL_REFUSALS
 
 KV_DTYPE_REFUSAL = NIXL_REFUSALS[KV_DTYPE_MIX].fails_with
 from harness.serve.deploy import DeployContext, pair_key, plan_server

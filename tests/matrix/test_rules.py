@@ -252,10 +252,11 @@ def _platform_for(rule: str, violating: bool, platform: PlatformInfo | None) -> 
 @pytest.mark.parametrize("rule_name,passing,violating,platform", CASES,
                          ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
 def test_rule_both_sides(rule_name, passing, violating, platform, monkeypatch):
-    from harness.core import weathers
+    from harness import weathers
+    from harness.weathers import facts
 
     monkeypatch.setitem(weathers.WEATHERS, "future",
-                        weathers.WeatherRow(min_vllm="0.40"))
+                        facts.WeatherRow(min_vllm="0.40"))
     ok = check_cell(passing, _platform_for(rule_name, False, platform), CATALOG)
     bad = check_cell(violating, _platform_for(rule_name, True, platform), CATALOG)
     assert rule_name not in [p.rule for p in ok], ok

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.core.kv_connectors import KV_CONNECTORS
+from harness.connectors import KV_CONNECTORS
 from harness.core.cell import Cell
 from harness.core.platform import PlatformInfo, VllmFeatures
-from harness.core.weathers import (WEATHERS, ServerChanges, WeatherRow, resolved_params,
-                                   weather_problem)
+from harness.weathers import WEATHERS, resolved_params, weather_problem
+from harness.weathers.facts import ServerChanges, WeatherRow
 from harness.matrix import MatrixError, expand, load_matrix
 from harness.matrix.rules import check_cell
-from harness.run.weather import DRIVERS, weather_for
+from harness.run.weather import drivers, weather_for
 from harness.run.weather.base import Weather
 from harness.serve.launch.server_spec import ServerSpec, build_argv, build_env
 
@@ -33,9 +33,9 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def test_every_row_has_a_driver_and_every_driver_a_row(monkeypatch):
-    assert set(DRIVERS) == set(WEATHERS)
+    assert set(drivers()) == set(WEATHERS)
     monkeypatch.setitem(WEATHERS, "undriven", WeatherRow())
-    with pytest.raises(KeyError, match="no driver registered"):
+    with pytest.raises(KeyError, match="has a row but no package"):
         weather_for("undriven")
 
 
@@ -106,9 +106,10 @@ def test_weather_problems(weather, params, expected):
 
 
 def test_a_share_outside_0_1_is_refused(monkeypatch):
-    from harness.core import weathers
+    from harness import weathers
+    from harness.weathers import facts
 
-    row = WeatherRow(params={"share": weathers.WeatherParam(0.25, **weathers.SHARE)})
+    row = WeatherRow(params={"share": facts.WeatherParam(0.25, **facts.SHARE)})
     monkeypatch.setitem(weathers.WEATHERS, "gusty", row)
     assert weather_problem("gusty", {"share": 0.25}) is None
     assert "share must be 0–1, got 1.5" in weather_problem("gusty", {"share": 1.5})
@@ -116,7 +117,7 @@ def test_a_share_outside_0_1_is_refused(monkeypatch):
 
 
 def test_rules_both_ways(monkeypatch):
-    from harness.core import weathers
+    from harness import weathers
 
     assert not [p for p in check_cell(CELL.replace(weather="load"), CPU, CATALOG) if p.kind == "invalid"]
     bad = check_cell(CELL.replace(weather="load", weather_params=(("in_flight", 2),)), CPU, CATALOG)
@@ -170,7 +171,7 @@ def test_server_changes_reach_argv_env_and_kv_transfer_config():
 
 
 def test_the_baseline_never_gets_weather():
-    from harness.core.weathers import ServerChanges
+    from harness.weathers.facts import ServerChanges
     from harness.serve.deploy import DeployContext, plan_server
     from harness.serve.host.ports import PortAllocator
     from harness.serve.launch.placement import Placement

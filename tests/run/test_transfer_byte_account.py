@@ -99,7 +99,7 @@ def test_a_push_pair_is_accounted_from_the_prefills_blocks_and_its_own_params_co
     """NixlPushConnector: the decode is sent coordinates, never block ids; the blocks that crossed
     are those the prefill answered, and a request's own params are the push params of its own
     prefill's answer."""
-    from harness.serve.connectors.registry import connector_for
+    from harness.connectors import connector_for
 
     geo = ByteGeometry.of_pair(str(ZOO / "tiny-llama-gsm"), "bfloat16", 128)
     push = connector_for("nixl-push")
@@ -123,7 +123,7 @@ def test_a_connector_the_digest_plugin_does_not_hook_leaves_the_digest_out_sayin
 
     from harness.run.evidence import transfer_evidence
     from harness.run.evidence.transfer_evidence import DigestFiles
-    from harness.serve.connectors.nixl_push import CONNECTOR as PUSH
+    from harness.connectors.nixl.push import CONNECTOR as PUSH
 
     def pair(connector: str):
         specs = [SimpleNamespace(role=role, block_size=128, kv_connector=connector)
@@ -146,7 +146,7 @@ def test_a_connector_the_digest_plugin_does_not_hook_leaves_the_digest_out_sayin
 def test_a_connector_whose_prefill_answers_nothing_counts_the_proxys_handle_and_says_so():
     from harness.eval.metrics import TransferCounters
     from harness.run.evidence.transfer_evidence import transfer_proof
-    from harness.serve.connectors.registry import connector_for
+    from harness.connectors import connector_for
 
     mooncake = connector_for("mooncake")
     handle = {"transfer_id": "xfer-pdacc-1", "remote_engine_id": "pdacc-mooncake-5600",

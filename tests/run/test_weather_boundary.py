@@ -7,7 +7,8 @@ import json
 import pytest
 
 from harness.core.cell import Cell
-from harness.core.weathers import BOUNDARY_UNIT, resolved_params, weather_problem
+from harness.weathers import resolved_params, weather_problem
+from harness.weathers.block_boundary import BOUNDARY_UNIT
 from harness.run.plan.group_plan import weather_task
 from harness.run.weather import weather_for
 from harness.run.weather.base import WeatherRun

@@ -6,12 +6,12 @@ import datetime as dt
 from dataclasses import replace
 
 from harness.core.cell import Cell
-from harness.core.weathers import resolved_params
+from harness.weathers import resolved_params
 from harness.eval.lmeval import EvalRun, QuestionRecord, _with_failure, prompt_hash
 from harness.judge.sequential import SequentialPlan
 from harness.judge.weather import DIFFERS, IDENTICAL, MISSING, InjectedEvent
 from harness.run.weather.base import WeatherRun
-from harness.run.weather.load import WEATHER as LOAD, cache_tokens, max_in_flight
+from harness.weathers.load.driver import WEATHER as LOAD, cache_tokens, max_in_flight
 from harness.run.weather_eval import client_status, request_rows, weather_plan, with_events
 from harness.serve.plugins.faults import early_release
 from harness.protocol.faults import (FaultSpec, parse_request_fault, request_tag_for)
@@ -113,7 +113,7 @@ def test_the_lease_hook_wraps_the_reaper_once(monkeypatch):
     import sys
     import types
 
-    from harness.serve.plugins.kv_events.by_connector import nixl
+    from harness.connectors.nixl.in_server import kv_events as nixl
 
     calls = []
 
@@ -138,7 +138,7 @@ def test_on_vllm_026_the_lease_hook_wraps_get_finished_and_puts_cut_leases_first
     import sys
     import types
 
-    from harness.serve.plugins.kv_events.by_connector import nixl
+    from harness.connectors.nixl.in_server import kv_events as nixl
 
     class Worker:       # vLLM 0.26: the leases are reaped inline, oldest first, up to a live one
         def get_finished(self):
@@ -164,7 +164,7 @@ def test_on_vllm_026_the_lease_hook_wraps_get_finished_and_puts_cut_leases_first
 
 
 def test_preemption_shrinks_the_decode_only_and_proves_preemptions():
-    from harness.run.weather.preemption import WEATHER as PREEMPTION
+    from harness.weathers.preemption.driver import WEATHER as PREEMPTION
 
     cell = Cell(model="m", weather="preemption")
     params = resolved_params("preemption", {})

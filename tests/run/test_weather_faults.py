@@ -9,7 +9,7 @@ import pytest
 
 from harness.core.cell import Cell
 from harness.core.platform import PlatformInfo
-from harness.core.weathers import resolved_params
+from harness.weathers import resolved_params
 from harness.judge.weather import IDENTICAL, MISSING, RequestRow, silent_wrong
 from harness.matrix import load_matrix
 from harness.matrix.rules import check_cell
@@ -22,7 +22,7 @@ def weather_tag(cell: Cell) -> str:
     """The proxy's request tag of `cell`'s weather ("" when it tags nothing)."""
     params = resolved_params(cell.weather, cell.weather_settings)
     return weather_for(cell.weather).workload(cell, params).request_tag or ""
-from harness.protocol.late_read import HELD_PREFIX
+from harness.weathers.expiry.protocol import HELD_PREFIX
 from harness.serve.proxy.hops import new_request_id, tag_for
 
 CPU = PlatformInfo()
@@ -188,7 +188,7 @@ def test_a_recomputed_200_is_judged_by_its_answer_not_its_missing_digest(tmp_pat
 
 
 def test_aborts_wants_every_phase_and_idle_caches(tmp_path):
-    from harness.serve.proxy.aborts import PHASES
+    from harness.weathers.aborts.protocol import PHASES
 
     cell = CELL.replace(weather="aborts")
     records = [{"request_id": tagged_id(cell), "abort_phase": p} for p in PHASES]
@@ -254,7 +254,7 @@ def test_restart_accounts_requests_in_flight_at_each_kill(tmp_path):
 
 
 def test_restart_kills_and_relaunches_each_role_behind_a_hold(monkeypatch):
-    from harness.run.weather import restart
+    from harness.weathers.restart import driver as restart
 
     calls: list[str] = []
 
@@ -277,7 +277,7 @@ def test_restart_kills_and_relaunches_each_role_behind_a_hold(monkeypatch):
 
 
 def test_a_failed_relaunch_still_releases_and_is_on_the_timeline(monkeypatch):
-    from harness.run.weather import restart
+    from harness.weathers.restart import driver as restart
 
     posts: list[str] = []
 

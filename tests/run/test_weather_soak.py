@@ -8,11 +8,11 @@ import pytest
 
 from harness.cli.main import main
 from harness.core.cell import Cell
-from harness.core.weathers import resolved_params
+from harness.weathers import resolved_params
 from harness.judge.weather import IDENTICAL
 from harness.run.weather import weather_for
 from harness.run.weather.base import SoakQuestion
-from harness.run.weather.soak import SoakDriver, soak_requests, strict_answer
+from harness.weathers.soak.driver import SoakDriver, soak_requests, strict_answer
 from harness.run.weather_eval import with_digests
 from harness.protocol.faults import AFTER_ENV, SHARE_ENV, request_tag_for
 from harness.serve.proxy.hops import tag_for

@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 
 from harness.core.cell import Cell
-from harness.core.kv_connectors import (DEFAULT_KV_CONNECTOR, KV_CONNECTORS, connector_row,
-                                        driven_connectors)
+from harness.connectors import (CONNECTORS, DEFAULT_KV_CONNECTOR, KV_CONNECTORS, connector_for,
+                                connector_row, driven_connectors)
+from harness.connectors.driver import KV_COUNTERS, KvConnector, MetricMap
 from harness.eval.metrics import TransferCounters, parse_transfer_counters
-from harness.serve.connectors.base import KV_COUNTERS, KvConnector, MetricMap
-from harness.serve.connectors.registry import CONNECTORS, connector_for
 from harness.serve.launch.server_spec import Features, ServerSpec, build_argv, build_env
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "metrics"
@@ -41,9 +40,9 @@ def test_an_unknown_connector_names_the_known_ones():
         connector_for("no-such")
 
 
-def test_a_driven_row_no_module_registers_says_so(monkeypatch):
+def test_a_driven_row_no_driver_serves_says_so(monkeypatch):
     monkeypatch.setitem(KV_CONNECTORS, "unregistered", KV_CONNECTORS["nixl"])
-    with pytest.raises(KeyError, match="no module of harness.serve.connectors registers it"):
+    with pytest.raises(KeyError, match="its package lists no driver for it"):
         connector_for("unregistered")
 
 

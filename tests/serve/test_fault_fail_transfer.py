@@ -16,7 +16,7 @@ from harness.serve.plugins.faults import decode as faults
 from harness.protocol.faults import (BY_REQUEST, FAIL_TRANSFER, FaultSpec,
                                      request_tag_for)
 from harness.serve.plugins.kv_events import interface
-from harness.serve.plugins.kv_events.by_connector import nixl
+from harness.connectors.nixl.in_server import kv_events as nixl
 from harness.serve.plugins.kv_events.interface import Received
 from harness.serve.proxy.hops import new_request_id, tag_for
 

@@ -6,8 +6,8 @@ import types
 
 import pytest
 
-from harness.protocol.late_read import parse_delay_ms, parse_late_read_log, request_tag
-from harness.serve.plugins.faults import late_read
+from harness.weathers.expiry.protocol import parse_delay_ms, parse_late_read_log, request_tag
+from harness.weathers.expiry import in_server as late_read
 from harness.serve.proxy.hops import new_request_id, tag_for
 
 

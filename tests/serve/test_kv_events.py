@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from harness.serve.plugins.kv_events import interface
-from harness.serve.plugins.kv_events.by_connector import example, mooncake, nixl
+from harness.connectors.example import in_server as example
+from harness.connectors.mooncake import in_server as mooncake
+from harness.connectors.nixl.in_server import kv_events as nixl
 from harness.serve.plugins.kv_events.interface import KVView, Received, Sent
 
 PLUGINS = Path(interface.__file__).resolve().parents[1]
@@ -74,12 +76,11 @@ def test_the_table_serves_each_nixl_class_and_its_subclasses_and_nothing_else():
 
 
 def test_generic_modules_do_not_name_a_connector():
-    """Only the connector modules under by_connector/ may name one (grep -il nixl)."""
+    """Only a connector package's in_server may name one (grep -il nixl)."""
     found = subprocess.run(["grep", "-ril", "--include=*.py", "nixl", str(PLUGINS / "kv_events"),
                             str(PLUGINS / "kv_digest"), str(PLUGINS / "faults")],
                            capture_output=True, text=True).stdout.split()
-    assert [Path(f).relative_to(PLUGINS).as_posix() for f in found] == [
-        "kv_events/by_connector/nixl.py"]
+    assert found == []
 
 
 def test_the_per_server_ports_come_from_the_connector_modules():
@@ -406,7 +407,7 @@ def test_example_loads_are_announced_when_start_load_kv_wrote_them(events):
 
 
 def test_example_reads_what_vllms_example_connector_has():
-    """The names by_connector/example reads exist in the installed vLLM's connector."""
+    """The names the example package's in_server reads exist in the installed vLLM's connector."""
     from vllm.distributed.kv_transfer.kv_connector.v1 import example_connector as upstream
 
     for name in ("wait_for_save", "start_load_kv", "build_connector_meta",

@@ -12,7 +12,7 @@ from harness.protocol import faults as fault_spec
 
 from harness.serve.plugins.faults import decode as faults
 
-from harness.serve.connectors import nixl_idle
+from harness.connectors.nixl.in_server import idle as nixl_idle
 from harness.protocol.faults import FaultOutcome, FaultSpec
 from harness.serve.plugins.kv_events import interface
 from harness.serve.plugins.kv_events.interface import KVView

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from harness.serve.proxy import aborts
+from harness.weathers.aborts import protocol as aborts
 from harness.serve.proxy.hops import new_request_id
 from tests.serve.test_proxy import FakeUpstream, pair, proxied
 

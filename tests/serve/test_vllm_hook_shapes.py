@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from harness.core import vllm_hooks
-from harness.core.vllm_hooks import HOOKS, NIXL_WORKER, missing, shapes
-from harness.serve.plugins.kv_events.by_connector import nixl
+from harness.connectors.nixl import NIXL_WORKER
+from harness.core.vllm_hooks import hooks, missing, shapes
+from harness.connectors.nixl.in_server import kv_events as nixl
 
 SHAPES = Path(__file__).resolve().parents[1] / "data" / "vllm_hook_shapes"
 RELEASES = sorted(p.stem for p in SHAPES.glob("*.json"))
@@ -77,7 +78,7 @@ def test_there_is_a_release_shape():
 
 
 @pytest.mark.parametrize("release", RELEASES)
-@pytest.mark.parametrize("hook", [row.name for row in HOOKS])
+@pytest.mark.parametrize("hook", [row.name for row in hooks()])
 def test_every_hook_attaches_on_the_release_shape(release, hook):
     load = importer(fake_release(release))
     assert missing(hook, load) is None
@@ -90,7 +91,7 @@ def test_every_hook_attaches_on_the_release_shape(release, hook):
 def test_no_need_of_the_table_is_absent_from_the_wheel(release):
     """Each need is in the wheel, or (for an any_of) one of its alternatives is."""
     table = json.loads((SHAPES / f"{release}.json").read_text())
-    for row in HOOKS:
+    for row in hooks():
         found = {(n["module"], n["path"]) for n in table["hooks"][row.name] if n.get("exists")}
         unknown = {(n["module"], n["path"]) for n in table["hooks"][row.name]
                    if n.get("exists") is None}

@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 
 from harness.core import vllm_hooks
-from harness.core.vllm_hooks import (FACTORY, KV_BASE, NIXL_WORKER, HOOKS, missing, shapes,
-                                     not_available_checks, unavailable_for)
+from harness.connectors.nixl import NIXL_WORKER
+from harness.core.vllm_hooks import (FACTORY, KV_BASE, hooks, missing, not_available_checks, shapes,
+                                     unavailable_for)
 from harness.serve.plugins import compat
 from harness.serve.plugins.kv_events import interface
-from harness.serve.plugins.kv_events.by_connector import nixl
+from harness.connectors.nixl.in_server import kv_events as nixl
 from harness.serve.plugins.kv_events.interface import KVView, Received
 
 TESTED: set[str] = set()
@@ -141,7 +142,7 @@ def test_the_factory_is_not_patched_where_the_interface_cannot_attach(monkeypatc
 
 
 def test_every_hook_of_the_table_has_its_older_shape_tested():
-    assert {row.name for row in HOOKS} == TESTED
+    assert {row.name for row in hooks()} == TESTED
 
 
 # ---- one per hook ------------------------------------------------------------------------------
@@ -213,7 +214,7 @@ def test_nixl_leases_cut_inline_in_get_finished(monkeypatch):
 
 @older("late-read")
 def test_late_read_holds_on_the_old_matched_tokens(monkeypatch):
-    from harness.serve.plugins.faults import late_read
+    from harness.weathers.expiry import in_server as late_read
 
     assert missing("late-read", importer(VLLM_027)) is None
     allow(monkeypatch, "late-read")
@@ -313,10 +314,10 @@ def test_mooncake_counters_need_vllms_prometheus_helpers():
 
 
 def test_every_hook_names_the_module_that_attaches_it():
-    from harness.serve.launch.hook_plugins import HOOK_PLUGINS
+    from harness.serve.launch.hook_plugins import hook_plugins
 
-    assert set(HOOK_PLUGINS) == {row.name for row in HOOKS}
+    assert set(hook_plugins()) == {row.name for row in hooks()}
     root = Path(__file__).resolve().parents[2]
-    for name, module in HOOK_PLUGINS.items():
+    for name, module in hook_plugins().items():
         path = root.joinpath(*module.split("."))
         assert path.with_suffix(".py").is_file() or (path / "__init__.py").is_file(), name

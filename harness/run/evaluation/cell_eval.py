@@ -29,14 +29,14 @@ from harness.run.evaluation.stages import BaselineRound, EndpointAsker, Question
 from harness.run.evidence.transfer_evidence import (ByteGeometry, DigestFiles, link_evidence,
                                                     link_start, pair_counters, read_proxy_records,
                                                     transfer_proof)
-from harness.serve.connectors.registry import connector_for
+from harness.connectors import connector_for
 from harness.serve.deploy import DeployContext, Deployment, Endpoint, ProxyDeployment
 from harness.serve.launch.server_spec import draft_model_path
 from harness.serve.launch.vllm_features import hooks_not_available
 from harness.protocol.faults import request_tag_for
 from harness.serve.supervision.process import most_decisive_line
 from harness.serve.proxy.hops import PROXY_FAULTS
-from harness.core.weathers import DEFAULT_WEATHER
+from harness.weathers import DEFAULT_WEATHER
 from harness.judge.weather import WeatherJudgement
 from harness.run.weather_eval import WeatherWitness, answered_only, weather_plan
 

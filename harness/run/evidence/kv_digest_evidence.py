@@ -4,7 +4,7 @@ prefill computed? Read from the digest files the P/D servers wrote
 
 * the prefill's line is the one of the request id its response named (``remote_request_id`` in
   the kv_transfer_params the proxy *received*: the question's own prefill), or, for a connector
-  whose prefill answers none (Mooncake), the one whose id carries the proxy id of the transfer
+  whose prefill answers none, the one whose id carries the proxy id of the transfer
   the proxy named;
 * the decode's line is the one whose vLLM request id carries the proxy's id (``X-Request-Id``);
   for a connector whose hops carry no params at all (ExampleConnector), the prefill's line is
@@ -23,7 +23,7 @@ import re
 from collections import Counter
 from typing import Iterable
 
-from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR, KV_CONNECTORS
+from harness.connectors import DEFAULT_KV_CONNECTOR, KV_CONNECTORS
 from harness.judge.kv_digest_check import compare_digests
 from harness.protocol.kv_digest import (COST_PARTS, HASH_ENV, LEGACY_HASH, RAW_PIECE_TOKENS,
                                         layers_of, merge_tp_ranks, read_digest_lines)
@@ -133,7 +133,7 @@ def _sides(record: dict, index: tuple[dict[str, list[dict]], dict[str, list[dict
     ours = by_prefill_id.get(received.get("remote_request_id"))
     handle = record.get("kv_transfer_handle") or {}
     if ours is None and handle:
-        # a connector whose prefill answers nothing (Mooncake): the prefill the proxy's
+        # a connector whose prefill answers nothing: the prefill the proxy's
         # handle names, by the proxy id in its transfer id
         ours = by_prefill_uuid.get(_proxy_uuid(str(handle.get("transfer_id", ""))) or "-")
     if ours is None and not received and not handle and _without_params(record):

@@ -8,7 +8,7 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
-from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR, connector_row
+from harness.connectors import DEFAULT_KV_CONNECTOR, connector_row
 from harness.core.platform import cpu_isa, detect_gpus
 
 

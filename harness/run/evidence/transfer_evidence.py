@@ -1,6 +1,6 @@
 """A cell's transfer evidence, read from what its P/D evaluation left on disk: the proxy's
 per-request records (which kv_transfer_params prefill returned and decode received, read through
-the pair's connector, harness.serve.connectors), the pair's transfer counters, and the
+the pair's connector, harness.connectors), the pair's transfer counters, and the
 fault lines the canary plugin wrote to the decode servers' logs; for a network: netns pair, the
 bytes its decode's P<->D link received (harness.serve.net.netns) and the UCX settings its servers
 ran with."""
@@ -14,12 +14,11 @@ from typing import Iterable
 from harness.core.kv_geometry import GeometryUnknown, KvGeometry, geometry_from_config, with_draft
 from harness.judge.byte_accounting import account
 
-from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR
+from harness.connectors import DEFAULT_KV_CONNECTOR, connector_for, connector_row
 from harness.eval.metrics import TransferCounters, scrape_pair
 from harness.judge.compare import TransferProof
 from harness.run.evidence.kv_digest_evidence import digest_evidence
-from harness.serve.connectors.base import PAIR_ROLES, KvConnector
-from harness.serve.connectors.registry import connector_for
+from harness.connectors.driver import PAIR_ROLES, KvConnector
 from harness.serve.deploy import Deployment
 from harness.protocol.effective_config import FORCED_BLOCK_RE
 from harness.serve.net.netns import process_env
@@ -206,7 +205,7 @@ def transfer_proof(records: list[dict], delta: TransferCounters, hybrid: bool,
         return bool(params) and bool(params.get("remote_block_ids") is not None
                                      or params.get("remote_engine_id"))
 
-    # a connector whose prefill answers no params (Mooncake): the handle the proxy named once
+    # a connector whose prefill answers no params: the handle the proxy named once
     # the prefill answered, counted as that prefill's params (TransferProof.params_named_by_proxy)
     with_params = sum(usable(answer_of(r)) for r in records)
     named = sum(bool(r.get("kv_transfer_handle")) for r in records)
@@ -235,7 +234,7 @@ def _digest_fields(records: list[dict], digests: DigestFiles | None) -> dict:
         return {"kv_digest_skipped": "servers not started by the harness: no digest plugin"}
     if digests.skipped:
         return {"kv_digest_skipped": digests.skipped}
-    word = record_connector(records[0]).label if records else "the connector"
+    word = connector_row(record_connector(records[0]).value).word if records else "the connector"
     return {"kv_digest": digest_evidence(records, digests.prefill, digests.decode,
                                          digests.decode_block_size, word)}
 

@@ -18,7 +18,8 @@ from harness.serve.deploy import DeployContext, Deployment, pair_key, plan_basel
 from harness.serve.launch.models import reference_accuracy, resolve
 from harness.serve.launch.server_spec import SERVER_FAULTS
 from harness.protocol.faults import PREFILL_FAULT_KINDS
-from harness.core.weathers import ServerChanges, resolved_params
+from harness.weathers import resolved_params
+from harness.weathers.facts import ServerChanges
 from harness.run.weather import weather_for
 
 

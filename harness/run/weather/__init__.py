@@ -1,23 +1,29 @@
-"""The weathers' drivers, one module per row of harness.core.weathers (base.py: the interface),
-registered here under their row's name."""
+"""The weathers' drivers: each weather package's ``driver`` module (harness/weathers/<name>/,
+found by harness.weathers), its ``WEATHER`` an instance of a subclass of base.Weather."""
 from __future__ import annotations
 
-from harness.core.weathers import weather_row
-from harness.run.weather import (aborts, block_boundary, calm, expiry, load, load_failures,
-                                 preemption, restart, soak)
-from harness.run.weather.base import Weather
+import importlib
 
-DRIVERS: dict[str, Weather] = {module.WEATHER.name: module.WEATHER for module in (
-    calm, load, preemption, expiry, load_failures, aborts, restart, block_boundary, soak)}
+from harness.run.weather.base import Weather
+from harness.weathers import WEATHERS, package_of
 
 
 def weather_for(name: str) -> Weather:
     """The driver of weather `name` (KeyError names the known weathers)."""
-    weather_row(name)
-    if name not in DRIVERS:
-        raise KeyError(f"weather {name!r} has a row but no driver registered in "
-                       f"harness.run.weather")
-    return DRIVERS[name]
+    package = package_of(name)
+    try:
+        module = importlib.import_module(f"{package.__name__}.driver")
+    except ModuleNotFoundError as missing:
+        if missing.name != f"{package.__name__}.driver":
+            raise
+        raise KeyError(f"weather {name!r} has a row but its package has no driver "
+                       f"module") from None
+    return module.WEATHER
 
 
-__all__ = ["DRIVERS", "weather_for"]
+def drivers() -> dict[str, Weather]:
+    """Every weather's driver, by name."""
+    return {name: weather_for(name) for name in WEATHERS}
+
+
+__all__ = ["drivers", "weather_for"]

@@ -1,10 +1,11 @@
-"""What a weather module implements (one module per row of harness.core.weathers; its
-``WEATHER`` is an instance of a subclass of `Weather`). docs/weather.md says it in prose.
+"""What a weather's driver implements (the ``driver`` module of its package, harness/weathers/
+<name>/; its ``WEATHER`` is an instance of a subclass of `Weather`). docs/weather.md says it in
+prose.
 
 A weather acts at four points of a cell's flow, each a method with a calm default:
 
 1. ``servers(cell, params)``  before the pair starts: what it changes in the prefill and the
-   decode (role -> harness.core.weathers.ServerChanges: argv, env, kv_transfer_config keys,
+   decode (role -> harness.weathers.facts.ServerChanges: argv, env, kv_transfer_config keys,
    the KV cache's blocks, prefix caching, max_num_seqs). The baseline always runs calm.
 2. ``workload(cell, params)`` the requests it sends: how many in flight, how many questions at
    least, and the proxy's per-request tag for a server-side injection (a harness plugin on a
@@ -29,10 +30,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from harness.core.cell import Cell
-from harness.core.weathers import ServerChanges
+from harness.weathers.facts import ServerChanges
 from harness.judge.weather import InjectedEvent, RequestRow, WeatherCondition
-from harness.serve.connectors.base import KvConnector
-from harness.serve.connectors.registry import connector_for
+from harness.connectors.driver import KvConnector
+from harness.connectors import connector_for
 from harness.serve.deploy import Deployment
 
 

@@ -1,11 +1,13 @@
-"""What the fault weathers (expiry, load-failures, aborts) share: the requests the proxy tagged
-for an injection are the events, read from its records; a server log line per injection
-proves the server acted on each.
+"""What the weathers that inject faults share: the requests the proxy tagged for an injection
+are the events, read from its records; a server log line per injection proves the server acted
+on each; the connector's lease setting, which they shorten.
 """
 from __future__ import annotations
 
 from typing import Callable, Iterable
 
+from harness.connectors import connector_for
+from harness.core.cell import Cell
 from harness.judge.weather import InjectedEvent, WeatherCondition
 from harness.run.weather.base import WeatherRun
 
@@ -39,5 +41,14 @@ def counted(name: str, kind: str, seen: int, wanted: int, what: str) -> WeatherC
     return WeatherCondition(kind, name, passed, f"{what}: {seen}, wanted {wanted}")
 
 
-__all__ = ["SERVER_FAULT_ENV", "counted", "decode_log", "events_of", "share_tag",
+def lease_key(cell: Cell) -> str:
+    """The cell's connector's lease setting (the matrix runs these weathers only with connectors
+    whose row lists them; one without a lease cannot get here)."""
+    key = connector_for(cell.kv_connector).lease_key
+    if key is None:
+        raise ValueError(f"kv_connector {cell.kv_connector} has no KV lease to shorten")
+    return key
+
+
+__all__ = ["SERVER_FAULT_ENV", "counted", "decode_log", "events_of", "lease_key", "share_tag",
            "tagged_records"]

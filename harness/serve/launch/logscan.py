@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 from functools import lru_cache
 
-from harness.serve.connectors.registry import log_patterns
+from harness.connectors import log_patterns
 
 __all__ = ["decisive_error_lines", "most_decisive_line"]
 

@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from harness.core.cell import Cell
-from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR
-from harness.core.weathers import ServerChanges
+from harness.connectors import DEFAULT_KV_CONNECTOR, connector_for
+from harness.weathers.facts import ServerChanges
 from harness.core.spec_decode import PREFILL_SPEC_TOKENS, ROLES_GENERATING, SPEC_DECODE_CONFIGS
-from harness.serve.connectors.registry import connector_for
 from harness.serve.launch import thread_budget
 from harness.protocol.faults import BY_REQUEST, PREFILL_FAULT_ENV
 from harness.protocol.switches import COMPILE_KEY_ENV, FORK_START_ENV
@@ -84,7 +83,7 @@ class ServerSpec:
     max_model_len: int = 2048
     compile: str = "default"                   # "eager": --enforce-eager (no torch.compile/CUDA graphs)
     kv_buffer_device: str = "cpu"
-    kv_connector: str = DEFAULT_KV_CONNECTOR   # harness.core.kv_connectors key (prefill/decode)
+    kv_connector: str = DEFAULT_KV_CONNECTOR   # harness.connectors key (prefill/decode)
     side_channel_port: int | None = None      # the connector's first reserved port (its handshake)
     kv_shared_path: str | None = None         # a directory the pair shares (ExampleConnector's files)
     internal_port: int | None = None          # VLLM_PORT: first of the ports vLLM binds inside
@@ -107,7 +106,7 @@ class ServerSpec:
     cudagraph_mode: str = "default"            # --compilation-config {"cudagraph_mode": ...}
     kv_layout: str = "default"                 # VLLM_KV_CACHE_LAYOUT (HND | NHD)
     kv_cache_dtype: str = "auto"               # --kv-cache-dtype (fp8, fp8_e4m3, fp8_e5m2)
-    # what the cell's weather changes in this P/D server (harness.core.weathers; none when calm)
+    # what the cell's weather changes in this P/D server (harness.weathers; none when calm)
     weather: ServerChanges = ServerChanges()
     python: str = field(default_factory=lambda: sys.executable)
     # where it runs (harness.serve.net.netns): the address it binds and is reached at, the

@@ -9,7 +9,7 @@ its worker. Sampled every 100 ms during a smoke evaluation (harness.run.evidence
 | thread | process | what it does | budget |
 |---|---|---|---|
 | main (`python`) | engine core, worker | vLLM's shm message queue: a reader with nothing to read calls `sched_yield()` for 1 s after its last read, on the core its writer needs | `PD_ACCURACY_MQ_SPIN_SLEEP_US=100`: sleep between checks instead (harness.serve.plugins.idle.mq_spin) |
-| the connector's transport progress (`python`) | worker | polls the UCX worker's event fds | 1 ms poll timeout (harness.serve.connectors: the transport's idle module); left at that |
+| the connector's transport progress (`python`) | worker | polls the UCX worker's event fds | 1 ms poll timeout (harness.connectors: the transport's idle plugin); left at that |
 | `gloo_tcp_loop` x13 | worker | one per torch.distributed gloo group; `epoll_wait` with gloo's fixed 10 ms timeout | `PD_ACCURACY_SHARE_GLOO_GROUPS=1`: a world of one rank shares one group (harness.serve.plugins.idle.gloo_groups) |
 | OpenMP team | worker | vLLM binds one OpenMP thread per core of VLLM_CPU_OMP_THREADS_BIND | one thread per pinned core already: no team to spin, OMP_WAIT_POLICY changes nothing |
 | tokenizers, torch intra-op | API server, engine core | sized from the CPU affinity, which is the one core | 1 already |

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from harness.core.atomic import atomic_write_text
-from harness.core.kv_connectors import KV_CONNECTORS
+from harness.connectors import KV_CONNECTORS
 from harness.core.platform import PlatformInfo, VllmFeatures
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -182,7 +182,7 @@ def _probe() -> dict[str, Any]:
     )
     return dataclasses.replace(features, hooks=vllm_hooks.report(),
                                hook_shapes={row.name: tuple(vllm_hooks.shapes(row.name))
-                                            for row in vllm_hooks.HOOKS}).to_dict()
+                                            for row in vllm_hooks.hooks()}).to_dict()
 
 
 # ---- cache + subprocess -------------------------------------------------------------------

@@ -18,8 +18,7 @@ is :mod:`harness.serve.plugins.entry`, which every ``register`` is made with:
 
 The digest and the canaries listen on vLLM's KV connector interface
 (:mod:`harness.serve.plugins.kv_events.interface`), so they serve any connector; what one
-connector does its own way is in its module under ``kv_events/by_connector/``. A plugin that
-serves one connector only (its idle poll) lives with that connector in
-:mod:`harness.serve.connectors`. ``VLLM_PLUGINS=name,...`` (vLLM's own allow-list) restricts
-which plugins load.
+connector does its own way is in its package's in-server part (``harness/connectors/<name>/
+in_server``), and so is a plugin that serves one connector only (its transport's idle poll).
+``VLLM_PLUGINS=name,...`` (vLLM's own allow-list) restricts which plugins load.
 """

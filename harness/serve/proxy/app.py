@@ -4,7 +4,7 @@ Every completion request makes two hops under one request id, as vLLM's toy prox
 (``max_tokens=1``, the connector's prefill ``kv_transfer_params``), then decode (the original
 body plus the params the connector makes of the prefill's answer, so the KV crosses; streamed
 through unchanged on ``stream=true``). What the params are and how they travel is the
-connector's (harness.serve.connectors, ``--kv-connector``). Unlike the toy proxies it records
+connector's (harness.connectors, ``--kv-connector``). Unlike the toy proxies it records
 every request (servers, statuses, kv params received and sent, timings) as the transfer
 evidence, and it injects the proxy-side canaries ``drop-transfer`` (decode gets no params) and
 ``foreign-params`` (the previous request's). Bodies, faults, records: ``hops``; run:
@@ -14,21 +14,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import importlib
+import importlib.util
 import itertools
 import json
 import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from types import ModuleType
+from typing import Any, AsyncContextManager, Awaitable, Iterator, Mapping
 
 import aiohttp
 from aiohttp import web
 
-from harness.core.kv_connectors import DEFAULT_KV_CONNECTOR, driven_connectors
+from harness import weathers
+from harness.connectors import DEFAULT_KV_CONNECTOR, connector_for, driven_connectors
+from harness.connectors.driver import KvConnector
 from harness.core.prompts import prompt_hash
-from harness.serve.connectors.base import KvConnector
-from harness.serve.connectors.registry import connector_for
 from harness.serve.proxy.upstream import (
     REQUEST_ID_HEADER,
     UPSTREAM_KEEPALIVE_S,
@@ -39,7 +43,6 @@ from harness.serve.proxy.upstream import (
     unreachable,
     upstream_headers,
 )
-from harness.serve.proxy.aborts import ABORT_STATUS, abort_message, abort_phase
 from harness.serve.proxy.hops import (
     PROXY_FAULTS,
     build_decode_body,
@@ -75,14 +78,15 @@ class ProxyState:
     connector: KvConnector = field(default_factory=connector_for)   # how the params travel
     forward_authorization: bool = False   # pass the client's Authorization on (else strip it)
     # prefill URL -> its connector side channel "host:port" (a connector whose prefill answers no
-    # params names the transfer from it: Mooncake's bootstrap server)
+    # params names the transfer from it: its bootstrap server)
     prefill_sides: dict[str, str] = field(default_factory=dict)
     records: list[dict[str, Any]] = field(default_factory=list)
     session: aiohttp.ClientSession | None = None
     # cleared while a server restarts (the restart weather, POST /pd/hold): new requests wait,
     # as behind a router that drains a restarting server, instead of meeting a closed port
     admitting: asyncio.Event | None = None
-    aborts_dealt: int = 0              # requests the aborts weather cancelled (deals phases)
+    # requests each weather's hops took so far, by its module (it deals them out in turn)
+    weather_turns: dict[str, int] = field(default_factory=dict)
     requests_seen: int = 0             # requests so far, in arrival order (a late fault's count)
     # kv_transfer_params of the most recent prefill answer; the foreign-params fault hands them
     # to the next request's decode hop.
@@ -224,10 +228,12 @@ async def _two_hops(
 ) -> web.StreamResponse:
     assert state.session is not None
     request_id = record["request_id"]
-    phase = abort_phase(request_id, state.aborts_dealt)
-    if phase is not None:
-        state.aborts_dealt += 1
-        return await _aborted_hops(state, original_body, headers, record, phase)
+    for hops in weather_hops():
+        turn = state.weather_turns.get(hops.__name__, 0)
+        taken = hops.takes(request_id, turn)
+        if taken is not None:
+            state.weather_turns[hops.__name__] = turn + 1
+            return await hops.run(Hops(state, original_body, headers, record), taken)
     ended = await _prefill_hop(state, original_body, headers, record)
     if ended is not None:
         return ended
@@ -268,52 +274,44 @@ async def _two_hops(
         record["decode_ms"] = elapsed_ms(decode_start)
 
 
-async def _dropped_stream(state: ProxyState, url: str, body: dict[str, Any],
-                          headers: dict[str, str], record: dict[str, Any], hop: str,
-                          after_first_token: bool) -> None:
-    """Send ``body`` streamed to ``url`` and drop the connection (vLLM aborts the request) once
-    the server took it (its headers came) or, ``after_first_token``, once a token came."""
-    assert state.session is not None
-    async with await post(state.session, url, record, hop, json={**body, "stream": True},
-                          headers=headers) as response:
-        record[f"{hop}_status"] = response.status
-        if after_first_token and response.status == 200:
-            async for line in response.content:
-                if line.startswith(b"data:") and b'"text"' in line:
-                    record["abort_tokens_seen"] = True
-                    break
-        response.close()      # unread: the connection closes, not back to the pool
+@dataclass
+class Hops:
+    """What a weather's hops in the proxy (its package's ``proxy`` module) may do with one
+    request: the two hops as the proxy makes them, the request's record, and a streamed post
+    whose connection it can drop."""
+
+    state: ProxyState
+    body: dict[str, Any]            # the client's request
+    headers: dict[str, str]
+    record: dict[str, Any]          # this request's proxy record
+
+    def prefill_body(self) -> dict[str, Any]:
+        return build_prefill_body(self.body, self.state.connector.prefill_params)
+
+    def prefill(self) -> Awaitable[web.StreamResponse | None]:
+        """The prefill hop as the proxy makes it (None: answered, the decode may follow)."""
+        return _prefill_hop(self.state, self.body, self.headers, self.record)
+
+    def decode_body(self) -> dict[str, Any]:
+        """The decode hop's body with the params the connector makes of the prefill's answer."""
+        return build_decode_body(self.body, _decode_params(self.state, self.record))
+
+    def post(self, url: str, hop: str, body: dict[str, Any]) -> Awaitable[AsyncContextManager]:
+        assert self.state.session is not None
+        return post(self.state.session, url, self.record, hop, json=body, headers=self.headers)
 
 
-async def _aborted_hops(state: ProxyState, original_body: dict[str, Any],
-                        headers: dict[str, str], record: dict[str, Any],
-                        phase: str) -> web.Response:
-    """The aborts weather (harness.serve.proxy.aborts): the request's hops up to ``phase``,
-    then the connection dropped; the client gets ABORT_STATUS naming the phase."""
-    record["abort_phase"] = phase
-    start = time.perf_counter()
-    try:
-        if phase == "queued":
-            body = build_prefill_body(original_body, state.connector.prefill_params)
-            await _dropped_stream(state, record["prefill_url"] + record["endpoint"], body,
-                                  headers, record, "prefill", after_first_token=False)
-        else:
-            ended = await _prefill_hop(state, original_body, headers, record)
-            if ended is not None:
-                return ended
-            if phase != "prefilled":
-                body = build_decode_body(original_body, _decode_params(state, record))
-                await _dropped_stream(state, record["decode_url"] + record["endpoint"], body,
-                                      headers, record, "decode",
-                                      after_first_token=phase == "decoding")
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        record["abort_upstream_error"] = f"{type(exc).__name__}: {exc}"
-    finally:
-        record["decode_ms"] = elapsed_ms(start)
-    record["error"] = abort_message(phase)
-    return web.json_response({"error": {"message": record["error"], "abort_phase": phase}},
-                             status=ABORT_STATUS,
-                             headers={REQUEST_ID_HEADER: record["request_id"]})
+def weather_hops() -> tuple[ModuleType, ...]:
+    """Each weather package's hops in this proxy (its ``proxy`` module: ``takes(request_id,
+    turn)`` names what it does with a request, or None; ``run(hops, what)`` does it)."""
+    return _hops_of(weathers.packages())
+
+
+@functools.lru_cache(maxsize=None)
+def _hops_of(packages: tuple[ModuleType, ...]) -> tuple[ModuleType, ...]:
+    names = [f"{package.__name__}.proxy" for package in packages]
+    return tuple(importlib.import_module(name) for name in names
+                 if importlib.util.find_spec(name) is not None)
 
 
 async def _handle_models(request: web.Request) -> web.Response:
@@ -378,7 +376,7 @@ def create_app(
     independently. fault: ``drop-transfer`` or ``foreign-params`` are applied here; any other name
     is only recorded. records_path: JSONL file that every request's record is appended to.
     timeout_s: total time allowed per upstream hop before answering 504. kv_connector: the
-    harness.core.kv_connectors value whose params the hops carry. prefill_sides: each prefill
+    harness.connectors value whose params the hops carry. prefill_sides: each prefill
     URL's connector side channel ``host:port`` (for a connector whose prefill answers no params).
     """
     state = ProxyState(
@@ -434,7 +432,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--decode", action="append", required=True, metavar="URL",
                         help="decode server base URL; repeat for several")
     parser.add_argument("--prefill-side", action="append", default=[], metavar="URL=HOST:PORT",
-                        help="a prefill's connector side channel (Mooncake: its bootstrap server)")
+                        help="a prefill's connector side channel (e.g. its bootstrap server)")
     parser.add_argument("--fault", default=None,
                         help=f"fault to inject ({', '.join(PROXY_FAULTS)} here; others only recorded)")
     parser.add_argument("--request-tag", default="", help="text in every request id, e.g. "

@@ -46,7 +46,8 @@ def tag_for(request_tag: str, body: dict[str, Any], index: int = 0) -> str:
     the rules say, "" elsewhere. RULES are comma-separated: a share (``0.15``: the tag on a fixed
     share of the questions, by a hash of the prompt, so the same questions every run; a fault on
     some requests only costs a fraction of the accuracy) and ``after=N`` (the tag only from the
-    proxy's (N+1)-th request on, `index` counting from 0: a fault that starts late in a soak)."""
+    proxy's (N+1)-th request on, `index` counting from 0: a fault that starts late in a long
+    run)."""
     tag, _, rules = request_tag.partition("@")
     if not tag or not rules:
         return tag
@@ -138,7 +139,7 @@ def new_record(request_id: str, endpoint: str, prefill_url: str, decode_url: str
         "decode_status": None,
         "received_kv_transfer_params": None,
         "sent_kv_transfer_params": None,
-        # what the proxy named for a connector whose prefill answers no params (Mooncake)
+        # what the proxy named for a connector whose prefill answers no params
         "kv_transfer_handle": None,
         "fault": fault,
         "fault_applied": False,

@@ -20,7 +20,8 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from harness.serve.plugins.faults import early_release, fail_transfer, late_read
+from harness import weathers
+from harness.serve.plugins.faults import early_release, fail_transfer
 from harness.serve.plugins.kv_events import interface
 from harness.serve.plugins.kv_events.interface import KVView, Received
 from harness.serve.plugins.kv_events.view import is_attention_layer
@@ -257,7 +258,8 @@ def register() -> None:
     Cheap, idempotent and never raises: the hooks are put on a connector class when vLLM's
     connector factory hands it out, so processes that never build a connector stay untouched.
     The KV faults act on the ``received`` event (this module); fail-transfer on ``arrived``
-    (:mod:`harness.serve.plugins.faults.fail_transfer`); by-request arms both.
+    (:mod:`harness.serve.plugins.faults.fail_transfer`); by-request arms both, and every
+    weather's fault in the decode (its package's ``in_server``: a tagged request's late read).
     """
     early_release.arm()     # a prefill's fault (PD_ACCURACY_PREFILL_FAULT); no-op elsewhere
     spec = parse_fault_env(os.environ)
@@ -267,4 +269,6 @@ def register() -> None:
         arm(spec)
     fail_transfer.arm(spec)
     if spec.kind == BY_REQUEST:
-        late_read.arm()     # weather: a tagged request's read starts late
+        for package in weathers.packages():
+            for module in interface.in_server_modules(package):
+                module.arm()

@@ -5,13 +5,13 @@ until their lease expires (``kv_lease_duration``, 30 s; the decode's heartbeats 
 the request waits in its queue). This fault keeps the lease, as vLLM does, but cuts it to a
 fraction of a second (``PD_ACCURACY_FAULT_HOLD_S``, default 0.5) from the moment the prefill
 worker first holds the request, and the decode cannot extend it. The release then runs through
-vLLM's own expiry path (the blocks go back to the prefill's pool, a late "done reading" is
+vLLM's own path for a lease that ran out (the blocks go back to the prefill's pool, a late "done reading" is
 ignored), so nothing crashes: a decode that reads at once reads the right bytes, a late one
 reads whatever the recycled blocks hold by then. Calm weather cannot see it; load must.
 
 Where it hooks: the connector's send leases, before each step's lease check
-(:func:`harness.serve.plugins.kv_events.interface.hold_leases`; the connector's module under
-``kv_events/by_connector/`` gives that moment), on the prefill
+(:func:`harness.serve.plugins.kv_events.interface.hold_leases`; the connector package's
+``in_server`` gives that moment), on the prefill
 (``PD_ACCURACY_PREFILL_FAULT=by-request``), for the requests whose id carries the
 ``early-release`` tag. One fault line per request it shortened (spec.format_fault_line).
 """

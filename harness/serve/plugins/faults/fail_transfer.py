@@ -9,7 +9,7 @@ and its log lines; :mod:`harness.serve.plugins.faults.decode` arms this module).
 Where it hooks: the connector interface's ``arrived`` event
 (:mod:`harness.serve.plugins.kv_events.interface`): the connector's read poll reports a
 request's reads done, before its post-processing. Failing it there is the connector's own
-failure path (``fail()``, from its module under ``kv_events/by_connector/``): its
+failure path (``fail()``, from its package's ``in_server``): its
 failed-transfer stat, the request in ``failed_recving``, its blocks queued as invalid, its
 post-processing skipped; the scheduler then fails the request (``kv_load_failure_policy``
 "fail", the default: finish reason ``error``, which the OpenAI server answers with HTTP 500) or

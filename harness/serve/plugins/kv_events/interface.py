@@ -22,14 +22,16 @@ before its first instance) at the interface's own methods:
 Plugins :func:`subscribe` to those events, in an order (faults, which change the KV, before
 digests, which read it). What a connector does its own way (its clipped block lists, a host
 buffer, a read poll that sees bytes before post-processing and can fail a read: event
-``arrived``) comes from its module under ``by_connector/`` (:func:`specifics_for`). Never raises
-into vLLM: a failing hook logs and the connector's own result is returned.
+``arrived``) comes from the in-server part of its package (``harness/connectors/<name>/in_server``,
+a module or a package of modules; :func:`specifics_for`). Never raises into vLLM: a failing hook
+logs and the connector's own result is returned.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import importlib
+import importlib.util
 import logging
 import pkgutil
 import threading
@@ -37,17 +39,18 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable
 
+from harness import connectors
 from harness.serve.plugins import compat
 from harness.serve.plugins.kv_events.view import KVView, build_view
 
 logger = logging.getLogger("vllm.pd_accuracy.kv_events")
 
 FACTORY_MODULE = "vllm.distributed.kv_transfer.kv_connector.factory"
-BY_CONNECTOR = "harness.serve.plugins.kv_events.by_connector"
+IN_SERVER = "in_server"     # the module (or package) of a connector package that runs here
 # plain tuples on the metadata: it is pickled to a multiprocess worker
 SEND_ATTR = "pd_accuracy_send"    # {req_id: (block ids per group, num_tokens)}
 RECV_ATTR = "pd_accuracy_recv"    # {req_id: (remote request id, block ids, first position, count)}
-# a connector that saves a prompt's KV during the step's forward (by_connector/): the requests
+# a connector that saves a prompt's KV during the step's forward (its in_server): the requests
 # it saves this step, announced once the forward wrote them (``saved``)
 SAVE_ATTR = "pd_accuracy_save"    # {req_id: (block ids per group, num_tokens)}
 EVENTS = ("registered", "sent", "arrived", "received")
@@ -113,11 +116,27 @@ def _dispatch(event: str, *args: Any) -> None:
             logger.exception("pd-accuracy kv-events: %s listener %r failed", event, callback)
 
 
+def in_server_modules(package: ModuleType) -> tuple[ModuleType, ...]:
+    """A connector package's in-server modules: its ``in_server`` module, or each module of its
+    ``in_server`` package; none where it has neither."""
+    name = f"{package.__name__}.{IN_SERVER}"
+    if importlib.util.find_spec(name) is None:
+        return ()
+    found = importlib.import_module(name)
+    if not hasattr(found, "__path__"):
+        return (found,)
+    return tuple(importlib.import_module(f"{name}.{info.name}")
+                 for info in pkgutil.iter_modules(found.__path__))
+
+
 @functools.lru_cache(maxsize=None)
+def _in_server_of(packages: tuple[ModuleType, ...]) -> tuple[ModuleType, ...]:
+    return tuple(module for package in packages for module in in_server_modules(package))
+
+
 def _specific_modules() -> tuple[ModuleType, ...]:
-    package = importlib.import_module(BY_CONNECTOR)
-    return tuple(importlib.import_module(f"{BY_CONNECTOR}.{info.name}")
-                 for info in pkgutil.iter_modules(package.__path__))
+    """Every connector package's in-server modules (a package registered later is found too)."""
+    return _in_server_of(connectors.packages())
 
 
 def specifics_for(cls: type) -> ModuleType | None:
@@ -324,7 +343,7 @@ def patch_connector_class(cls: type) -> None:
         install(cls)
     module = specifics_for(cls)
     extend = getattr(module, "extend", None) if module is not None else None
-    if extend:    # what the class lacks that the evidence needs (Mooncake: its counters)
+    if extend:    # what the class lacks that the evidence needs (its own counters)
         extend(cls)
     for patcher in list(_class_patchers):
         try:

@@ -9,7 +9,7 @@ cache, and each compiles afresh (docs/startup.md has the measured cost).
 
 A handshake port cannot change a compiled graph. With ``PD_ACCURACY_SHARED_COMPILE_CACHE=1``
 (the harness sets it on every server it starts) this plugin drops the variables the connector
-modules name (``PER_SERVER_ENV`` in :mod:`harness.serve.plugins.kv_events.by_connector`), so a
+modules name (``PER_SERVER_ENV`` in a connector package's ``in_server``), so a
 pair shares the cache of its baseline and of every earlier server with the same configuration.
 Everything else in the key stays vLLM's.
 """
