@@ -30,7 +30,7 @@ from typing import Any, Mapping
 from harness.core.cell import Cell
 from harness.weathers import DEFAULT_WEATHER
 from harness.eval.metrics import TransferCounters
-from harness.judge import stats
+from harness.judge import spec_acceptance, stats
 from harness.judge.compare import Comparison, TransferProof
 from harness.judge.verdict import Policy, Verdict, as_declared, decide
 from harness.run.record import upgrade_record
@@ -81,7 +81,18 @@ def _comparison(metrics: Mapping[str, Any], proof: TransferProof) -> Comparison:
         generations_differing=metrics["generations_differing"], agreement=metrics["agreement"],
         floor=stats.FloorTest(**{k: v for k, v in floor.items() if k in floor_fields}) if floor else None,
         logprob=metrics.get("logprob"), logprob_floor=metrics.get("logprob_floor"),
-        transfer=proof, alpha=metrics["alpha"], examples=tuple(metrics.get("examples") or ()))
+        transfer=proof, alpha=metrics["alpha"], examples=tuple(metrics.get("examples") or ()),
+        **_spec(metrics))
+
+
+def _spec(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """The recorded draft acceptance, question by question, or why it cannot be judged again."""
+    kept = metrics.get("spec_acceptance")
+    spec = spec_acceptance.SpecEvidence.from_summary(kept)
+    skipped = metrics.get("spec_acceptance_skipped")
+    if kept and spec is None:
+        skipped = "the record keeps its acceptance summed only, not per question"
+    return {"spec": spec, "spec_skipped": skipped}
 
 
 def _reference(cell: Cell, options: Mapping[str, Any]):
