@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from harness.core.cell import Cell
+from harness.core.spec_decode import PREFILL_SPEC_TOKENS
 from harness.weathers import DEFAULT_WEATHER
 from harness.eval.metrics import TransferCounters
 from harness.judge import spec_acceptance, stats
@@ -125,7 +126,7 @@ def rejudge(record_path: str | Path) -> Rejudged:
                          f"evaluation: {record['verdict']['reason'][:120]}): nothing to re-judge")
     reference, model = _reference(cell, options)
     draft = None
-    if cell.spec_decode:
+    if cell.spec_decode in PREFILL_SPEC_TOKENS:   # a draft on both sides: its layers cross too
         from harness.serve.launch.server_spec import speculative_config
 
         draft = speculative_config(cell.spec_decode, "prefill").get("model")

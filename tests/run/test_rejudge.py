@@ -108,3 +108,10 @@ def test_the_committed_draft_cells_are_judged_again_on_each_questions_acceptance
     assert rejudged.verdict.outcome == outcome, rejudged.verdict.reason
     assert [c.name for c in rejudged.verdict.checks if not c.passed] == failed
     assert rejudged.comparison.spec is not None and len(rejudged.comparison.spec.pairs) >= 50
+
+
+def test_the_committed_ngram_canary_of_drafts_stays_caught_on_acceptance_alone():
+    rejudged = rejudge(REPO / "results/reference/cpu-spec-decode-20261207/20261207T184316Z-3a4878/"
+                       "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_ngram-fault-wrong-drafts.json")
+    assert rejudged.verdict.outcome == CAUGHT, rejudged.verdict.reason
+    assert [c.name for c in rejudged.verdict.checks if not c.passed] == ["spec-acceptance"]
