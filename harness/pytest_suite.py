@@ -173,6 +173,12 @@ def assert_canary_caught(cell: Cell, result, on_disk: dict) -> None:
             "the decode server logged no applied fault:\n" + explain(result)
         # noise of 1e-3 of each value: only the digest may see it (else it proves nothing new)
         assert failed == ["kv-digest"], "perturb-kv failed other checks:\n" + explain(result)
+    if cell.fault in ("wrong-drafts", "corrupt-draft-kv"):
+        assert on_disk["metrics"]["transfer"]["fault_lines"] > 0, \
+            "the decode server logged no applied fault:\n" + explain(result)
+    if cell.fault == "wrong-drafts":
+        # lossless: the answers are the decode's own either way; only the acceptance may see it
+        assert failed == ["spec-acceptance"], "wrong-drafts failed other checks:\n" + explain(result)
     if cell.fault == "foreign-params":
         # not only the proxy's own bookkeeping: the wrong KV must show in the answers
         effects = [c for c in verdict.checks if c.name in EFFECT_CHECKS and not c.passed]

@@ -49,6 +49,9 @@ class VllmFeatures:
     # the model runners this release ships ("v1", "v2"); with v2_runner_env the variable picks
     # one, without it the one there runs (0.34: V2 only); None: not probed
     model_runners: tuple[str, ...] | None = None
+    # EngineArgs has `per_request_spec_decode_metrics`: each answer carries its request's draft
+    # acceptance (--per-request-spec-decode-metrics), which check spec-acceptance pairs
+    spec_decode_metrics_flag: bool = False
 
     def runner_missing(self, runner: str) -> str | None:
         """Why this release cannot run model runner `runner` ("v1" | "v2"), or None: it can.

@@ -107,6 +107,10 @@ class QuestionRecord:
     # the failure the request answered with (HTTP status, finish_reason "error"), kept only by
     # an evaluation under weather (keep_failures); None: answered
     error: str | None = None
+    # the answer's speculative decoding: vLLM's per-request acceptance (the response's
+    # metrics.speculative_decoding: acceptance_histogram, num_draft_tokens, ...); None without
+    # drafts or on a vLLM without --per-request-spec-decode-metrics
+    spec: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -164,8 +168,16 @@ def _post_exactly(lm: Any, payload: dict) -> Any:
     return response.json()
 
 
+def _spec_of(out: Any) -> dict | None:
+    """The response's per-request draft acceptance (vLLM reports it for one sequence only)."""
+    metrics = out.get("metrics") if isinstance(out, dict) else None
+    spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+    return spec if isinstance(spec, dict) and len(out.get("choices") or ()) == 1 else None
+
+
 def _choices_by_prompt(outputs: Any, prompts: list[str] | None) -> dict[str, dict]:
-    """Each answered choice's text, finish_reason and logprobs, keyed by its prompt's hash."""
+    """Each answered choice's text, finish_reason, logprobs and draft acceptance, keyed by its
+    prompt's hash."""
     captured: dict[str, dict] = {}
     for out in (outputs if isinstance(outputs, list) else [outputs]) if prompts else []:
         for choice in out.get("choices", []):
@@ -173,7 +185,7 @@ def _choices_by_prompt(outputs: Any, prompts: list[str] | None) -> dict[str, dic
             if idx < len(prompts) and isinstance(prompts[idx], str):
                 captured[prompt_hash(prompts[idx])] = {
                     "text": choice.get("text"), "finish_reason": choice.get("finish_reason"),
-                    "logprobs": choice.get("logprobs")}
+                    "logprobs": choice.get("logprobs"), "spec": _spec_of(out)}
     return captured
 
 
@@ -374,5 +386,6 @@ def _questions_from_samples(samples: list[dict], captured: dict[str, dict]) -> l
             correct_flexible=bool(flexible.get("exact_match", 0.0) >= 1.0),
             finish_reason=cap.get("finish_reason"),
             logprobs=cap.get("logprobs"),
+            spec=cap.get("spec"),
         ))
     return out

@@ -16,7 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 
 
-_SPEC_COUNTERS = {"vllm:spec_decode_num_draft_tokens_total": "spec_draft_tokens",
+_SPEC_COUNTERS = {"vllm:spec_decode_num_drafts_total": "spec_drafts",
+                  "vllm:spec_decode_num_draft_tokens_total": "spec_draft_tokens",
                   "vllm:spec_decode_num_accepted_tokens_total": "spec_accepted_tokens"}
 
 
@@ -39,9 +40,10 @@ class TransferCounters:
     failed_notifications: float = 0.0
     expired_requests: float = 0.0
     requests_finished: float = 0.0          # vllm:request_success_total (all reasons, decode)
-    # speculative decoding on the decode: tokens its drafter proposed, and those the target
-    # accepted (a draft model reads the prompt KV it received: a draft KV that did not cross
-    # shows as a lower acceptance than the baseline's)
+    # speculative decoding on the decode: its verify steps with drafts, the tokens its drafter
+    # proposed and those the target accepted (check spec-acceptance judges the answers' own
+    # per-request counts and holds them to these)
+    spec_drafts: float = 0.0                # vllm:spec_decode_num_drafts_total
     spec_draft_tokens: float = 0.0          # vllm:spec_decode_num_draft_tokens_total
     spec_accepted_tokens: float = 0.0       # vllm:spec_decode_num_accepted_tokens_total
 

@@ -32,6 +32,12 @@ CANARY_REASONS = {
     # the prefill frees a request's blocks a fraction of a second after its prefill: only a
     # read that comes late (weather: load) finds them recycled: a 200 whose KV is not its
     # prefill's, named per request (or, loudly, a failure no weather event explains)
+    # the decode's drafts replaced, its KV and answers untouched: acceptance alone can see it
+    "wrong-drafts": r"P/D's drafts are accepted less than the baseline's \[spec-acceptance\]",
+    # the draft model's received KV zeroed: the digest names a draft layer first; without the
+    # digest (--no-kv-digest) the acceptance must see it
+    "corrupt-draft-kv": (r"\[kv-digest\]: prompt KV differs.*first at layer draft_model\.|"
+                         r"P/D's drafts are accepted less than the baseline's \[spec-acceptance\]"),
     "early-release": (r"silent wrong answers under weather|"
                       r"P/D failed under weather beyond what was injected"),
 }

@@ -11,7 +11,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-from harness.judge import logprobs, stats
+from harness.judge import logprobs, spec_acceptance, stats
 from harness.eval.lmeval import EvalRun, QuestionRecord
 from harness.eval.metrics import TransferCounters
 
@@ -73,6 +73,10 @@ class Comparison:
     transfer: TransferProof
     alpha: float
     examples: tuple[dict[str, Any], ...] = field(default=())
+    # speculative decoding's acceptance, question by question (harness.judge.spec_acceptance);
+    # None without drafts, or with the reason it cannot be judged in `spec_skipped`
+    spec: spec_acceptance.SpecEvidence | None = None
+    spec_skipped: str | None = None
 
     def metrics_dict(self) -> dict[str, Any]:
         return {
@@ -96,6 +100,8 @@ class Comparison:
             "transfer": self.transfer.to_dict(),
             "alpha": self.alpha,
             "examples": list(self.examples),
+            "spec_acceptance": self.spec.summary() if self.spec is not None else None,
+            "spec_acceptance_skipped": self.spec_skipped,
         }
 
 
@@ -143,6 +149,26 @@ def noise_floor(baseline: EvalRun, baseline_aa: EvalRun | None) -> tuple[int, in
     divs = divergences(pairs)
     summary = logprobs.summarize_divergences(list(divs.values())) if divs else None
     return differing, len(pairs), (discordant / len(pairs) if pairs else 0.0), summary
+
+
+SPEC_COUNTERS = ("spec_drafts", "spec_draft_tokens", "spec_accepted_tokens")
+
+
+def spec_evidence(pairs: Sequence[tuple[QuestionRecord, QuestionRecord]],
+                  baseline: EvalRun, baseline_aa: EvalRun | None,
+                  transfer: TransferProof) -> tuple[spec_acceptance.SpecEvidence | None, str | None]:
+    """The answers' draft acceptance paired by question (and the A/A's), or why a decode that
+    drafted cannot be judged on it."""
+    aa = pair_runs(baseline, baseline_aa)[0] if baseline_aa is not None else []
+    counters = {k: getattr(transfer.counters, k) for k in SPEC_COUNTERS}
+    found = spec_acceptance.evidence([(qa.spec, qb.spec) for qa, qb in pairs],
+                                     [(qa.spec, qb.spec) for qa, qb in aa], counters)
+    if found is None and transfer.counters.spec_draft_tokens > 0:
+        return None, ("the decode drafted, but no answer carries its own acceptance (a vLLM "
+                      "without --per-request-spec-decode-metrics)")
+    if found is not None and not found.pairs:
+        return None, "no question was answered with its acceptance by both the baseline and P/D"
+    return found, None
 
 
 def compare(
@@ -193,6 +219,7 @@ def compare(
             "baseline_logprob": None if d is None else _num(d.base_logprob_at_divergence),
             "pd_logprob": None if d is None else _num(d.pd_logprob_at_divergence),
         })
+    spec, spec_skipped = spec_evidence(pairs, baseline, baseline_aa, transfer)
     return Comparison(
         n=n, unpaired=unpaired,
         baseline_accuracy=sum(base_correct) / n, pd_accuracy=sum(pd_correct) / n,
@@ -200,7 +227,7 @@ def compare(
         delta_ci=ci, mcnemar=mcn, base_discordance=aa_discordance, mde=mde,
         generations_differing=len(differing), agreement=1 - len(differing) / n,
         floor=floor, logprob=logprob, logprob_floor=aa_logprob, transfer=transfer,
-        alpha=alpha, examples=tuple(examples),
+        alpha=alpha, examples=tuple(examples), spec=spec, spec_skipped=spec_skipped,
     )
 
 

@@ -30,6 +30,7 @@ from harness.core.reference import ReferenceAccuracy  # noqa: F401 (the judge's 
 from harness.judge.canaries import canary_outcome
 from harness.judge.compare import Comparison
 from harness.judge.kv_digest_check import describe as describe_digest
+from harness.judge.spec_acceptance import describe as describe_spec
 from harness.judge.sequential import SequentialPlan, evaluate_look
 from harness.judge.stats import below_reference
 from harness.judge.weather import WeatherJudgement, soak_line, weather_checks
@@ -46,6 +47,10 @@ class Policy:
     # a baseline more than this far below the model card's accuracy (one-sided binomial test at
     # alpha) is broken itself: ERROR, the P/D comparison would be meaningless
     baseline_tolerance: float = 0.10
+    # speculative decoding: P/D's draft acceptance (overall, each position) may be lower than
+    # the baseline's by this much relative, or by the A/A's own difference if larger (a policy;
+    # vLLM's P/D + EAGLE3 test holds acceptance to a standalone reference within a tolerance)
+    spec_margin: float = 0.05
 
     @classmethod
     def from_options(cls, options: Any) -> "Policy":
@@ -207,6 +212,12 @@ CHECKS: tuple[CheckRow, ...] = (
              "least the connector's bytes", "the KV did not cross the network link: {detail}"),
     CheckRow("kv-digest", "kv", "both sides' per-request hashes of the prompt KV are equal",
              "the decode's prompt KV is not the prefill's [{name}]: {detail}"),
+    # lossless: wrong drafts answer right, only slower; no answer check can see them
+    CheckRow("spec-acceptance", "drafts", "speculative decoding: the decode's draft acceptance "
+             "(overall and per position, each answer's own) vs the baseline's on the same "
+             "questions: one-sided paired test that it is lower by more than max(5 % relative, "
+             "the A/A's difference)", "P/D's drafts are accepted less than the baseline's "
+             "[{name}]: {detail}"),
     CheckRow("accuracy", "accuracy", "sequential non-inferiority: exact McNemar (FAIL), Tango "
              "bound within the margin (PASS)", "P/D accuracy is lower: {detail}"),
     CheckRow("noise-floor", "accuracy", "generations differing vs the A/A re-run, Fisher's exact "
@@ -405,6 +416,8 @@ def _left_out(cmp: Comparison, not_available: Mapping[str, str] | None,
     if cmp.transfer.byte_account is None and why_no_bytes and "kv-bytes-exact" not in skipped:
         # an expectation that cannot be exact is said, never passed (geometry not modelled)
         na += (f"kv-bytes-exact: not available: {why_no_bytes}",)
+    if cmp.spec_skipped:
+        na += (f"spec-acceptance: not available: {cmp.spec_skipped}",)
     return skipped, na
 
 
@@ -457,6 +470,10 @@ def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | N
         return random_weights_verdict(cmp, checks, path, expected_failure, na)
     look = evaluate_look(policy.plan, cmp.mcnemar.baseline_only, cmp.mcnemar.pd_only, cmp.n,
                          previous_n=previous_n)
+    if cmp.spec is not None:   # at the look's FAIL level, like the answers' tests
+        checks.append(Check("spec-acceptance",
+                            *describe_spec(cmp.spec, policy.spec_margin, look.alpha_fail_look)))
+        path.append("spec-acceptance")
     answers, answer_path = accuracy_checks(cmp, policy, look)
     checks += answers
     path += answer_path

@@ -7,6 +7,8 @@ from __future__ import annotations
 from harness.core.cell import (BACKENDS, COMPILE_MODES, CPU_BACKENDS, DEVICES, FAULTS, GPU_BACKENDS,
                                KV_BUFFER_DEVICES, NETWORKS, RUNNERS, Cell)
 from harness.connectors import KV_CONNECTORS
+from harness.core.spec_decode import PREFILL_SPEC_TOKENS
+from harness.protocol.faults import DRAFT_KV, WRONG_DRAFTS
 from harness.connectors.facts import ANY_BLOCKS, DECODE_MULTIPLE
 from harness.matrix.rule_types import RuleContext, RuleList, blocks
 from harness.weathers import (WEATHERS, resolved_params, runs_with, weather_connectors,
@@ -16,6 +18,8 @@ DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float")
 FLASHINFER_KERNEL_BLOCKS = (16, 32, 64)
 # the proxy's canaries, which act on the decode's kv_transfer_params (harness.serve.proxy.hops)
 PARAM_FAULTS = ("drop-transfer", "foreign-params")
+# canaries of speculative decoding: the decode's drafts, the draft model's received KV
+DRAFT_FAULTS = (WRONG_DRAFTS, DRAFT_KV)
 
 RULES = RuleList()
 rule = RULES.rule
@@ -116,6 +120,15 @@ def _known_fault(cell: Cell, ctx: RuleContext) -> str | None:
     connector: the proxy's param canaries need a connector whose hops carry params."""
     if cell.fault is not None and cell.fault not in FAULTS:
         return f"unknown fault {cell.fault!r}; use one of {', '.join(FAULTS)}"
+    if cell.fault in DRAFT_FAULTS and not cell.spec_decode:
+        return (f"fault {cell.fault} breaks the decode's speculative decoding; the cell runs "
+                f"none: give it a spec_decode")
+    if cell.fault == WRONG_DRAFTS and cell.runner != "v1":
+        return (f"fault {cell.fault} replaces the drafts of model runner V1's proposer; runner "
+                f"{cell.runner} drafts in speculators of its own, which the canary does not hook")
+    if cell.fault == DRAFT_KV and cell.spec_decode not in PREFILL_SPEC_TOKENS:
+        return (f"fault {cell.fault} zeroes the draft model's KV the decode received; only a "
+                f"draft on both sides ({', '.join(PREFILL_SPEC_TOKENS)}) has one that crosses")
     row = KV_CONNECTORS.get(cell.kv_connector)
     if cell.fault in PARAM_FAULTS and row is not None and row.no_params:
         return (f"fault {cell.fault} edits the kv_transfer_params the proxy sends the decode; "

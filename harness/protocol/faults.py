@@ -13,6 +13,16 @@ The decode server's environment picks the fault (:func:`parse_fault_env`):
 * ``PD_ACCURACY_FAULT_BLOCK=first|last|<int>`` picks the block by its position in the request's
   received (kernel) block list; an int is 0-based, negative counts from the end. Default first
   (:func:`select_block_positions`).
+* ``PD_ACCURACY_FAULT=corrupt-draft-kv``: every received block of the *draft model's* attention
+  layers (speculative decoding with a draft that has a KV cache of its own: ``draft_model.*``
+  layer names) is zeroed (``PD_ACCURACY_FAULT_VALUE=noise``: noise), as if the draft's KV had
+  not crossed; the target's layers are untouched, so the answers are the same (speculative
+  decoding is lossless) and only the draft's proposals suffer. Block "all" unless asked.
+* ``PD_ACCURACY_FAULT=wrong-drafts``: the KV is left alone; every draft token the decode's
+  proposer (ngram or draft model) makes for a request is replaced by another token
+  (:func:`wrong_draft_token`), so the target rejects the drafts and answers the same: only the
+  acceptance of speculative decoding can see it
+  (:mod:`harness.serve.plugins.faults.wrong_drafts`). Block and value do not apply.
 * ``PD_ACCURACY_FAULT=fail-transfer``: the KV arrives intact, but the decode's connector
   reports the request's read as *failed* (:mod:`harness.serve.plugins.faults.fail_transfer`), so vLLM's
   own failure path runs: the failed-transfer counter, the scheduler's load-failure policy and
@@ -40,11 +50,15 @@ BLOCK_ENV = "PD_ACCURACY_FAULT_BLOCK"
 VALUE_ENV = "PD_ACCURACY_FAULT_VALUE"
 SHARE_ENV = "PD_ACCURACY_FAULT_SHARE"   # by-request only: break this share of the questions
 AFTER_ENV = "PD_ACCURACY_FAULT_AFTER"   # by-request only: break no request before the (N+1)-th
-KV_FAULT_KINDS = ("corrupt-block", "swap-blocks", "perturb-kv")   # break the received KV
+KV_FAULT_KINDS = ("corrupt-block", "swap-blocks", "perturb-kv", "corrupt-draft-kv")  # break the
+# received KV
+DRAFT_KV = "corrupt-draft-kv"       # the draft model's layers only
+DRAFT_LAYER_MARK = "draft_model."   # vLLM names the draft's attention layers draft_model.<...>
+WRONG_DRAFTS = "wrong-drafts"       # the decode's proposer's draft tokens, not its KV
 FAIL_TRANSFER = "fail-transfer"                      # report an intact read as failed
 EARLY_RELEASE = "early-release"     # the prefill holds a request's blocks for HOLD_ENV s only
 PREFILL_FAULT_KINDS = (EARLY_RELEASE,)
-FAULT_KINDS = KV_FAULT_KINDS + (FAIL_TRANSFER,) + PREFILL_FAULT_KINDS
+FAULT_KINDS = KV_FAULT_KINDS + (FAIL_TRANSFER, WRONG_DRAFTS) + PREFILL_FAULT_KINDS
 PREFILL_FAULT_ENV = "PD_ACCURACY_PREFILL_FAULT"   # by-request: arms the prefill's hooks
 HOLD_ENV = "PD_ACCURACY_FAULT_HOLD_S"
 DEFAULT_HOLD_S = 0.5
@@ -127,7 +141,8 @@ def parse_fault_env(env: Mapping[str, str]) -> FaultSpec | None:
         return FaultSpec(kind=BY_REQUEST)
     if kind not in FAULT_KINDS:
         raise ValueError(f"{FAULT_ENV}={kind!r}: expected one of {FAULT_KINDS}")
-    raw_block = env.get(BLOCK_ENV, "").strip() or ("all" if kind == "perturb-kv" else "first")
+    raw_block = env.get(BLOCK_ENV, "").strip() or ("all" if kind in ("perturb-kv", DRAFT_KV)
+                                                   else "first")
     block: str | int
     if raw_block in BLOCK_NAMES:
         block = raw_block
@@ -212,7 +227,7 @@ def select_block_positions(num_blocks: int, spec: FaultSpec) -> tuple[int, ...] 
             chosen += num_blocks
         if not 0 <= chosen < num_blocks:
             return None
-    if spec.kind == "corrupt-block":
+    if spec.kind in ("corrupt-block", DRAFT_KV):
         return (chosen,)
     if spec.kind == "perturb-kv":
         return tuple(range(num_blocks))
@@ -220,6 +235,17 @@ def select_block_positions(num_blocks: int, spec: FaultSpec) -> tuple[int, ...] 
         return None
     partner = num_blocks - 1 if chosen != num_blocks - 1 else 0
     return (chosen, partner)
+
+
+def wrong_draft_token(token: int, vocab_size: int) -> int:
+    """wrong-drafts' replacement of a draft token: half the vocabulary away, so that the target
+    almost never samples it (a neighbouring id could be the next digit of an answer)."""
+    return (int(token) + max(vocab_size, 2) // 2) % max(vocab_size, 2)
+
+
+def is_draft_layer(name: str) -> bool:
+    """Whether a KV cache layer is the draft model's (corrupt-draft-kv's layers)."""
+    return name.startswith(DRAFT_LAYER_MARK)
 
 
 def _compact(value: Any) -> str:
@@ -233,7 +259,7 @@ def format_fault_line(request_id: str, spec: FaultSpec, outcome: FaultOutcome) -
     # did not load (layers=0: no cache was touched)
     selector = f" selector={spec.block}" if spec.kind in KV_FAULT_KINDS else ""
     if outcome.applied:
-        value = f" value={spec.value}" if spec.kind == "corrupt-block" else ""
+        value = f" value={spec.value}" if spec.kind in ("corrupt-block", DRAFT_KV) else ""
         return (
             f"{APPLIED_PREFIX} fault={spec.kind} request={request_id} block_ids={blocks} "
             f"layers={outcome.num_layers}{selector}{value}"

@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from harness.core.cell import Cell
+from harness.core.spec_decode import PREFILL_SPEC_TOKENS
 from harness.weathers import DEFAULT_WEATHER
 from harness.eval.metrics import TransferCounters
-from harness.judge import stats
+from harness.judge import spec_acceptance, stats
 from harness.judge.compare import Comparison, TransferProof
 from harness.judge.verdict import Policy, Verdict, as_declared, decide
 from harness.run.record import upgrade_record
@@ -81,7 +82,18 @@ def _comparison(metrics: Mapping[str, Any], proof: TransferProof) -> Comparison:
         generations_differing=metrics["generations_differing"], agreement=metrics["agreement"],
         floor=stats.FloorTest(**{k: v for k, v in floor.items() if k in floor_fields}) if floor else None,
         logprob=metrics.get("logprob"), logprob_floor=metrics.get("logprob_floor"),
-        transfer=proof, alpha=metrics["alpha"], examples=tuple(metrics.get("examples") or ()))
+        transfer=proof, alpha=metrics["alpha"], examples=tuple(metrics.get("examples") or ()),
+        **_spec(metrics))
+
+
+def _spec(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """The recorded draft acceptance, question by question, or why it cannot be judged again."""
+    kept = metrics.get("spec_acceptance")
+    spec = spec_acceptance.SpecEvidence.from_summary(kept)
+    skipped = metrics.get("spec_acceptance_skipped")
+    if kept and spec is None:
+        skipped = "the record keeps its acceptance summed only, not per question"
+    return {"spec": spec, "spec_skipped": skipped}
 
 
 def _reference(cell: Cell, options: Mapping[str, Any]):
@@ -114,7 +126,7 @@ def rejudge(record_path: str | Path) -> Rejudged:
                          f"evaluation: {record['verdict']['reason'][:120]}): nothing to re-judge")
     reference, model = _reference(cell, options)
     draft = None
-    if cell.spec_decode:
+    if cell.spec_decode in PREFILL_SPEC_TOKENS:   # a draft on both sides: its layers cross too
         from harness.serve.launch.server_spec import speculative_config
 
         draft = speculative_config(cell.spec_decode, "prefill").get("model")

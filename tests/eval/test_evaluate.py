@@ -176,6 +176,24 @@ def test_parse_generations_captures_choices_by_prompt_hash():
     assert cap["logprobs"]["token_logprobs"] == [-0.5]
 
 
+def test_an_answers_own_draft_acceptance_is_kept_for_one_prompt_only():
+    """vLLM's metrics.speculative_decoding belongs to the response's one sequence: kept with
+    its question; a batch of prompts shares one response, so none is kept."""
+    acceptance = {"acceptance_histogram": [3, 1, 2], "num_draft_tokens": 12, "num_spec_tokens": 2}
+    lm = make_lm()
+    lm._create_payload("prompt A", generate=True, gen_kwargs=dict(GEN_KWARGS))
+    lm.parse_generations(outputs={**completion([" #### 4"]),
+                                  "metrics": {"speculative_decoding": acceptance}})
+    assert lm.captured[prompt_hash("prompt A")]["spec"] == acceptance
+    lm._create_payload(["p0", "p1"], generate=True, gen_kwargs=dict(GEN_KWARGS))
+    lm.parse_generations(outputs={**completion(["a", "b"]),
+                                  "metrics": {"speculative_decoding": acceptance}})
+    assert lm.captured[prompt_hash("p0")]["spec"] is None
+    lm._create_payload("plain", generate=True, gen_kwargs=dict(GEN_KWARGS))
+    lm.parse_generations(outputs=completion(["c"]))
+    assert lm.captured[prompt_hash("plain")]["spec"] is None
+
+
 @pytest.mark.parametrize("batch", [list, tuple])
 def test_batched_prompts_are_captured_per_choice_index(batch):
     # lm-eval hands a batch of contexts as a tuple (zip) when batch_size > 1

@@ -25,7 +25,7 @@ def test_the_docs_table_names_the_checks_table():
 def test_every_row_says_how_and_what_and_has_one_stage():
     assert len({row.name for row in CHECKS}) == len(CHECKS)
     for row in CHECKS:
-        assert row.stage in ("baseline", "weather", "transfer", "kv", "accuracy")
+        assert row.stage in ("baseline", "weather", "transfer", "kv", "drafts", "accuracy")
         assert row.computed and "{detail}" in row.failure and row.status in (FAIL, ERROR)
     assert check_row("baseline-health").status == ERROR
 

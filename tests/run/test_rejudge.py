@@ -90,3 +90,28 @@ def test_a_weather_cell_is_not_re_judged():
                       "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-w_load.json")
     with pytest.raises(ValueError, match="judged per request"):
         rejudge(weather)
+
+
+SPEC_RUN = (REPO / "results/reference/cpu-spec-decode-20261207/20261207T180734Z-547a02/"
+            "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_draft_p1_d3")
+
+
+@pytest.mark.parametrize("suffix,outcome,failed", [
+    ("", PASS, []),
+    ("-fault-wrong-drafts", CAUGHT, ["spec-acceptance"]),
+    ("-fault-corrupt-draft-kv", CAUGHT, ["kv-digest", "spec-acceptance"])])
+def test_the_committed_draft_cells_are_judged_again_on_each_questions_acceptance(
+        suffix, outcome, failed):
+    """The record keeps each question's draft acceptance: re-judged, the draft-model cell passes
+    and its two canaries stay caught, for the same checks."""
+    rejudged = rejudge(f"{SPEC_RUN}{suffix}.json")
+    assert rejudged.verdict.outcome == outcome, rejudged.verdict.reason
+    assert [c.name for c in rejudged.verdict.checks if not c.passed] == failed
+    assert rejudged.comparison.spec is not None and len(rejudged.comparison.spec.pairs) >= 50
+
+
+def test_the_committed_ngram_canary_of_drafts_stays_caught_on_acceptance_alone():
+    rejudged = rejudge(REPO / "results/reference/cpu-spec-decode-20261207/20261207T184316Z-3a4878/"
+                       "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_ngram-fault-wrong-drafts.json")
+    assert rejudged.verdict.outcome == CAUGHT, rejudged.verdict.reason
+    assert [c.name for c in rejudged.verdict.checks if not c.passed] == ["spec-acceptance"]

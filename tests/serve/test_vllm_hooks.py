@@ -176,6 +176,20 @@ def test_kv_faults_rest_on_the_old_interface():
     assert unavailable_for("canary", "perturb-kv", {"kv-faults": "gone"}, "0.1") is not None
 
 
+@older("wrong-drafts")
+def test_wrong_drafts_needs_runner_v1s_proposer_taking_the_sampled_tokens():
+    runner_v1 = types.SimpleNamespace(GPUModelRunner=type("GPUModelRunner", (), {
+        "propose_draft_token_ids": lambda self, scheduler_output, sampled_token_ids: None}))
+    assert missing("wrong-drafts", importer({"vllm.v1.worker.gpu_model_runner": runner_v1})) is None
+    older_runner = types.SimpleNamespace(GPUModelRunner=type("GPUModelRunner", (), {
+        "propose_draft_token_ids": lambda self, sampled_token_ids: None}))
+    lacks = missing("wrong-drafts", importer({"vllm.v1.worker.gpu_model_runner": older_runner}))
+    assert "takes no scheduler_output" in lacks
+    assert "no module" in missing("wrong-drafts", importer({}))
+    assert unavailable_for("canary", "wrong-drafts", {"wrong-drafts": lacks}, "0.34.0") \
+        .startswith("canary wrong-drafts not available on vLLM 0.34.0: hook wrong-drafts")
+
+
 @older("nixl-read-poll")
 def test_nixl_read_poll_on_a_set_and_the_two_argument_failure(monkeypatch):
     load = importer(VLLM_027)

@@ -14,6 +14,7 @@ PLUGIN_MODULES: Mapping[str, str] = {
     "kv-events": "harness.serve.plugins.kv_events.interface",
     "kv-digest": "harness.serve.plugins.kv_digest.hook",
     "kv-faults": "harness.serve.plugins.faults.decode",
+    "wrong-drafts": "harness.serve.plugins.faults.wrong_drafts",
     "compile-key": "harness.serve.plugins.startup.compile_key",
     "fork-start": "harness.serve.plugins.startup.fork_start",
     "cpu-amx": "harness.serve.plugins.startup.cpu_amx",

@@ -51,6 +51,8 @@ class Features:
     v2_runner_env: bool = True             # VLLM_USE_V2_MODEL_RUNNER exists
     kv_roles: tuple[str, ...] = ("kv_producer", "kv_consumer", "kv_both")
     kv_cache_memory_bytes_flag: bool = True
+    # --per-request-spec-decode-metrics (vLLM 0.32 has it; off unless the probe finds it)
+    spec_decode_metrics_flag: bool = False
 
     @classmethod
     def detect(cls) -> "Features":
@@ -60,7 +62,8 @@ class Features:
         vf = detect()
         return cls(attention_backend_flag=vf.attention_backend_flag,
                    v2_runner_env=vf.v2_runner_env,
-                   kv_roles=tuple(vf.kv_roles) or cls().kv_roles)
+                   kv_roles=tuple(vf.kv_roles) or cls().kv_roles,
+                   spec_decode_metrics_flag=vf.spec_decode_metrics_flag)
 
     def kv_role(self, role: str) -> str:
         wanted = KV_ROLE_FOR[role]
@@ -231,6 +234,15 @@ def engine_argv(spec: ServerSpec) -> list[str]:
     return argv
 
 
+def spec_metrics_argv(spec: ServerSpec, features: Features) -> list[str]:
+    """Where tokens are generated with drafts (the decode, the baseline), each answer carries
+    its request's draft acceptance, which check spec-acceptance pairs question by question."""
+    if not spec.spec_decode or spec.role not in ROLES_GENERATING:
+        return []
+    return (["--per-request-spec-decode-metrics", "summary"]
+            if features.spec_decode_metrics_flag else [])
+
+
 def build_argv(spec: ServerSpec, features: Features = Features()) -> list[str]:
     if spec.role not in ROLES:
         raise ValueError(f"unknown server role {spec.role!r}")
@@ -258,7 +270,7 @@ def build_argv(spec: ServerSpec, features: Features = Features()) -> list[str]:
         argv.append("--enforce-eager")
     if spec.device == "cuda" and spec.max_num_batched_tokens is None:
         argv += ["--max-num-seqs", str(CUDA_MAX_NUM_SEQS)]   # a chunk budget caps it itself
-    argv += engine_argv(spec)
+    argv += engine_argv(spec) + spec_metrics_argv(spec, features)
     ktc = kv_transfer_config(spec, features)
     if ktc is not None:
         argv += ["--kv-transfer-config", json.dumps(ktc, separators=(",", ":"))]

@@ -115,6 +115,7 @@ def features_from_modules(
         kv_transports=None if kv_transports is None else tuple(sorted(kv_transports)),
         kv_transport_errors=None if kv_transport_errors is None else dict(kv_transport_errors),
         model_runners=None if model_runners is None else tuple(sorted(model_runners)),
+        spec_decode_metrics_flag=_has_field(engine_args_cls, "per_request_spec_decode_metrics"),
     )
 
 
@@ -210,7 +211,7 @@ def cache_key() -> str:
         raise VllmNotInstalled(f"no `vllm` package importable from {sys.executable}")
     ident = {
         "python": sys.executable,
-        "probe": 6,   # what the probe reads: a new field re-probes
+        "probe": 7,   # what the probe reads: a new field re-probes
         "vllm": _installed_vllm_version(),
         "vllm_mtime": _mtime_ns("vllm"),
         "transport_mtimes": {top: _mtime_ns(top) if importlib.util.find_spec(top) else 0

@@ -21,7 +21,7 @@ import os
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from harness import weathers
-from harness.serve.plugins.faults import early_release, fail_transfer
+from harness.serve.plugins.faults import early_release, fail_transfer, wrong_drafts
 from harness.serve.plugins.kv_events import interface
 from harness.serve.plugins.kv_events.interface import KVView, Received
 from harness.serve.plugins.kv_events.view import is_attention_layer
@@ -29,12 +29,14 @@ from harness.protocol.faults import (
     ARMED_PREFIX,
     BY_REQUEST,
     DEFAULT_PERTURB_SCALE,
+    DRAFT_KV,
     KV_FAULT_KINDS,
     SETUP_PREFIX,
     SKIPPED_PREFIX,
     FaultOutcome,
     FaultSpec,
     format_fault_line,
+    is_draft_layer,
     parse_fault_env,
     parse_request_fault,
     perturb_scale,
@@ -154,7 +156,8 @@ def apply_fault(view: KVView, block_ids: Sequence[Sequence[int]], spec: FaultSpe
         attention_layers = [
             name for name in group.layer_names
             if name in view.caches and is_attention_layer(
-                view.layer_specs.get(name, group.kv_cache_spec))]
+                view.layer_specs.get(name, group.kv_cache_spec))
+            and (spec.kind != DRAFT_KV or is_draft_layer(name))]
         if not attention_layers:
             continue
         positions = select_block_positions(len(group_blocks), spec)
@@ -176,7 +179,8 @@ def apply_fault(view: KVView, block_ids: Sequence[Sequence[int]], spec: FaultSpe
             num_layers += 1
         touched.append(chosen)
     if not touched:
-        return FaultOutcome(applied=False, reason=",".join(reasons) or "no-attention-layers")
+        nothing = "no-draft-layers" if spec.kind == DRAFT_KV else "no-attention-layers"
+        return FaultOutcome(applied=False, reason=",".join(reasons) or nothing)
     return FaultOutcome(applied=True, block_ids=tuple(touched), num_layers=num_layers)
 
 
@@ -193,6 +197,9 @@ def _break(blocks: "torch.Tensor", block_ids: tuple[int, ...], spec: FaultSpec,
            generator: Any) -> None:
     if spec.kind == "corrupt-block":
         corrupt_block(blocks, block_ids[0], spec.value, generator)
+    elif spec.kind == DRAFT_KV:
+        for block_id in block_ids:
+            corrupt_block(blocks, block_id, spec.value, generator)
     elif spec.kind == "perturb-kv":
         for block_id in block_ids:
             perturb_block(blocks, block_id, PERTURB_SCALE, generator)
@@ -258,7 +265,8 @@ def register() -> None:
     Cheap, idempotent and never raises: the hooks are put on a connector class when vLLM's
     connector factory hands it out, so processes that never build a connector stay untouched.
     The KV faults act on the ``received`` event (this module); fail-transfer on ``arrived``
-    (:mod:`harness.serve.plugins.faults.fail_transfer`); by-request arms both, and every
+    (:mod:`harness.serve.plugins.faults.fail_transfer`); wrong-drafts on the model runner's
+    proposer (:mod:`harness.serve.plugins.faults.wrong_drafts`); by-request arms them all, and every
     weather's fault in the decode (its package's ``in_server``: a tagged request's late read).
     """
     early_release.arm()     # a prefill's fault (PD_ACCURACY_PREFILL_FAULT); no-op elsewhere
@@ -268,6 +276,7 @@ def register() -> None:
     if spec.kind in KV_FAULT_KINDS or spec.kind == BY_REQUEST:
         arm(spec)
     fail_transfer.arm(spec)
+    wrong_drafts.arm(spec)
     if spec.kind == BY_REQUEST:
         for package in weathers.packages():
             for module in interface.in_server_modules(package):
