@@ -34,6 +34,8 @@ CANARY_REASONS = {
     # prefill's, named per request (or, loudly, a failure no weather event explains)
     "early-release": (r"silent wrong answers under weather|"
                       r"P/D failed under weather beyond what was injected"),
+    # the proxy routes every request to the first prefill and the first decode
+    "idle-instance": r"an instance of the pair served no request",
 }
 
 

@@ -16,6 +16,8 @@ DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float")
 FLASHINFER_KERNEL_BLOCKS = (16, 32, 64)
 # the proxy's canaries, which act on the decode's kv_transfer_params (harness.serve.proxy.hops)
 PARAM_FAULTS = ("drop-transfer", "foreign-params")
+# the proxy's canary on its routing: every request to the first prefill and the first decode
+ROUTING_FAULTS = ("idle-instance",)
 
 RULES = RuleList()
 rule = RULES.rule
@@ -113,13 +115,17 @@ def _known_weather(cell: Cell, ctx: RuleContext) -> str | None:
 @rule("known-fault", "invalid")
 def _known_fault(cell: Cell, ctx: RuleContext) -> str | None:
     """A canary's fault mode is one the fault plugin implements, and can act on the cell's
-    connector: the proxy's param canaries need a connector whose hops carry params."""
+    connector: the proxy's param canaries need a connector whose hops carry params, its
+    routing canary a pair of more than one prefill or decode."""
     if cell.fault is not None and cell.fault not in FAULTS:
         return f"unknown fault {cell.fault!r}; use one of {', '.join(FAULTS)}"
     row = KV_CONNECTORS.get(cell.kv_connector)
     if cell.fault in PARAM_FAULTS and row is not None and row.no_params:
         return (f"fault {cell.fault} edits the kv_transfer_params the proxy sends the decode; "
                 f"kv_connector {cell.kv_connector} ({row.vllm_name}) sends none: {row.no_params}")
+    if cell.fault in ROUTING_FAULTS and (cell.num_prefill, cell.num_decode) == (1, 1):
+        return (f"fault {cell.fault} leaves every instance but the first idle; the cell has one "
+                f"prefill and one decode: use instances [2, 1] or [1, 2]")
     return None
 
 

@@ -15,6 +15,7 @@ __all__ = [
     "FAULT_DROP_TRANSFER",
     "answer_of",
     "FAULT_FOREIGN_PARAMS",
+    "FAULT_IDLE_INSTANCE",
     "PROXY_FAULTS",
     "REQUEST_ID_PREFIX",
     "build_decode_body",
@@ -29,9 +30,11 @@ __all__ = [
 
 FAULT_DROP_TRANSFER = "drop-transfer"
 FAULT_FOREIGN_PARAMS = "foreign-params"
+# routes every request to the first prefill and the first decode: the pair's other instances idle
+FAULT_IDLE_INSTANCE = "idle-instance"
 # Faults the proxy implements itself; any other fault name is passed through and only recorded
 # (those are implemented inside vLLM by the harness's fault plugin).
-PROXY_FAULTS = (FAULT_DROP_TRANSFER, FAULT_FOREIGN_PARAMS)
+PROXY_FAULTS = (FAULT_DROP_TRANSFER, FAULT_FOREIGN_PARAMS, FAULT_IDLE_INSTANCE)
 
 REQUEST_ID_PREFIX = "pdacc-"
 
