@@ -93,6 +93,11 @@ def build_prefill_body(original_body: dict[str, Any],
         prefill_body["max_completion_tokens"] = 1
     # vLLM rejects min_tokens > max_tokens, and the prefill hop only ever makes one token.
     prefill_body.pop("min_tokens", None)
+    # parallel sampling (n > 1): the prompt is prefilled once; the decode spawns the children,
+    # each reading that one transfer (n prefill children would each hold blocks nobody reads)
+    prefill_body.pop("best_of", None)
+    if "n" in prefill_body:
+        prefill_body["n"] = 1
     prefill_body["stream"] = False
     prefill_body.pop("stream_options", None)
     prefill_body["kv_transfer_params"] = dict(prefill_params)
