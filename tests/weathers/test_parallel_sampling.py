@@ -98,7 +98,7 @@ def agreeing(n: int, differ: int) -> tuple[RequestRow, ...]:
 def test_children_are_judged_statistically_not_by_identity():
     # 1 of 12 differing (what two clean CPU NIXL children did at top_k 1) holds
     held = agreement_condition(agreeing(12, 1))
-    assert held.passed and held.detail.startswith("1 of 12 children answer otherwise")
+    assert held.passed is True and held.detail.startswith("1 of 12 children answer otherwise")
     assert not agreement_condition(agreeing(100, 20)).passed    # a fifth: beyond chance
 
 

@@ -75,16 +75,17 @@ def child_rows(request_id: str | None, payload: dict | None, status: int, n: int
 class ChildrenDriver(Sustain):
     """Each question once, `n` children, `in_flight` requests at a time."""
 
-    window = 1_000_000    # one series: the children are judged together, not per window
-
     def __init__(self, n: int, top_k: int, in_flight: int = 4) -> None:
         self.n, self.top_k, self.in_flight = n, top_k, in_flight
+        self.window = 1    # one window of every child: judged together (children-agree)
 
     def run(self, proxy_url: str, questions: list[SoakQuestion]) -> tuple[RequestRow, ...]:
         if not questions:
             return ()
-        return tuple(asyncio.run(self._all(proxy_url.rstrip("/") + "/v1/completions",
+        rows = tuple(asyncio.run(self._all(proxy_url.rstrip("/") + "/v1/completions",
                                            questions)))
+        self.window = max(1, len(rows))
+        return rows
 
     async def _all(self, url: str, questions: list[SoakQuestion]) -> list[RequestRow]:
         import aiohttp
@@ -124,10 +125,10 @@ def agreement_condition(rows: tuple[RequestRow, ...]) -> WeatherCondition:
     TOLERATED_DISAGREEMENT beyond chance (exact one-sided binomial test, alpha AGREE_ALPHA)."""
     answered = [r for r in rows if r.answered]
     differ = sum(not r.agrees for r in answered)
-    p = (sps.binomtest(differ, len(answered), TOLERATED_DISAGREEMENT, alternative="greater").pvalue
-         if answered else 1.0)
+    p = (float(sps.binomtest(differ, len(answered), TOLERATED_DISAGREEMENT,
+                             alternative="greater").pvalue) if answered else 1.0)
     return WeatherCondition(
-        "holds", "children-agree", p >= AGREE_ALPHA,
+        "holds", "children-agree", bool(p >= AGREE_ALPHA),   # a JSON bool in the record
         f"{differ} of {len(answered)} children answer otherwise than the baseline (binomial "
         f"p {p:.3g} against {TOLERATED_DISAGREEMENT:.0%} tolerated, alpha {AGREE_ALPHA})")
 
