@@ -3,9 +3,10 @@ more with ``n`` children (OpenAI ``n``, temperature 1, ``top_k``, the look's see
 proxy prefills the prompt once (its prefill hop asks n = 1) and the decode spawns the children
 (vLLM's ParentRequest: request ids ``<i>_<parent>``), each of which must read the prompt's KV
 the prefill computed: the decode's digest plugin writes one line per child, and each child is a
-row of its own (``<proxy id>#<i>``): a 200 whose child holds no digest (it recomputed, or read
-from another child's blocks) or a differing one is a silent wrong answer (Dynamo saw only one
-child's KV handoff survive).
+row of its own (``<proxy id>#<i>``): a 200 whose child holds no digest (it recomputed its
+prompt) or a differing one is a silent wrong answer (Dynamo saw only one child's KV handoff
+survive). A child may take some blocks from a sibling's copy in the decode's prefix cache: its
+digest then covers the blocks it received.
 
 The children's answers are sampled, not greedy (at top_k 1 two children of a clean CPU pair
 differed on 1 of 12 prompts), so they are judged statistically, not by identity: ``children-agree``
