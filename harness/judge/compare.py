@@ -51,6 +51,9 @@ class TransferProof:
     # requests the proxy routed to it (harness.run.evidence.transfer_evidence.instance_counts);
     # None for one prefill and one decode
     instances: dict | None = None
+    # the sequences the decode ran: a request of n children (OpenAI n) is n, each
+    # recomputing what the design recomputes; None: one per request
+    sequences: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if k != "counters"}

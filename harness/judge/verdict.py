@@ -237,7 +237,8 @@ def first_failing(checks: list[Check]) -> Check | None:
 def transfer_checks(cmp: Comparison) -> list[Check]:
     t = cmp.transfer
     c = t.counters
-    allowance = t.recompute_allowance * max(t.requests, 1)
+    # each child of an n > 1 request is a sequence of its own on the decode
+    allowance = t.recompute_allowance * max(t.sequences or t.requests, 1)
     # a decode request without params recomputes its prompt; one with another request's params
     # reads foreign KV: two different faults, told apart when the proof counts what was sent
     sent = t.requests if t.requests_sent_params is None else t.requests_sent_params
@@ -271,7 +272,9 @@ def transfer_checks(cmp: Comparison) -> list[Check]:
                  else "kv_bytes not counted by the connector")),
         Check("decode-did-not-recompute", c.prompt_tokens_local <= allowance,
               f"decode computed {c.prompt_tokens_local:.0f} prompt tokens itself "
-              f"(allowed {allowance}: {t.recompute_allowance}/request by design); "
+              f"(allowed {allowance}: {t.recompute_allowance}/request by design"
+              + (f", a child of n > 1 a request of its own: {t.sequences} sequences"
+                 if t.sequences and t.sequences != t.requests else "") + "); "
               f"external={c.prompt_tokens_external:.0f}, cache_hit={c.prompt_tokens_cache_hit:.0f}"),
     ]
     if t.instances is not None:

@@ -199,7 +199,7 @@ class WeatherWitness:
         else:
             digests = request_digests(records, self.digests.prefill, self.digests.decode,
                                       self.digests.decode_block_size)
-        # a parallel-sampling child's row names its parent request: "<proxy id>#<i>"
+        # a child's row (OpenAI n > 1) names its parent request: "<proxy id>#<i>"
         soak_ids = {parent_id(r.request_id) for r in self.soak or () if r.request_id}
         rows = request_rows(pd_run, base_run, [r for r in records if r.get("request_id")
                                                not in soak_ids], digests)

@@ -284,6 +284,25 @@ def test_fault_idle_instance_routes_everything_to_the_first_of_each_role() -> No
     asyncio.run(scenario())
 
 
+def test_parallel_sampling_is_prefilled_once_and_its_children_are_recorded() -> None:
+    async def scenario() -> None:
+        hop_log: list[tuple[str, str]] = []
+        prefill, decode = pair(hop_log)
+        async with proxied([prefill], [decode]) as client:
+            body = {"model": "m", "prompt": "p", "n": 3, "best_of": 3, "temperature": 1.0}
+            assert (await client.post("/v1/completions", json=body)).status == 200
+            assert (await client.post("/v1/completions", json={"model": "m", "prompt": "q"})
+                    ).status == 200
+            records = await (await client.get("/pd/records")).json()
+
+        # one prefill of the prompt; the decode spawns the children from its one transfer
+        assert prefill.requests[0]["json"]["n"] == 1 and "best_of" not in prefill.requests[0]["json"]
+        assert decode.requests[0]["json"]["n"] == 3
+        assert [r["n"] for r in records] == [3, 1]
+
+    asyncio.run(scenario())
+
+
 def test_prefill_error_is_returned_unchanged_and_decode_never_called() -> None:
     error_body = b'{"error": {"message": "prompt too long", "code": 400}}'
 

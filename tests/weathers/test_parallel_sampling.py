@@ -112,3 +112,24 @@ def test_the_weather_happened_when_every_asked_request_gave_n_children():
                        metrics_before={}, metrics_after={})
     assert not WEATHER.conditions(short)[0].passed
     assert "kv-bytes-exact" in WEATHER.accounted_checks({"n": 2})
+
+
+def test_a_hybrids_children_each_recompute_their_last_token_within_the_allowance():
+    """A hybrid decode recomputes one prompt token per sequence by design; each child of an
+    n > 1 request is a sequence of its own (CPU Granite, n = 2: 150 tokens for 100 requests)."""
+    import dataclasses
+
+    from harness.core.outcomes import FAIL
+    from harness.judge.verdict import decide
+    from harness.run.evidence.transfer_evidence import transfer_proof
+    from tests.judge.test_verdict import check, comparison, proof
+
+    records = [{"request_id": f"r{i}", "n": 2 if i >= 50 else 1} for i in range(100)]
+    assert transfer_proof(records, proof().counters, hybrid=True, decode_logs=()).sequences == 150
+    # 200 requests, 100 of them with two children: 300 sequences, 250 tokens recomputed
+    hybrid = proof(recompute_allowance=1, counters={"prompt_tokens_local": 250.0})
+    held = check(decide(comparison(transfer=dataclasses.replace(hybrid, sequences=300))),
+                 "decode-did-not-recompute")
+    assert held.passed and "a child of n > 1 a request of its own: 300 sequences" in held.detail
+    v = decide(comparison(transfer=hybrid))     # counted per request: 200 allowed
+    assert v.status == FAIL and v.reason.startswith("decode recomputed the prompt")

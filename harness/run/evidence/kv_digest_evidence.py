@@ -29,7 +29,7 @@ from harness.protocol.kv_digest import (COST_PARTS, HASH_ENV, LEGACY_HASH, RAW_P
                                         layers_of, merge_tp_ranks, read_digest_lines)
 
 _UUID = re.compile(r"[0-9a-f]{32}")
-# a child of a parallel-sampling request (OpenAI n > 1): vLLM's ParentRequest names child i
+# a child of a request asking OpenAI n > 1: vLLM's ParentRequest names child i
 # "<i>_<parent id>"; its row is "<proxy request id>#<i>"
 _CHILD = re.compile(r"^(\d+)_")
 CHILD_MARK = "#"
@@ -158,7 +158,7 @@ def _sides(record: dict, index: tuple[dict[str, list[dict]], dict[str, list[dict
         # prompt's hash): the prefill the proxy sent this same request to
         ours = by_prefill_uuid.get(_proxy_uuid(record.get("request_id", "")) or "-")
     key = _proxy_uuid(record.get("request_id", "")) or ""
-    # a parallel-sampling request: its first child stands for it (each child: child_digests)
+    # a request of n > 1 children: its first child stands for it (each child: child_digests)
     theirs = by_uuid.get(key) or by_uuid.get(f"{key}{CHILD_MARK}0")
     return tuple(side_of(lines) if lines else None for lines in (ours, theirs))  # type: ignore[return-value]
 
@@ -185,7 +185,7 @@ def request_digests(records: list[dict], prefill_files: Iterable[str],
 
 def child_digests(record: dict, ours: dict | None, by_uuid: dict[str, list[dict]],
                   decode_block_size: int) -> dict[str, tuple[str, str]]:
-    """Each child's digest of a parallel-sampling request ("<proxy id>#<i>"), against the one
+    """Each child's digest of a request of n > 1 children ("<proxy id>#<i>"), against the one
     prefill's: every child must hold the KV that request's prefill computed."""
     rid, key = str(record.get("request_id")), _proxy_uuid(record.get("request_id", ""))
     prefix = f"{key}{CHILD_MARK}"

@@ -272,6 +272,7 @@ def transfer_proof(records: list[dict], delta: TransferCounters, hybrid: bool,
                          kv_bytes_counted=all("kv_bytes" in record_connector(r).metrics.samples
                                               .values() for r in records),
                          instances=instances,
+                         sequences=sum(int(r.get("n") or 1) for r in records),
                          **_digest_fields(records, digests))
 
 

@@ -151,6 +151,8 @@ async def _handle_completion(request: web.Request) -> web.StreamResponse:
     prompt = original_body.get("prompt")
     # the client's question (harness.eval.lmeval) joins its request through this under weather
     record["prompt_hash"] = prompt_hash(prompt) if isinstance(prompt, str) else None
+    children = original_body.get("n")
+    record["n"] = children if isinstance(children, int) and children > 1 else 1
     try:
         return await _two_hops(request, state, original_body, headers, record)
     except UpstreamUnreachable as exc:

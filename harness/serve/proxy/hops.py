@@ -93,7 +93,7 @@ def build_prefill_body(original_body: dict[str, Any],
         prefill_body["max_completion_tokens"] = 1
     # vLLM rejects min_tokens > max_tokens, and the prefill hop only ever makes one token.
     prefill_body.pop("min_tokens", None)
-    # parallel sampling (n > 1): the prompt is prefilled once; the decode spawns the children,
+    # n > 1 (OpenAI n, seeded children): the prompt is prefilled once; the decode spawns the children,
     # each reading that one transfer (n prefill children would each hold blocks nobody reads)
     prefill_body.pop("best_of", None)
     if "n" in prefill_body:
@@ -156,6 +156,8 @@ def new_record(request_id: str, endpoint: str, prefill_url: str, decode_url: str
         "decode_ms": None,
         # the prompt's tokens as the prefill counted them (its answer's usage.prompt_tokens)
         "prompt_tokens": None,
+        # the children the client asked for (OpenAI n > 1): the decode runs each
+        "n": 1,
         "started_at": dt.datetime.now(dt.timezone.utc).isoformat(),
         "error": None,
     }
