@@ -25,7 +25,7 @@ BACKENDS = GPU_BACKENDS + CPU_BACKENDS
 DEVICES = ("cpu", "cuda")
 KV_BUFFER_DEVICES = ("cpu", "cuda")
 FAULTS = ("drop-transfer", "foreign-params", "corrupt-block", "swap-blocks", "fail-transfer",
-          "perturb-kv", "early-release", "corrupt-draft-kv", "wrong-drafts")
+          "perturb-kv", "early-release", "corrupt-draft-kv", "wrong-drafts", "idle-instance")
 # "default": what vLLM does unasked (torch.compile; CUDA graphs on GPU); "eager": --enforce-eager
 # (neither). The KV connector, the attention kernels and the block handling are the same code
 # in both; bugs can live in either (a CUDA-graph capture of a 1-token prefill, say).

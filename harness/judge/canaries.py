@@ -40,6 +40,8 @@ CANARY_REASONS = {
                          r"P/D's drafts are accepted less than the baseline's \[spec-acceptance\]"),
     "early-release": (r"silent wrong answers under weather|"
                       r"P/D failed under weather beyond what was injected"),
+    # the proxy routes every request to the first prefill and the first decode
+    "idle-instance": r"an instance of the pair served no request",
 }
 
 

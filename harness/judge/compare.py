@@ -47,6 +47,13 @@ class TransferProof:
     # whether the connector counts the bytes it moves (False: ExampleConnector, no /metrics of
     # its own; kv-arrived-externally then rests on vLLM's external prompt-token count)
     kv_bytes_counted: bool = True
+    # a pair of several prefill or decode instances: per role, each instance's name, URL and the
+    # requests the proxy routed to it (harness.run.evidence.transfer_evidence.instance_counts);
+    # None for one prefill and one decode
+    instances: dict | None = None
+    # the sequences the decode ran: a request of n children (OpenAI n) is n, each
+    # recomputing what the design recomputes; None: one per request
+    sequences: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if k != "counters"}
@@ -77,6 +84,9 @@ class Comparison:
     # None without drafts, or with the reason it cannot be judged in `spec_skipped`
     spec: spec_acceptance.SpecEvidence | None = None
     spec_skipped: str | None = None
+    # a hybrid cell's vLLM CI consistency numbers (harness.judge.logprobs.summarize_consistency),
+    # beside `logprob`, the harness's own divergence; None for another model
+    consistency: dict[str, Any] | None = None
 
     def metrics_dict(self) -> dict[str, Any]:
         return {
@@ -97,6 +107,7 @@ class Comparison:
             "noise_floor": self.floor.to_dict() if self.floor else None,
             "logprob": _finite(self.logprob),
             "logprob_floor": _finite(self.logprob_floor),
+            "consistency": self.consistency,
             "transfer": self.transfer.to_dict(),
             "alpha": self.alpha,
             "examples": list(self.examples),
@@ -137,6 +148,17 @@ def divergences(pairs: Sequence[tuple[QuestionRecord, QuestionRecord]]) -> dict[
         if la is not None and lb is not None:
             out[qa.doc_id] = logprobs.logprob_divergence(la, lb)
     return out
+
+
+def consistency(pairs: Sequence[tuple[QuestionRecord, QuestionRecord]]) -> dict | None:
+    """vLLM CI's hybrid consistency numbers over the pairs where both sides carry logprobs."""
+    per_question = {}
+    for qa, qb in pairs:
+        la, lb = _token_logprobs(qa), _token_logprobs(qb)
+        delta = None if la is None or lb is None else logprobs.first_tokens_delta(la, lb)
+        if delta is not None:
+            per_question[qa.doc_id] = delta
+    return logprobs.summarize_consistency(per_question)
 
 
 def noise_floor(baseline: EvalRun, baseline_aa: EvalRun | None) -> tuple[int, int, float, dict | None]:
@@ -181,7 +203,9 @@ def compare(
     power: float = 0.8,
     max_examples: int = 5,
     bootstrap_seed: int = 0,
+    hybrid: bool = False,
 ) -> Comparison:
+    """`hybrid`: the model has recurrent layers: vLLM CI's consistency numbers are computed."""
     pairs, unpaired = pair_runs(baseline, pd)
     if not pairs:
         raise ValueError("baseline and P/D runs share no question with the same prompt")
@@ -228,6 +252,7 @@ def compare(
         generations_differing=len(differing), agreement=1 - len(differing) / n,
         floor=floor, logprob=logprob, logprob_floor=aa_logprob, transfer=transfer,
         alpha=alpha, examples=tuple(examples), spec=spec, spec_skipped=spec_skipped,
+        consistency=consistency(pairs) if hybrid else None,
     )
 
 

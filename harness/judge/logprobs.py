@@ -16,8 +16,16 @@ import numpy as np
 
 from harness.judge.stats import plain
 
-__all__ = ["Divergence", "TokenLogprob", "logprob_divergence", "parse_completion_logprobs",
-           "summarize_divergences"]
+__all__ = ["CONSISTENCY_BOUND_NATS", "CONSISTENCY_TOKENS", "Divergence", "TokenLogprob",
+           "first_tokens_delta", "logprob_divergence", "parse_completion_logprobs",
+           "summarize_consistency", "summarize_divergences"]
+
+# vLLM CI's hybrid P/D consistency test (test_hybrid_pd_consistency.py under
+# tests/v1/kv_connector/): the chosen tokens' logprobs of the first 4 generated tokens,
+# single instance vs through the P/D proxy, position by position; each prompt's largest
+# |difference| must stay under 1.5 nats (a healthy path: < 0.25, upstream's comment)
+CONSISTENCY_TOKENS = 4
+CONSISTENCY_BOUND_NATS = 1.5
 
 
 @dataclass(frozen=True)
@@ -182,3 +190,28 @@ def summarize_divergences(divergences: Sequence[Divergence]) -> dict[str, Any]:
         "abs_delta_max": maximum,
         "mean_top_overlap": float(np.mean(overlaps)) if overlaps else None,
     }
+
+
+def first_tokens_delta(base: Sequence[TokenLogprob], pd: Sequence[TokenLogprob],
+                       tokens: int = CONSISTENCY_TOKENS) -> float | None:
+    """vLLM CI's consistency number of one prompt: the largest |Δ logprob| of the chosen token
+    over the first `tokens` generated positions, taken position by position as upstream does
+    (whatever each side chose there); None when no position has both logprobs finite."""
+    deltas = [abs(b.logprob - p.logprob) for b, p in zip(base[:tokens], pd[:tokens])]
+    finite = [d for d in deltas if math.isfinite(d)]
+    return max(finite) if finite else None
+
+
+def summarize_consistency(per_question: Mapping[int, float]) -> dict[str, Any] | None:
+    """A cell's consistency numbers (doc id -> first_tokens_delta): the largest (what
+    upstream's per-prompt assertion meets first), median and p95, and the questions at or over
+    the bound; None without any."""
+    if not per_question:
+        return None
+    values = np.array(list(per_question.values()), dtype=float)
+    worst = max(per_question, key=lambda doc: per_question[doc])
+    return {"tokens": CONSISTENCY_TOKENS, "bound_nats": CONSISTENCY_BOUND_NATS,
+            "questions": int(values.size), "max_nats": float(values.max()),
+            "median_nats": float(np.median(values)),
+            "p95_nats": float(np.percentile(values, 95)),
+            "over_bound": int((values >= CONSISTENCY_BOUND_NATS).sum()), "worst_doc": int(worst)}

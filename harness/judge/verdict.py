@@ -194,6 +194,10 @@ CHECKS: tuple[CheckRow, ...] = (
              "agreement falls over the soak beyond chance: {detail}"),
     CheckRow("proxy-saw-every-question", "transfer", "proxy records >= questions asked",
              "transfer proof failed [{name}]: {detail}"),
+    # 1P2D, 2P1D ...: a topology is judged only if every one of its servers took part
+    CheckRow("every-instance-served", "transfer", "a pair of several prefill or decode "
+             "instances: each instance got >= 1 request (proxy records)",
+             "an instance of the pair served no request: {detail}"),
     CheckRow("prefill-returned-params", "transfer", "every prefill answer carried "
              "kv_transfer_params (proxy records)", "transfer proof failed [{name}]: {detail}"),
     CheckRow("decode-got-params", "transfer", "every decode request carried usable params "
@@ -244,7 +248,8 @@ def first_failing(checks: list[Check]) -> Check | None:
 def transfer_checks(cmp: Comparison) -> list[Check]:
     t = cmp.transfer
     c = t.counters
-    allowance = t.recompute_allowance * max(t.requests, 1)
+    # each child of an n > 1 request is a sequence of its own on the decode
+    allowance = t.recompute_allowance * max(t.sequences or t.requests, 1)
     # a decode request without params recomputes its prompt; one with another request's params
     # reads foreign KV: two different faults, told apart when the proof counts what was sent
     sent = t.requests if t.requests_sent_params is None else t.requests_sent_params
@@ -278,9 +283,13 @@ def transfer_checks(cmp: Comparison) -> list[Check]:
                  else "kv_bytes not counted by the connector")),
         Check("decode-did-not-recompute", c.prompt_tokens_local <= allowance,
               f"decode computed {c.prompt_tokens_local:.0f} prompt tokens itself "
-              f"(allowed {allowance}: {t.recompute_allowance}/request by design); "
+              f"(allowed {allowance}: {t.recompute_allowance}/request by design"
+              + (f", a child of n > 1 a request of its own: {t.sequences} sequences"
+                 if t.sequences and t.sequences != t.requests else "") + "); "
               f"external={c.prompt_tokens_external:.0f}, cache_hit={c.prompt_tokens_cache_hit:.0f}"),
     ]
+    if t.instances is not None:
+        checks.insert(1, instances_check(t.instances))
     if t.byte_account is not None:
         # last, so a canary that already fails an earlier check keeps its reason
         checks.append(Check("kv-bytes-exact", bool(t.byte_account["exact"]),
@@ -288,6 +297,21 @@ def transfer_checks(cmp: Comparison) -> list[Check]:
     if t.link is not None:
         checks.append(link_check(t.link, c.kv_bytes))
     return checks
+
+
+def instances_check(instances: dict) -> Check:
+    """every-instance-served: each prefill and decode instance of the pair got a request."""
+    def says(row: dict) -> str:
+        tokens = row.get("external_tokens")
+        return (f"{row['name']} {row['requests']}"
+                + (f" ({tokens:.0f} prompt tokens through the connector)" if tokens is not None
+                   else ""))
+
+    idle = [row["name"] for rows in instances.values() for row in rows if not row["requests"]]
+    detail = "; ".join(f"{role}: " + ", ".join(says(row) for row in rows)
+                       for role, rows in instances.items())
+    return Check("every-instance-served", not idle,
+                 (f"{', '.join(idle)} got none; " if idle else "") + f"requests per instance: {detail}")
 
 
 def link_check(link: dict, kv_bytes: float) -> Check:
@@ -343,9 +367,22 @@ def accuracy_checks(cmp: Comparison, policy: Policy, look: Any) -> tuple[list[Ch
         p95 = cmp.logprob["abs_delta_p95"]
         checks.append(Check("logprob-divergence", p95 <= threshold,
                             f"|Δ logprob| p95 {p95:.4f} nats over {cmp.logprob['n_aligned_tokens']} "
-                            f"aligned tokens (threshold {threshold:.4f}; A/A p95 {aa_p95:.4f})"))
+                            f"aligned tokens (threshold {threshold:.4f}; A/A p95 {aa_p95:.4f})"
+                            + consistency_line(cmp.consistency)))
         path.append("logprob")
     return checks, path
+
+
+def consistency_line(consistency: dict | None) -> str:
+    """vLLM CI's hybrid consistency number, said beside the harness's own divergence (a
+    number to compare with upstream's, not a gate of its own)."""
+    if not consistency:
+        return ""
+    c = consistency
+    return (f"; vLLM CI's hybrid consistency: first {c['tokens']} tokens' top-1 |Δ logprob| "
+            f"max {c['max_nats']:.3f} nats over {c['questions']} questions (median "
+            f"{c['median_nats']:.3f}; upstream's bound {c['bound_nats']}: {c['over_bound']} at "
+            f"or over it)")
 
 
 def accuracy_detail(cmp: Comparison) -> str:

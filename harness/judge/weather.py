@@ -106,6 +106,8 @@ class WeatherJudgement:
     accounted_checks: dict[str, str] = field(default_factory=dict)
     soak_window: int = 0         # a soak's requests per window (0: not a soak)
     soak_wall_s: float = 0.0     # how long its requests took
+    # what the verdict calls the series' requests (one, many): a soak's, or n > 1's children
+    series_noun: tuple[str, str] = ("soak request", "soak requests")
 
     def to_dict(self) -> dict[str, Any]:
         soak = {"soak": soak_summary(self)} if self.soak_window else {}
@@ -232,11 +234,12 @@ def soak_line(j: WeatherJudgement) -> str:
     agree = sum(bool(r.answered and r.agrees) for r in soak)
     look = sum(r.soak_index is None and r.doc_id is not None for r in j.rows)
     first = "" if not wrong else (
-        f", the first at soak request {wrong[0].soak_index} (window "
+        f", the first at {j.series_noun[0]} {wrong[0].soak_index} (window "
         f"{wrong[0].soak_index // j.soak_window}; the cell's request no. "
         f"{wrong[0].soak_index + look + 1}, after its first look's {look}), none before")
-    return (f"{len(wrong)} of {len(soak)} soak requests differ over {len(windows)} windows of "
-            f"{j.soak_window}{first} (KV digest per request); {agree} of {answered} answers "
+    over = f" over {len(windows)} windows of {j.soak_window}" if len(windows) > 1 else ""
+    return (f"{len(wrong)} of {len(soak)} {j.series_noun[1]} differ{over}"
+            f"{first} (KV digest per request); {agree} of {answered} answers "
             f"agree with the baseline's to the same question; "
             f"{sum(not r.answered for r in soak)} failed")
 

@@ -20,6 +20,8 @@ FLASHINFER_KERNEL_BLOCKS = (16, 32, 64)
 PARAM_FAULTS = ("drop-transfer", "foreign-params")
 # canaries of speculative decoding: the decode's drafts, the draft model's received KV
 DRAFT_FAULTS = (WRONG_DRAFTS, DRAFT_KV)
+# the proxy's canary on its routing: every request to the first prefill and the first decode
+ROUTING_FAULTS = ("idle-instance",)
 
 RULES = RuleList()
 rule = RULES.rule
@@ -117,7 +119,8 @@ def _known_weather(cell: Cell, ctx: RuleContext) -> str | None:
 @rule("known-fault", "invalid")
 def _known_fault(cell: Cell, ctx: RuleContext) -> str | None:
     """A canary's fault mode is one the fault plugin implements, and can act on the cell's
-    connector: the proxy's param canaries need a connector whose hops carry params."""
+    connector: the proxy's param canaries need a connector whose hops carry params, its
+    routing canary a pair of more than one prefill or decode."""
     if cell.fault is not None and cell.fault not in FAULTS:
         return f"unknown fault {cell.fault!r}; use one of {', '.join(FAULTS)}"
     if cell.fault in DRAFT_FAULTS and not cell.spec_decode:
@@ -133,6 +136,9 @@ def _known_fault(cell: Cell, ctx: RuleContext) -> str | None:
     if cell.fault in PARAM_FAULTS and row is not None and row.no_params:
         return (f"fault {cell.fault} edits the kv_transfer_params the proxy sends the decode; "
                 f"kv_connector {cell.kv_connector} ({row.vllm_name}) sends none: {row.no_params}")
+    if cell.fault in ROUTING_FAULTS and (cell.num_prefill, cell.num_decode) == (1, 1):
+        return (f"fault {cell.fault} leaves every instance but the first idle; the cell has one "
+                f"prefill and one decode: use instances [2, 1] or [1, 2]")
     return None
 
 

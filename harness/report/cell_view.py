@@ -50,7 +50,8 @@ def _evidence(record: Mapping[str, Any] | None) -> dict[str, Any]:
     from harness.protocol.effective_config import summary as ran
 
     if record is None:
-        return {"checks": [], "transfer": "", "digest": "", "bytes": "", "ran": "", "look": ""}
+        return {"checks": [], "transfer": "", "digest": "", "bytes": "", "ran": "", "look": "",
+                "instances": "", "consistency": ""}
     verdict = record.get("verdict") or {}
     metrics = record.get("metrics") or {}
     checks = [c for c in verdict.get("checks") or () if isinstance(c, Mapping)]
@@ -65,7 +66,20 @@ def _evidence(record: Mapping[str, Any] | None) -> dict[str, Any]:
         "bytes": str(account.get("detail") or transfer.get("byte_account_skipped") or ""),
         "ran": ran(record.get("effective_config")),
         "look": str(look.get("text") or ""),
+        "instances": _check_detail(checks, "every-instance-served"),
+        "consistency": consistency_text(metrics.get("consistency")),
     }
+
+
+def consistency_text(consistency: Mapping[str, Any] | None) -> str:
+    """A hybrid cell's vLLM CI consistency number, beside the harness's own divergence."""
+    if not consistency:
+        return ""
+    c = consistency
+    return (f"first {c['tokens']} tokens' top-1 |Δ logprob|: max {c['max_nats']:.3f} nats "
+            f"(doc {c['worst_doc']}), median {c['median_nats']:.3f}, p95 {c['p95_nats']:.3f} over "
+            f"{c['questions']} questions; upstream's bound {c['bound_nats']} nats, "
+            f"{c['over_bound']} at or over it")
 
 
 def _links(record: Mapping[str, Any] | None, out: Path) -> list[tuple[str, str]]:

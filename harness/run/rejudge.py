@@ -83,6 +83,7 @@ def _comparison(metrics: Mapping[str, Any], proof: TransferProof) -> Comparison:
         floor=stats.FloorTest(**{k: v for k, v in floor.items() if k in floor_fields}) if floor else None,
         logprob=metrics.get("logprob"), logprob_floor=metrics.get("logprob_floor"),
         transfer=proof, alpha=metrics["alpha"], examples=tuple(metrics.get("examples") or ()),
+        consistency=metrics.get("consistency"),
         **_spec(metrics))
 
 
@@ -146,8 +147,10 @@ def rejudge(record_path: str | Path) -> Rejudged:
         proof = transfer_proof(read_proxy_records(records_file), _counters(transfer),
                                hybrid=bool(transfer.get("recompute_allowance")),
                                decode_logs=decode_logs, geometry=geometry, link=transfer.get("link"))
+    # the requests per instance are taken as recorded: the pair's list of instances is gone
     proof = dataclasses.replace(proof, kv_digest=transfer.get("kv_digest"),
-                                kv_digest_skipped=transfer.get("kv_digest_skipped"))
+                                kv_digest_skipped=transfer.get("kv_digest_skipped"),
+                                instances=transfer.get("instances"))
     cmp = _comparison(metrics, proof)
     looks = (metrics.get("sequential") or {}).get("looks") or []
     known = {f.name for f in dataclasses.fields(Policy)}   # older records name retired fields

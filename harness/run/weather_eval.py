@@ -18,7 +18,7 @@ from harness.eval.metrics import scrape_samples
 from harness.judge.sequential import SequentialPlan
 from harness.judge.weather import (MISSING, NOT_DIGESTED, InjectedEvent, RequestRow,
                                    WeatherJudgement)
-from harness.run.evidence.kv_digest_evidence import request_digests
+from harness.run.evidence.kv_digest_evidence import parent_id, request_digests
 from harness.run.evidence.transfer_evidence import DigestFiles, read_proxy_records
 from harness.run.weather import weather_for
 from harness.run.weather.base import SoakQuestion, Weather, WeatherRun, Workload
@@ -137,11 +137,17 @@ def with_digests(soak: tuple[RequestRow, ...], digests: dict[str, tuple[str, str
                  records: list[dict]) -> tuple[RequestRow, ...]:
     """The soak's rows with each request's digest and prompt hash (from the proxy's record)."""
     hashes = {str(r.get("request_id")): r.get("prompt_hash") for r in records}
+
+    def digest(row: RequestRow) -> tuple[str, str]:
+        seen = parent_id(row.request_id) in hashes
+        why = ("no decode digest of this child: it did not read its prefill's KV"
+               if seen and parent_id(row.request_id) != str(row.request_id)
+               else "the proxy saw no request")
+        return digests.get(str(row.request_id), (MISSING, why))
+
     return tuple(dataclasses.replace(
-        row, prompt_hash=hashes.get(str(row.request_id)),
-        digest=digests.get(str(row.request_id), (MISSING, "the proxy saw no request"))[0],
-        digest_detail=digests.get(str(row.request_id), (MISSING, "the proxy saw no request"))[1])
-        for row in soak)
+        row, prompt_hash=hashes.get(parent_id(row.request_id)),
+        digest=digest(row)[0], digest_detail=digest(row)[1]) for row in soak)
 
 
 class WeatherWitness:
@@ -193,7 +199,8 @@ class WeatherWitness:
         else:
             digests = request_digests(records, self.digests.prefill, self.digests.decode,
                                       self.digests.decode_block_size)
-        soak_ids = {r.request_id for r in self.soak or () if r.request_id}
+        # a child's row (OpenAI n > 1) names its parent request: "<proxy id>#<i>"
+        soak_ids = {parent_id(r.request_id) for r in self.soak or () if r.request_id}
         rows = request_rows(pd_run, base_run, [r for r in records if r.get("request_id")
                                                not in soak_ids], digests)
         rows += with_digests(self.soak or (), digests, records)
@@ -210,6 +217,7 @@ class WeatherWitness:
             unhealthy=unhealthy(self.pair),
             accounted_checks=self.weather.accounted_checks(self.params),
             soak_window=self.sustain.window if self.sustain is not None else 0,
+            **({"series_noun": self.sustain.noun} if self.sustain is not None else {}),
             soak_wall_s=self.soak_s)
 
 

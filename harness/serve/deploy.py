@@ -492,6 +492,9 @@ def plan_pair(cell: Cell, ctx: DeployContext, *, model_path: str, hybrid: bool,
     name = "pair-" + "-".join(str(x) for x in (
         cell.baseline_key, cell.prefill_block_size, cell.decode_block_size, cell.prefill_tp,
         cell.decode_tp, "armed" if arm_faults else "ok", *([topology.tag] if topology else ()),
+        # pairs of other instance counts share the rest: their logs must not
+        *([f"n{cell.num_prefill}x{cell.num_decode}"]
+          if (cell.num_prefill, cell.num_decode) != (1, 1) else ()),
         *([cell.kv_connector] if cell.kv_connector != DEFAULT_KV_CONNECTOR else ()),
         *(["w_" + cell.weather + params_token(cell.weather_params)] if cell.weather != DEFAULT_WEATHER else ())))
     if connector_for(cell.kv_connector).shared_path_key:

@@ -88,3 +88,11 @@ def test_calm_and_other_weathers_have_no_soak_check():
     assert "soak" not in j.to_dict()
     assert [row.name for row in CHECKS].index("soak-trend") > [row.name for row in CHECKS].index(
         "servers-healthy")
+
+
+def test_children_of_n_above_one_are_called_children_in_one_window():
+    j = replace(judgement([soak_row(i) for i in range(100)], window=100),
+                weather="parallel-sampling", series_noun=("child", "children"))
+    line = soak_summary(j)["line"]
+    assert line.startswith("0 of 100 children differ (KV digest per request)"), line
+    assert "soak" not in line and "windows" not in line

@@ -85,6 +85,9 @@ CASES = [
      gpu_cell(runner="v2", spec_decode="ngram", fault="wrong-drafts"), GPU2),
     ("known-fault", cpu_cell(spec_decode="draft_p1_d3", fault="corrupt-draft-kv"),
      cpu_cell(spec_decode="ngram", fault="corrupt-draft-kv"), CPU),
+    # the routing canary leaves every instance but the first idle: it needs a second one
+    ("known-fault", cpu_cell(fault="idle-instance", num_decode=2),
+     cpu_cell(fault="idle-instance"), CPU),
     ("known-compile", cpu_cell(compile="eager"), cpu_cell(compile="jit"), CPU),
     ("known-network", cpu_cell(network="netns"), cpu_cell(network="wan"), CPU),
     ("known-network", cpu_cell(network="netns"), gpu_cell(network="netns"), GPU2),
@@ -400,10 +403,10 @@ def test_a_transport_that_does_not_import_is_named_with_its_error_and_package():
 
 def test_the_param_canaries_are_the_proxys():
     """rule known-fault names the proxy's canaries itself (the matrix imports nothing of serve/)."""
-    from harness.matrix.rules_cell import PARAM_FAULTS
+    from harness.matrix.rules_cell import PARAM_FAULTS, ROUTING_FAULTS
     from harness.serve.proxy.hops import PROXY_FAULTS
 
-    assert set(PARAM_FAULTS) == set(PROXY_FAULTS)
+    assert set(PARAM_FAULTS + ROUTING_FAULTS) == set(PROXY_FAULTS)
 
 
 def test_a_param_canary_on_a_connector_without_params_says_why():

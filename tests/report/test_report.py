@@ -243,6 +243,30 @@ def test_report_shows_what_the_servers_ran(tmp_path):
     assert table.count("<dt>Servers ran</dt><dd>-</dd>") >= 5   # no read-back: they say so
 
 
+def test_report_details_say_the_instances_and_the_consistency_number(tmp_path):
+    records = tmp_path / "runs"
+    shutil.copytree(RECORDS / RUN_2, records / RUN_2)
+    path = records / RUN_2 / f"{FAIL_CELL}.json"
+    record = json.loads(path.read_text())
+    record["verdict"]["checks"].append({"name": "every-instance-served", "passed": True,
+                                        "detail": "requests per instance: decode: decode-0 25, "
+                                                  "decode-1 25"})
+    record["metrics"]["consistency"] = {"tokens": 4, "bound_nats": 1.5, "questions": 50,
+                                        "max_nats": 0.031, "median_nats": 0.0, "p95_nats": 0.012,
+                                        "over_bound": 0, "worst_doc": 7}
+    path.write_text(json.dumps(record))
+    db = tmp_path / "h.sqlite"
+    append_results_dir(db, records)
+    table = render_report(db, tmp_path / "r").read_text().split('id="cells"')[1]
+    details = table.split(f'data-id="{FAIL_CELL}"')[1].split("</tbody>")[0]
+    assert ("<dt>Instances</dt><dd>passed: requests per instance: decode: decode-0 25, "
+            "decode-1 25</dd>") in details
+    assert ("<dt>vLLM CI consistency</dt><dd>first 4 tokens&#39; top-1 |Δ logprob|: max 0.031 "
+            "nats (doc 7)") in details
+    # a cell of one prefill and one decode, not a hybrid: neither line
+    assert table.count("<dt>Instances</dt>") == 1 and table.count("vLLM CI consistency") == 1
+
+
 def test_trend_plots_are_capped_changed_cells_first(tmp_path):
     db = tmp_path / "h.sqlite"
     append_results_dir(db, RECORDS)

@@ -74,6 +74,25 @@ def test_pd_servers_write_kv_digests_next_to_their_logs_unless_turned_off(tmp_pa
     assert all(DIGEST_FILE_ENV not in off._process(s).env_overrides for s in off.specs)
 
 
+def test_pairs_of_other_instance_counts_keep_logs_and_digests_of_their_own(tmp_path):
+    # 1P1D and 1P2D of one baseline key share a run's log folder: their files must not meet
+    one = Cell(model="tiny-llama-gsm")
+    allocator = PortAllocator(lock_dir=tmp_path / "locks", port_range=(21800, 22200))
+    ctx = DeployContext(allocator=allocator, placement=Placement(cpu_cores=(0, 1)),
+                        log_dir=tmp_path, features=Features(), startup_timeout_s=1.0,
+                        kv_digest=True)
+    single = plan_pair(one, ctx, model_path="/m", hybrid=False)
+    fanout = plan_pair(one.replace(num_decode=2), ctx, model_path="/m", hybrid=False)
+    assert "n1x2" in fanout.name and "n1x2" not in single.name
+    assert [s.name for s in fanout.specs] == ["prefill-0", "decode-0", "decode-1"]
+    # the second decode takes the other core: on 2 cores the decodes are not stacked
+    assert [s.cpu_cores for s in fanout.specs] == ["0", "1", "0"]
+    assert len(set(fanout.digest_files("decode"))) == 2
+    assert not set(fanout.digest_files("decode")) & set(single.digest_files("decode"))
+    single.stop()
+    fanout.stop()
+
+
 TOY_SERVER = """
 import http.server, sys
 class H(http.server.BaseHTTPRequestHandler):

@@ -263,6 +263,46 @@ def test_round_robin_is_independent_per_role() -> None:
     asyncio.run(scenario())
 
 
+def test_fault_idle_instance_routes_everything_to_the_first_of_each_role() -> None:
+    async def scenario() -> None:
+        hop_log: list[tuple[str, str]] = []
+        prefills = [FakeUpstream("prefill", f"p{i}", hop_log) for i in range(2)]
+        decodes = [FakeUpstream("decode", f"d{i}", hop_log) for i in range(2)]
+        async with proxied(prefills, decodes, fault="idle-instance") as client:
+            for _ in range(4):
+                response = await client.post("/v1/completions", json={"model": "m", "prompt": "p"})
+                assert response.status == 200
+            records = await (await client.get("/pd/records")).json()
+            first_decode = decodes[0].url
+
+        assert [len(f.requests) for f in prefills + decodes] == [4, 0, 4, 0]
+        assert {r["decode_url"] for r in records} == {first_decode}
+        # the KV still crosses: only the routing is the fault's
+        assert all(r["sent_kv_transfer_params"] == r["received_kv_transfer_params"] for r in records)
+        assert all(r["fault"] == "idle-instance" and r["fault_applied"] for r in records)
+
+    asyncio.run(scenario())
+
+
+def test_parallel_sampling_is_prefilled_once_and_its_children_are_recorded() -> None:
+    async def scenario() -> None:
+        hop_log: list[tuple[str, str]] = []
+        prefill, decode = pair(hop_log)
+        async with proxied([prefill], [decode]) as client:
+            body = {"model": "m", "prompt": "p", "n": 3, "best_of": 3, "temperature": 1.0}
+            assert (await client.post("/v1/completions", json=body)).status == 200
+            assert (await client.post("/v1/completions", json={"model": "m", "prompt": "q"})
+                    ).status == 200
+            records = await (await client.get("/pd/records")).json()
+
+        # one prefill of the prompt; the decode spawns the children from its one transfer
+        assert prefill.requests[0]["json"]["n"] == 1 and "best_of" not in prefill.requests[0]["json"]
+        assert decode.requests[0]["json"]["n"] == 3
+        assert [r["n"] for r in records] == [3, 1]
+
+    asyncio.run(scenario())
+
+
 def test_prefill_error_is_returned_unchanged_and_decode_never_called() -> None:
     error_body = b'{"error": {"message": "prompt too long", "code": 400}}'
 

@@ -26,8 +26,10 @@ from harness.run.evidence.effective_config_evidence import record_judged
 from harness.run.plan.group_plan import GroupPlan
 from harness.run.record import CellResult, Recorder
 from harness.run.evaluation.stages import BaselineRound, EndpointAsker, QuestionOrder, StagedRun
-from harness.run.evidence.transfer_evidence import (ByteGeometry, DigestFiles, link_evidence,
-                                                    link_start, pair_counters, read_proxy_records,
+from harness.run.evidence.transfer_evidence import (ByteGeometry, DigestFiles,
+                                                    decode_instance_counters, instance_counts,
+                                                    link_evidence, link_start, pair_counters,
+                                                    pair_instances, read_proxy_records,
                                                     transfer_proof)
 from harness.connectors import connector_for
 from harness.serve.deploy import DeployContext, Deployment, Endpoint, ProxyDeployment
@@ -131,10 +133,12 @@ class TransferWitness:
         self.digests = DigestFiles.of_pair(pair)
         self.before: TransferCounters | None = None
         self.link_before: tuple[int, int] | None = None
+        self.instances_before: dict[str, TransferCounters] = {}
 
     def start(self) -> "TransferWitness":
         """The counters the proof is a delta from: taken once the cell's proxy is up."""
         self.before, self.link_before = pair_counters(self.pair), link_start(self.pair)
+        self.instances_before = decode_instance_counters(self.pair)
         return self
 
     def proof(self, records: list[dict] | None = None) -> TransferProof:
@@ -142,10 +146,14 @@ class TransferWitness:
         assert self.before is not None, "start() first"
         if records is None:
             records = read_proxy_records(str(self.records_path))
+        per_decode = {url: now.delta(self.instances_before[url])
+                      for url, now in decode_instance_counters(self.pair).items()
+                      if url in self.instances_before}
         return transfer_proof(records,
                               pair_counters(self.pair).delta(self.before), self.hybrid,
                               self.decode_logs, self.geometry,
-                              link_evidence(self.pair, self.link_before), self.digests)
+                              link_evidence(self.pair, self.link_before), self.digests,
+                              instance_counts(records, pair_instances(self.pair), per_decode))
 
 
 @dataclass(frozen=True)
@@ -258,7 +266,8 @@ class CellEvaluator:
             # a random-weight cell is decided at its first look: no questions asked ahead
             ahead = () if random else looks_worth_asking_ahead(cell, plan.stages[i + 1:])
             aa = noise_floor_for_look(self.progress, rnd, ask_ahead, ahead)
-            cmp = compare(base_run, pd_run, proof, baseline_aa=aa, alpha=self.policy.alpha)
+            cmp = compare(base_run, pd_run, proof, baseline_aa=aa, alpha=self.policy.alpha,
+                          hybrid=group.hybrid)
             verdict = decide(cmp, policy, cell.expected_failure, reference=group.reference,
                              previous_n=previous_n, random_weights=random, weather=judgement,
                              not_available=not_available)

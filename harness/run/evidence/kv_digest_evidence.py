@@ -29,6 +29,21 @@ from harness.protocol.kv_digest import (COST_PARTS, HASH_ENV, LEGACY_HASH, RAW_P
                                         layers_of, merge_tp_ranks, read_digest_lines)
 
 _UUID = re.compile(r"[0-9a-f]{32}")
+# a child of a request asking OpenAI n > 1: vLLM's ParentRequest names child i
+# "<i>_<parent id>"; its row is "<proxy request id>#<i>"
+_CHILD = re.compile(r"^(\d+)_")
+CHILD_MARK = "#"
+
+
+def child_of(request_id: str) -> int | None:
+    """The child index of a vLLM request id ("1_cmpl-..." -> 1), None for a parent's own."""
+    found = _CHILD.match(request_id or "")
+    return int(found.group(1)) if found else None
+
+
+def parent_id(row_id: object) -> str:
+    """The proxy's request id of a row (a child's parent's; any other row's own)."""
+    return str(row_id).split(CHILD_MARK, 1)[0]
 
 
 def hash_difference(ours: dict, theirs: dict) -> str | None:
@@ -120,8 +135,10 @@ def _index(prefill_files: Iterable[str], decode_files: Iterable[str]
     by_uuid: dict[str, list[dict]] = {}
     for line in read_digest_lines(decode_files):
         key = _proxy_uuid(line.get("request_id", "")) if line.get("side") == "decode" else None
-        if key:
-            by_uuid.setdefault(key, []).append(line)
+        child = child_of(line.get("request_id", ""))
+        if key:   # a child's lines apart: "<uuid>#<i>"
+            by_uuid.setdefault(key if child is None else f"{key}{CHILD_MARK}{child}",
+                               []).append(line)
     return by_prefill_id, by_prefill_uuid, by_uuid
 
 
@@ -140,7 +157,9 @@ def _sides(record: dict, index: tuple[dict[str, list[dict]], dict[str, list[dict
         # a connector whose hops carry no params (ExampleConnector: the decode loads by the
         # prompt's hash): the prefill the proxy sent this same request to
         ours = by_prefill_uuid.get(_proxy_uuid(record.get("request_id", "")) or "-")
-    theirs = by_uuid.get(_proxy_uuid(record.get("request_id", "")) or "")
+    key = _proxy_uuid(record.get("request_id", "")) or ""
+    # a request of n > 1 children: its first child stands for it (each child: child_digests)
+    theirs = by_uuid.get(key) or by_uuid.get(f"{key}{CHILD_MARK}0")
     return tuple(side_of(lines) if lines else None for lines in (ours, theirs))  # type: ignore[return-value]
 
 
@@ -159,29 +178,45 @@ def request_digests(records: list[dict], prefill_files: Iterable[str],
     for record in records:
         ours, theirs = _sides(record, index)
         rid = str(record.get("request_id"))
-        if ours is None or theirs is None:
-            missing = " and ".join(side for side, got in (("prefill", ours), ("decode", theirs))
-                                   if got is None)
-            out[rid] = ("missing", f"no {missing} digest")
-            continue
-        if not ours["digests"] or not theirs["digests"] or hash_difference(ours, theirs):
-            out[rid] = ("not-digested", hash_difference(ours, theirs) or ours["error"]
-                        or theirs["error"] or "no layer digested")
-            continue
-        mismatch = compare_digests(ours["digests"], theirs["digests"], received_only=True)
-        offset = int(theirs.get("token_offset") or 0)
-        covered = offset + int(theirs.get("num_tokens") or 0)
-        if mismatch is None and covered != int(ours.get("num_tokens") or 0):
-            out[rid] = ("differs", f"the decode holds tokens {offset}-{covered} of the "
-                                   f"prefill's {ours.get('num_tokens')}")
-        elif mismatch is None:
-            out[rid] = ("identical", "")
-        else:
-            start = mismatch.token_range[0] if mismatch.token_range else None
-            block = "" if start is None else f", decode block {start // decode_block_size}"
-            out[rid] = ("differs", f"first at {mismatch.layer} {mismatch.kv} head {mismatch.head} "
-                                   f"tokens {list(mismatch.token_range or [])}{block}")
+        out.update(child_digests(record, ours, index[2], decode_block_size))
+        out[rid] = request_digest(ours, theirs, decode_block_size)
     return out
+
+
+def child_digests(record: dict, ours: dict | None, by_uuid: dict[str, list[dict]],
+                  decode_block_size: int) -> dict[str, tuple[str, str]]:
+    """Each child's digest of a request of n > 1 children ("<proxy id>#<i>"), against the one
+    prefill's: every child must hold the KV that request's prefill computed."""
+    rid, key = str(record.get("request_id")), _proxy_uuid(record.get("request_id", ""))
+    prefix = f"{key}{CHILD_MARK}"
+    return {f"{rid}{CHILD_MARK}{k[len(prefix):]}":
+            request_digest(ours, side_of(lines), decode_block_size)
+            for k, lines in by_uuid.items() if key and k.startswith(prefix)}
+
+
+def request_digest(ours: dict | None, theirs: dict | None, decode_block_size: int
+                   ) -> tuple[str, str]:
+    """One request's (or child's) ("identical" | "differs" | "missing" | "not-digested",
+    the detail)."""
+    if ours is None or theirs is None:
+        missing = " and ".join(side for side, got in (("prefill", ours), ("decode", theirs))
+                               if got is None)
+        return "missing", f"no {missing} digest"
+    if not ours["digests"] or not theirs["digests"] or hash_difference(ours, theirs):
+        return "not-digested", (hash_difference(ours, theirs) or ours["error"]
+                                or theirs["error"] or "no layer digested")
+    mismatch = compare_digests(ours["digests"], theirs["digests"], received_only=True)
+    offset = int(theirs.get("token_offset") or 0)
+    covered = offset + int(theirs.get("num_tokens") or 0)
+    if mismatch is None and covered != int(ours.get("num_tokens") or 0):
+        return "differs", (f"the decode holds tokens {offset}-{covered} of the "
+                           f"prefill's {ours.get('num_tokens')}")
+    if mismatch is None:
+        return "identical", ""
+    start = mismatch.token_range[0] if mismatch.token_range else None
+    block = "" if start is None else f", decode block {start // decode_block_size}"
+    return "differs", (f"first at {mismatch.layer} {mismatch.kv} head {mismatch.head} "
+                       f"tokens {list(mismatch.token_range or [])}{block}")
 
 
 def digest_evidence(records: list[dict], prefill_files: Iterable[str],
@@ -256,4 +291,5 @@ def digest_evidence(records: list[dict], prefill_files: Iterable[str],
             "hash_functions": dict(functions)}
 
 
-__all__ = ["digest_evidence", "read_digest_lines", "request_digests"]
+__all__ = ["CHILD_MARK", "child_of", "digest_evidence", "parent_id", "read_digest_lines",
+           "request_digests"]

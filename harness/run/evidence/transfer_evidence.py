@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Mapping, Sequence
 
 from harness.core.kv_geometry import GeometryUnknown, KvGeometry, geometry_from_config, with_draft
 from harness.judge.byte_accounting import account
 
 from harness.connectors import DEFAULT_KV_CONNECTOR, connector_for, connector_row
-from harness.eval.metrics import TransferCounters, scrape_pair
+from harness.eval.metrics import TransferCounters, scrape, scrape_pair
 from harness.judge.compare import TransferProof
 from harness.run.evidence.kv_digest_evidence import digest_evidence
 from harness.connectors.driver import PAIR_ROLES, KvConnector
@@ -130,6 +131,49 @@ def pair_counters(pair: Deployment) -> TransferCounters:
     return scrape_pair({role: pair.urls(role) for role in PAIR_ROLES}, connector.metrics)
 
 
+# a pair's servers of one role, each as (name, base URL): "decode-1", "http://127.0.0.1:8200"
+Instances = Mapping[str, Sequence[tuple[str, str]]]
+
+
+def pair_instances(pair: Deployment) -> dict[str, list[tuple[str, str]]]:
+    """Every P/D server of `pair`, by role, as (name, base URL)."""
+    return {role: [(s.name, s.base_url) for s in pair.specs if s.role == role]
+            for role in PAIR_ROLES}
+
+
+def several(instances: Instances | None) -> bool:
+    """Whether a role of the pair has more than one instance (1P2D, 2P1D, ...)."""
+    return bool(instances) and any(len(named) > 1 for named in instances.values())
+
+
+def decode_instance_counters(pair: Deployment) -> dict[str, TransferCounters]:
+    """Each decode instance's own counters now (base URL -> counters), for a pair of several
+    instances; {} for one decode (the pair's counters say it all)."""
+    instances = pair_instances(pair)
+    if not several(instances):
+        return {}
+    connector = connector_for(pair.specs[-1].kv_connector)
+    return {url: scrape(url, counters=connector.metrics) for _, url in instances["decode"]}
+
+
+def instance_counts(records: list[dict], instances: Instances | None,
+                    decode_delta: Mapping[str, TransferCounters] | None = None) -> dict | None:
+    """Per role, each instance of the pair and the proxy's requests routed to it (and a decode
+    instance's prompt tokens that arrived through the connector); None for a pair of one
+    prefill and one decode, where every request meets both."""
+    if not several(instances):
+        return None
+    out: dict[str, list[dict]] = {}
+    for role, named in (instances or {}).items():
+        routed = Counter(str(r.get(f"{role}_url") or "").rstrip("/") for r in records)
+        out[role] = [{"name": name, "url": url, "requests": routed.get(url.rstrip("/"), 0)}
+                     for name, url in named]
+        for row in out[role]:
+            if role == "decode" and decode_delta and row["url"] in decode_delta:
+                row["external_tokens"] = decode_delta[row["url"]].prompt_tokens_external
+    return out
+
+
 def _byte_account(records: list[dict], delta: TransferCounters, geometry: ByteGeometry | None,
                   decode_logs: list[str]) -> tuple[dict | None, str | None]:
     if any(record_connector(r).byte_accounting is None for r in records):
@@ -195,11 +239,12 @@ class DigestFiles:
 
 def transfer_proof(records: list[dict], delta: TransferCounters, hybrid: bool,
                    decode_logs: Iterable[str], geometry: ByteGeometry | None = None,
-                   link: dict | None = None, digests: DigestFiles | None = None
-                   ) -> TransferProof:
+                   link: dict | None = None, digests: DigestFiles | None = None,
+                   instances: dict | None = None) -> TransferProof:
     """The TransferProof of one P/D evaluation: its proxy `records`, the pair's transfer
     counters' `delta` over it, the fault lines in `decode_logs`, (with `geometry`) the exact
-    byte account, (netns pairs) the `link` evidence and (with `digests`) the KV digests."""
+    byte account, (netns pairs) the `link` evidence, (with `digests`) the KV digests and (a
+    pair of several instances) the requests each instance served (`instance_counts`)."""
     decode_logs = list(decode_logs)
     def usable(params: dict | None) -> bool:
         return bool(params) and bool(params.get("remote_block_ids") is not None
@@ -226,6 +271,8 @@ def transfer_proof(records: list[dict], delta: TransferCounters, hybrid: bool,
                          params_named_by_proxy=named,
                          kv_bytes_counted=all("kv_bytes" in record_connector(r).metrics.samples
                                               .values() for r in records),
+                         instances=instances,
+                         sequences=sum(int(r.get("n") or 1) for r in records),
                          **_digest_fields(records, digests))
 
 
@@ -239,6 +286,6 @@ def _digest_fields(records: list[dict], digests: DigestFiles | None) -> dict:
                                          digests.decode_block_size, word)}
 
 
-__all__ = ["ByteGeometry", "DigestFiles", "count_fault_lines", "link_evidence", "link_start",
-           "pair_counters", "read_proxy_records", "record_connector", "state_bytes_from_logs",
+__all__ = ["ByteGeometry", "DigestFiles", "count_fault_lines", "decode_instance_counters",
+           "instance_counts", "link_evidence", "link_start", "pair_counters", "pair_instances", "read_proxy_records", "record_connector", "state_bytes_from_logs",
            "transfer_proof"]

@@ -113,6 +113,7 @@ class Sustain:
     the baseline's; the witness adds each one's digest)."""
 
     window: int = 100     # requests per window of the series the judge reads
+    noun: tuple[str, str] = ("soak request", "soak requests")   # what the verdict calls one, many
 
     def run(self, proxy_url: str, questions: list[SoakQuestion]) -> tuple[RequestRow, ...]:
         raise NotImplementedError

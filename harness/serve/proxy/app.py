@@ -6,8 +6,9 @@ body plus the params the connector makes of the prefill's answer, so the KV cros
 through unchanged on ``stream=true``). What the params are and how they travel is the
 connector's (harness.connectors, ``--kv-connector``). Unlike the toy proxies it records
 every request (servers, statuses, kv params received and sent, timings) as the transfer
-evidence, and it injects the proxy-side canaries ``drop-transfer`` (decode gets no params) and
-``foreign-params`` (the previous request's). Bodies, faults, records: ``hops``; run:
+evidence, and it injects the proxy-side canaries ``drop-transfer`` (decode gets no params),
+``foreign-params`` (the previous request's) and ``idle-instance`` (every request to the first
+prefill and the first decode). Bodies, faults, records: ``hops``; run:
 ``python -m harness.serve.proxy.app``.
 """
 from __future__ import annotations
@@ -44,6 +45,7 @@ from harness.serve.proxy.upstream import (
     upstream_headers,
 )
 from harness.serve.proxy.hops import (
+    FAULT_IDLE_INSTANCE,
     PROXY_FAULTS,
     build_decode_body,
     build_prefill_body,
@@ -105,11 +107,13 @@ class ProxyState:
 
     def next_prefill_url(self) -> str:
         """Round-robin over prefill servers (independent of the decode rotation)."""
-        return next(self._prefill_rotation)
+        url = next(self._prefill_rotation)
+        return self.prefill_urls[0] if self.fault == FAULT_IDLE_INSTANCE else url
 
     def next_decode_url(self) -> str:
         """Round-robin over decode servers (independent of the prefill rotation)."""
-        return next(self._decode_rotation)
+        url = next(self._decode_rotation)
+        return self.decode_urls[0] if self.fault == FAULT_IDLE_INSTANCE else url
 
     def add_record(self, record: dict[str, Any]) -> None:
         """Keep a record in memory and append it to the JSONL file, flushed per line, so the
@@ -147,6 +151,8 @@ async def _handle_completion(request: web.Request) -> web.StreamResponse:
     prompt = original_body.get("prompt")
     # the client's question (harness.eval.lmeval) joins its request through this under weather
     record["prompt_hash"] = prompt_hash(prompt) if isinstance(prompt, str) else None
+    children = original_body.get("n")
+    record["n"] = children if isinstance(children, int) and children > 1 else 1
     try:
         return await _two_hops(request, state, original_body, headers, record)
     except UpstreamUnreachable as exc:
@@ -214,7 +220,9 @@ def _decode_params(state: ProxyState, record: dict[str, Any]) -> dict[str, Any] 
     state.last_received_kv_transfer_params = received
     own = state.connector.decode_params(received)
     foreign = None if predecessor is None else state.connector.decode_params(predecessor)
-    sent, record["fault_applied"] = params_for_decode(state.fault, own, foreign)
+    sent, applied = params_for_decode(state.fault, own, foreign)
+    # idle-instance acts on the routing: every request of the canary is routed by it
+    record["fault_applied"] = applied or state.fault == FAULT_IDLE_INSTANCE
     record["sent_kv_transfer_params"] = sent
     return sent
 

@@ -15,6 +15,7 @@ __all__ = [
     "FAULT_DROP_TRANSFER",
     "answer_of",
     "FAULT_FOREIGN_PARAMS",
+    "FAULT_IDLE_INSTANCE",
     "PROXY_FAULTS",
     "REQUEST_ID_PREFIX",
     "build_decode_body",
@@ -29,9 +30,11 @@ __all__ = [
 
 FAULT_DROP_TRANSFER = "drop-transfer"
 FAULT_FOREIGN_PARAMS = "foreign-params"
+# routes every request to the first prefill and the first decode: the pair's other instances idle
+FAULT_IDLE_INSTANCE = "idle-instance"
 # Faults the proxy implements itself; any other fault name is passed through and only recorded
 # (those are implemented inside vLLM by the harness's fault plugin).
-PROXY_FAULTS = (FAULT_DROP_TRANSFER, FAULT_FOREIGN_PARAMS)
+PROXY_FAULTS = (FAULT_DROP_TRANSFER, FAULT_FOREIGN_PARAMS, FAULT_IDLE_INSTANCE)
 
 REQUEST_ID_PREFIX = "pdacc-"
 
@@ -90,6 +93,11 @@ def build_prefill_body(original_body: dict[str, Any],
         prefill_body["max_completion_tokens"] = 1
     # vLLM rejects min_tokens > max_tokens, and the prefill hop only ever makes one token.
     prefill_body.pop("min_tokens", None)
+    # n > 1 (OpenAI n, seeded children): the prompt is prefilled once; the decode spawns the children,
+    # each reading that one transfer (n prefill children would each hold blocks nobody reads)
+    prefill_body.pop("best_of", None)
+    if "n" in prefill_body:
+        prefill_body["n"] = 1
     prefill_body["stream"] = False
     prefill_body.pop("stream_options", None)
     prefill_body["kv_transfer_params"] = dict(prefill_params)
@@ -148,6 +156,8 @@ def new_record(request_id: str, endpoint: str, prefill_url: str, decode_url: str
         "decode_ms": None,
         # the prompt's tokens as the prefill counted them (its answer's usage.prompt_tokens)
         "prompt_tokens": None,
+        # the children the client asked for (OpenAI n > 1): the decode runs each
+        "n": 1,
         "started_at": dt.datetime.now(dt.timezone.utc).isoformat(),
         "error": None,
     }
