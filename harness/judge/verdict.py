@@ -33,7 +33,7 @@ from harness.judge.kv_digest_check import describe as describe_digest
 from harness.judge.spec_acceptance import describe as describe_spec
 from harness.judge.sequential import SequentialPlan, evaluate_look
 from harness.judge.stats import below_reference
-from harness.judge.weather import WeatherJudgement, soak_line, weather_checks
+from harness.judge.weather import WeatherJudgement, series_line, weather_checks
 
 
 @dataclass(frozen=True)
@@ -189,9 +189,10 @@ CHECKS: tuple[CheckRow, ...] = (
              "matching its events)", "under weather [{name}]: {detail}"),
     CheckRow("servers-healthy", "weather", "every P/D server alive and answering /health "
              "afterwards", "a P/D server is not healthy after the weather: {detail}"),
-    CheckRow("soak-trend", "weather", "soak: one-sided Mann-Kendall test of the windows' "
-             "agreement with the baseline's answers against their order, alpha 0.01",
-             "agreement falls over the soak beyond chance: {detail}"),
+    CheckRow("agreement-trend", "weather", "a weather's request series (its windows): "
+             "one-sided Mann-Kendall test of the windows' agreement with the baseline's "
+             "answers against their order, alpha 0.01",
+             "agreement falls over the series beyond chance: {detail}"),
     CheckRow("proxy-saw-every-question", "transfer", "proxy records >= questions asked",
              "transfer proof failed [{name}]: {detail}"),
     # 1P2D, 2P1D ...: a topology is judged only if every one of its servers took part
@@ -525,8 +526,8 @@ def decide(cmp: Comparison, policy: Policy = Policy(), expected_failure: str | N
     found = (f"{accuracy_detail(cmp)}; {cmp.generations_differing}/{cmp.n} generations differ; "
              f"{cmp.transfer.counters.prompt_tokens_external:.0f} prompt tokens arrived through "
              f"the connector")
-    if weather is not None and weather.soak_window:   # what the soak saw leads: its point
-        found = f"soak: {soak_line(weather)}; {found}"
+    if weather is not None and weather.series_window:   # what the series saw leads: its point
+        found = f"{weather.weather}: {series_line(weather)}; {found}"
     status = {PASS: PASS, CONTINUE: CONTINUE}.get(look.decision, INCONCLUSIVE)
     if status == PASS and weather is not None and "kv-digest" in skipped:
         # silent wrong answers are counted per request by the digest: without it, no pass

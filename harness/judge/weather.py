@@ -15,9 +15,10 @@ with the event the weather injected into it, if any (harness.run.weather). Then:
 * ``weather-holds``      what the weather itself says must hold (an expired count matching the
                          events, a recompute counted per injected failure ...) (FAIL);
 * ``servers-healthy``    every P/D server is alive and answers /health afterwards (FAIL);
-* ``soak-trend``         under ``soak`` only: the share of each window's answers that agree
-                         with the baseline's answer to the same question does not fall over
-                         the soak beyond chance: a one-sided Mann-Kendall test (Kendall's tau of
+* ``agreement-trend``    under a weather that sends a request series of its own after the
+                         first look (harness.run.weather.base.Sustain, with windows): the
+                         share of each window's answers that agree with the baseline's answer
+                         to the same question does not fall over the series beyond chance: a one-sided Mann-Kendall test (Kendall's tau of
                          the windows' agreement against their order, scipy) at alpha 0.01 (FAIL);
 
 and the answers of the 200s are non-inferior to the baseline's (the ``accuracy`` check, on the
@@ -62,9 +63,9 @@ class RequestRow:
     baseline_correct: bool | None = None
     events: tuple[str, ...] = ()  # kinds of the events injected into this request
     recomputed: bool = False      # an event says its KV was recomputed, not transferred
-    # a soak's request: its place in the soak (0-based, the order it was sent in) and whether
+    # a series' request: its place in the series (0-based, the order it was sent in) and whether
     # its answer is the baseline's answer to the same question (None: not answered)
-    soak_index: int | None = None
+    series_index: int | None = None
     agrees: bool | None = None
 
     @property
@@ -104,14 +105,14 @@ class WeatherJudgement:
     # transfer checks the weather accounts for per request ("no-failed-transfers": it injects
     # failed reads): name -> why; they are left out of the aggregate transfer proof
     accounted_checks: dict[str, str] = field(default_factory=dict)
-    soak_window: int = 0         # a soak's requests per window (0: not a soak)
-    soak_wall_s: float = 0.0     # how long its requests took
-    # what the verdict calls the series' requests (one, many): a soak's, or n > 1's children
-    series_noun: tuple[str, str] = ("soak request", "soak requests")
+    series_window: int = 0       # a series' requests per window (0: the weather sends none)
+    series_wall_s: float = 0.0     # how long its requests took
+    # what the verdict calls the series' requests (one, many): the weather's Sustain.noun
+    series_noun: tuple[str, str] = ("request", "requests")
 
     def to_dict(self) -> dict[str, Any]:
-        soak = {"soak": soak_summary(self)} if self.soak_window else {}
-        return {"weather": self.weather, "params": self.params, **soak,
+        series = {"series": series_summary(self)} if self.series_window else {}
+        return {"weather": self.weather, "params": self.params, **series,
                 "rows": [r.to_dict() for r in self.rows],
                 "events": [asdict(e) for e in self.events],
                 "conditions": [asdict(c) for c in self.conditions],
@@ -159,16 +160,16 @@ def _wrong_line(row: RequestRow) -> str:
     return f"{row.name()} answered 200{_event_text(row)}; {what}{detail}"
 
 
-SOAK_TREND_ALPHA = 0.01
-SOAK_MIN_WINDOWS = 4     # fewer windows than this: no trend can be told from chance
+TREND_ALPHA = 0.01
+TREND_MIN_WINDOWS = 4     # fewer windows than this: no trend can be told from chance
 
 
 @dataclass(frozen=True)
-class SoakWindow:
-    """One window of a soak's requests, in the order they were sent."""
+class SeriesWindow:
+    """One window of a series' requests, in the order they were sent."""
 
     index: int
-    first: int                   # the soak index of its first request
+    first: int                   # the series index of its first request
     requests: int
     answered: int                # HTTP 200s
     agree: int                   # 200s whose answer is the baseline's to the same question
@@ -180,18 +181,18 @@ class SoakWindow:
         return self.agree / self.answered if self.answered else None
 
 
-def soak_rows(rows: tuple[RequestRow, ...]) -> list[RequestRow]:
-    return sorted((r for r in rows if r.soak_index is not None), key=lambda r: r.soak_index)
+def series_rows(rows: tuple[RequestRow, ...]) -> list[RequestRow]:
+    return sorted((r for r in rows if r.series_index is not None), key=lambda r: r.series_index)
 
 
-def soak_windows(rows: tuple[RequestRow, ...], window: int) -> list[SoakWindow]:
-    """The soak's requests cut into windows of `window` (the last may be shorter)."""
-    soak = soak_rows(rows)
-    wrong = {id(r) for r in silent_wrong(tuple(soak))}
+def series_windows(rows: tuple[RequestRow, ...], window: int) -> list[SeriesWindow]:
+    """The series' requests cut into windows of `window` (the last may be shorter)."""
+    series = series_rows(rows)
+    wrong = {id(r) for r in silent_wrong(tuple(series))}
     out = []
-    for w, start in enumerate(range(0, len(soak), window)):
-        part = soak[start:start + window]
-        out.append(SoakWindow(w, part[0].soak_index or 0, len(part),
+    for w, start in enumerate(range(0, len(series), window)):
+        part = series[start:start + window]
+        out.append(SeriesWindow(w, part[0].series_index or 0, len(part),
                               sum(r.answered for r in part),
                               sum(bool(r.answered and r.agrees) for r in part),
                               sum(id(r) in wrong for r in part),
@@ -199,60 +200,60 @@ def soak_windows(rows: tuple[RequestRow, ...], window: int) -> list[SoakWindow]:
     return out
 
 
-def soak_trend(windows: list[SoakWindow]) -> tuple[float | None, float]:
+def series_trend(windows: list[SeriesWindow]) -> tuple[float | None, float]:
     """(Kendall's tau, one-sided p) of the windows' agreement against their order: the
     Mann-Kendall test for a downward trend. Constant agreement (tau undefined) and too few
     windows give (None, 1.0): no evidence of a trend."""
     from scipy.stats import kendalltau
 
     points = [(w.index, w.agreement) for w in windows if w.agreement is not None]
-    if len(points) < SOAK_MIN_WINDOWS or len({a for _, a in points}) < 2:
+    if len(points) < TREND_MIN_WINDOWS or len({a for _, a in points}) < 2:
         return None, 1.0
     result = kendalltau([i for i, _ in points], [a for _, a in points], alternative="less")
     tau, p = float(result.statistic), float(result.pvalue)
     return (None, 1.0) if math.isnan(tau) or math.isnan(p) else (tau, p)
 
 
-def soak_summary(j: WeatherJudgement) -> dict[str, Any]:
-    windows = soak_windows(j.rows, j.soak_window)
-    tau, p = soak_trend(windows)
-    return {"requests": sum(w.requests for w in windows), "window": j.soak_window,
+def series_summary(j: WeatherJudgement) -> dict[str, Any]:
+    windows = series_windows(j.rows, j.series_window)
+    tau, p = series_trend(windows)
+    return {"requests": sum(w.requests for w in windows), "window": j.series_window,
             "windows": [{**asdict(w), "agreement": w.agreement} for w in windows],
             "differs": sum(w.differs for w in windows), "failed": sum(w.failed for w in windows),
             "agree": sum(w.agree for w in windows), "answered": sum(w.answered for w in windows),
-            "trend_tau": tau, "trend_p": p, "trend_alpha": SOAK_TREND_ALPHA,
-            "wall_s": j.soak_wall_s,
-            "line": soak_line(j)}
+            "trend_tau": tau, "trend_p": p, "trend_alpha": TREND_ALPHA,
+            "wall_s": j.series_wall_s,
+            "line": series_line(j)}
 
 
-def soak_line(j: WeatherJudgement) -> str:
-    """"D of N requests differ over W windows" and what else the soak saw, in one line."""
-    soak = soak_rows(j.rows)
-    windows = soak_windows(j.rows, j.soak_window)
-    wrong = silent_wrong(tuple(soak))
-    answered = sum(r.answered for r in soak)
-    agree = sum(bool(r.answered and r.agrees) for r in soak)
-    look = sum(r.soak_index is None and r.doc_id is not None for r in j.rows)
+def series_line(j: WeatherJudgement) -> str:
+    """"D of N requests differ over W windows" and what else the series saw, in one line."""
+    series = series_rows(j.rows)
+    windows = series_windows(j.rows, j.series_window)
+    wrong = silent_wrong(tuple(series))
+    answered = sum(r.answered for r in series)
+    agree = sum(bool(r.answered and r.agrees) for r in series)
+    look = sum(r.series_index is None and r.doc_id is not None for r in j.rows)
     first = "" if not wrong else (
-        f", the first at {j.series_noun[0]} {wrong[0].soak_index} (window "
-        f"{wrong[0].soak_index // j.soak_window}; the cell's request no. "
-        f"{wrong[0].soak_index + look + 1}, after its first look's {look}), none before")
-    over = f" over {len(windows)} windows of {j.soak_window}" if len(windows) > 1 else ""
-    return (f"{len(wrong)} of {len(soak)} {j.series_noun[1]} differ{over}"
+        f", the first at {j.series_noun[0]} {wrong[0].series_index} (window "
+        f"{wrong[0].series_index // j.series_window}; the cell's request no. "
+        f"{wrong[0].series_index + look + 1}, after its first look's {look}), none before")
+    over = f" over {len(windows)} windows of {j.series_window}" if len(windows) > 1 else ""
+    return (f"{len(wrong)} of {len(series)} {j.series_noun[1]} differ{over}"
             f"{first} (KV digest per request); {agree} of {answered} answers "
             f"agree with the baseline's to the same question; "
-            f"{sum(not r.answered for r in soak)} failed")
+            f"{sum(not r.answered for r in series)} failed")
 
 
-def _soak_trend_check(j: WeatherJudgement) -> tuple[str, bool, str]:
-    windows = soak_windows(j.rows, j.soak_window)
-    tau, p = soak_trend(windows)
+def _trend_check(j: WeatherJudgement) -> tuple[str, bool, str]:
+    windows = series_windows(j.rows, j.series_window)
+    tau, p = series_trend(windows)
     series = ", ".join("-" if w.agreement is None else f"{w.agreement:.2f}" for w in windows)
     told = ("no trend can be told" if tau is None else
             f"Mann-Kendall tau {tau:+.3f}, one-sided p {p:.2g}")
-    return ("soak-trend", p >= SOAK_TREND_ALPHA,
-            f"agreement per window of {j.soak_window}: [{series}]; {told} "
-            f"(alpha {SOAK_TREND_ALPHA:g})")
+    return ("agreement-trend", p >= TREND_ALPHA,
+            f"agreement per window of {j.series_window}: [{series}]; {told} "
+            f"(alpha {TREND_ALPHA:g})")
 
 
 def weather_checks(j: WeatherJudgement) -> list[tuple[str, bool, str]]:
@@ -266,9 +267,9 @@ def weather_checks(j: WeatherJudgement) -> list[tuple[str, bool, str]]:
                    or f"weather {j.weather} states no condition"))
     wrong = silent_wrong(j.rows)
     s = summary(j)
-    soak = f"soak: {soak_line(j)}; " if j.soak_window and wrong else ""
+    series = f"{j.weather}: {series_line(j)}; " if j.series_window and wrong else ""
     checks.append(("silent-wrong-answers", not wrong,
-                   soak + f"{len(wrong)} of {s['answered']} HTTP 200s: " + "; ".join(
+                   series + f"{len(wrong)} of {s['answered']} HTTP 200s: " + "; ".join(
                        _wrong_line(r) for r in wrong[:3]) if wrong else
                    f"silent wrong answers: 0 ({s['answered_kv_identical']}/{s['answered']} "
                    f"HTTP 200s with the prefill's prompt KV, byte for byte)"))
@@ -291,11 +292,11 @@ def weather_checks(j: WeatherJudgement) -> list[tuple[str, bool, str]]:
                    or f"weather {j.weather} states nothing more"))
     checks.append(("servers-healthy", not j.unhealthy,
                    "; ".join(j.unhealthy) if j.unhealthy else "every P/D server answers /health"))
-    if j.soak_window:
-        checks.append(_soak_trend_check(j))
+    if j.series_window:
+        checks.append(_trend_check(j))
     return checks
 
 
-__all__ = ["DIFFERS", "IDENTICAL", "MISSING", "NOT_DIGESTED", "SOAK_TREND_ALPHA", "InjectedEvent",
-           "RequestRow", "SoakWindow", "WeatherCondition", "WeatherJudgement", "silent_wrong",
-           "soak_line", "soak_summary", "soak_trend", "soak_windows", "summary", "weather_checks"]
+__all__ = ["DIFFERS", "IDENTICAL", "MISSING", "NOT_DIGESTED", "TREND_ALPHA", "InjectedEvent",
+           "RequestRow", "SeriesWindow", "WeatherCondition", "WeatherJudgement", "silent_wrong",
+           "series_line", "series_summary", "series_trend", "series_windows", "summary", "weather_checks"]

@@ -1,7 +1,7 @@
 """History store: every run's records, appended to one SQLite file (default results/history.sqlite).
 
 Schema (``PRAGMA user_version`` = 2; a version-1 store, whose ``kv_bytes`` column had its only
-connector's name, is migrated in place on open: harness.core.schema_one)::
+connector's name, is migrated in place on open: harness.core.old_records)::
 
     runs(
       run_id       TEXT PRIMARY KEY,   -- record["run_id"]: one harness invocation
@@ -39,7 +39,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from harness.core.schema_one import history_migration
+from harness.core.old_records import history_migration
 
 DEFAULT_HISTORY_PATH = "results/history.sqlite"
 SCHEMA_VERSION = 2

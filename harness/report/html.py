@@ -16,7 +16,8 @@ and its figures under ``out_dir/img/``, in this order:
   model (rows runner x backend, columns the rest of the configuration, one square per cell,
   canaries left out); the vLLM release x cell heatmap, where a cell its release cannot run is
   grey "N/A"; one trend plot per real cell with two entries or more (changed cells first, at most
-  `max_trend_plots`); each soak's windows.
+  `max_trend_plots`); the windows of each weather's request series (the requests a
+  weather sends on its own after the first look).
 
 Units are points for deltas and percent for accuracies everywhere (harness.report.evidence);
 each outcome has one colour of its own (OUTCOME_COLOURS). Rendering writes only under
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from harness.core.old_records import with_todays_names
 from harness.core.outcomes import summary_line
 from harness.report.annotate import OUTCOME_ORDER, fmt_delta, jinja_env
 from harness.report.evidence import pts
@@ -284,22 +286,23 @@ def plot_trend(cell_id: str, entries: Sequence[Mapping[str, Any]], path: Path) -
     return path
 
 
-def soak_of(row: Mapping[str, Any]) -> dict | None:
-    """The soak series of a cell's record (metrics.weather.soak), or None (not a soak)."""
+def series_of(row: Mapping[str, Any]) -> dict | None:
+    """The request series of a cell's record (metrics.weather.series; older records' names
+    translated), or None (its weather sent none)."""
     try:
-        record = json.loads(Path(row["record_path"]).read_text())
-    except (OSError, TypeError, ValueError, KeyError):
+        record = with_todays_names(json.loads(Path(row["record_path"]).read_text()))
+    except (OSError, TypeError, ValueError, KeyError, AttributeError):
         return None
-    soak = ((record.get("metrics") or {}).get("weather") or {}).get("soak")
-    return soak if isinstance(soak, dict) and soak.get("windows") else None
+    series = ((record.get("metrics") or {}).get("weather") or {}).get("series")
+    return series if isinstance(series, dict) and series.get("windows") else None
 
 
-def plot_soak(cell_id: str, soak: Mapping[str, Any], path: Path) -> Path:
-    """A soak's windows over the request index: agreement with the baseline (line, left axis)
+def plot_series(cell_id: str, series: Mapping[str, Any], path: Path) -> Path:
+    """A request series' windows over the request index: agreement with the baseline (line, left axis)
     and requests whose KV differs or that failed (bars, right axis). SVG: text stays text."""
-    windows = soak["windows"]
+    windows = series["windows"]
     starts = [int(w["first"]) for w in windows]
-    width = max(1, int(soak.get("window") or 100))
+    width = max(1, int(series.get("window") or 100))
     fig = _figure(6.4, 3.4)
     ax = fig.subplots()
     points = [(x, float(w["agreement"])) for x, w in zip(starts, windows)
@@ -308,7 +311,7 @@ def plot_soak(cell_id: str, soak: Mapping[str, Any], path: Path) -> Path:
         ax.plot(*zip(*points), marker=".", color="#1e88e5", label="agreement with the baseline")
     ax.set_ylim(-0.02, 1.02)
     ax.set_ylabel("agreement", fontsize=8)
-    ax.set_xlabel("request index (soak)", fontsize=8)
+    ax.set_xlabel("request index (series)", fontsize=8)
     bars = ax.twinx()
     bars.bar(starts, [int(w["differs"]) for w in windows], width=width * 0.8, align="edge",
              color="#e53935", alpha=0.5, label="KV differs")
@@ -319,7 +322,7 @@ def plot_soak(cell_id: str, soak: Mapping[str, Any], path: Path) -> Path:
     bars.set_ylabel(f"requests of {width}", fontsize=8)
     handles = ax.get_legend_handles_labels()[0] + bars.get_legend_handles_labels()[0]
     ax.legend(handles=handles, fontsize=7, frameon=False, loc="lower left")
-    ax.set_title("\n".join([cell_id] + textwrap.wrap(str(soak.get("line", "")), 110)[:3]),
+    ax.set_title("\n".join([cell_id] + textwrap.wrap(str(series.get("line", "")), 110)[:3]),
                  fontsize=6.5)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="svg")
@@ -369,16 +372,18 @@ def plot_forest(cells: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
 
 
 # ---- the report -------------------------------------------------------------------------------
-def _soak_plots(rows: Sequence[Mapping[str, Any]], out: Path, img: Path) -> list[dict[str, Any]]:
-    """One soak plot per row that ran the soak weather: agreement and mismatches per window."""
-    soaks = []
+def _series_plots(rows: Sequence[Mapping[str, Any]], out: Path, img: Path) -> list[dict[str, Any]]:
+    """One plot per row whose weather sent a request series: agreement and mismatches per
+    window."""
+    plots = []
     for row in rows:
-        soak = soak_of(row)
-        if soak is not None:
-            path = plot_soak(str(row["cell_id"]), soak, img / f"soak-{_slug(str(row['cell_id']))}.svg")
-            soaks.append({"cell_id": row["cell_id"], "src": path.relative_to(out).as_posix(),
-                          "line": soak.get("line", ""), "outcome": _outcome(row)})
-    return soaks
+        series = series_of(row)
+        if series is not None:
+            name = f"series-{_slug(str(row['cell_id']))}.svg"
+            path = plot_series(str(row["cell_id"]), series, img / name)
+            plots.append({"cell_id": row["cell_id"], "src": path.relative_to(out).as_posix(),
+                          "line": series.get("line", ""), "outcome": _outcome(row)})
+    return plots
 
 
 def _heatmaps(latest: Sequence[Mapping[str, Any]], every_row: Sequence[Mapping[str, Any]],
@@ -455,7 +460,7 @@ def render_report(history_db: str | os.PathLike[str], out_dir: str | os.PathLike
         regressions=[c for c in changes if c.is_regression],
         recoveries=[c for c in changes if not c.is_regression],
         heatmaps=heatmaps, release_map=release_map, trends=trends, trends_left_out=left_out,
-        soaks=_soak_plots([entries[-1] for entries in by_cell.values()], out, img),
+        series=_series_plots([entries[-1] for entries in by_cell.values()], out, img),
         colours=OUTCOME_COLOURS, text_on=TEXT_ON, outcome_of=_outcome,
         not_applicable_colour=NOT_APPLICABLE_COLOUR,
     )
@@ -468,5 +473,5 @@ def render_report(history_db: str | os.PathLike[str], out_dir: str | os.PathLike
 
 __all__ = ["Change", "NOT_APPLICABLE", "OUTCOME_COLOURS", "TEXT_ON", "changes_since_previous",
            "compare", "delta_drifted", "heatmap_squares", "history_by_cell", "plot_forest",
-           "plot_heatmap", "plot_release_heatmap", "plot_soak", "plot_trend", "release_squares",
-           "render_report", "soak_of"]
+           "plot_heatmap", "plot_release_heatmap", "plot_series", "plot_trend", "release_squares",
+           "render_report", "series_of"]

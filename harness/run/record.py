@@ -1,9 +1,9 @@
 """Record: the one JSON file a cell's run leaves behind, written atomically.
 
-Schema (version 2) — every key is always present; unknown values are null:
+Schema (version 3) — every key is always present; unknown values are null:
 
     {
-      "schema_version": 2,
+      "schema_version": 3,
       "run_id": "20261129T193000Z-ab12cd",      # one per harness invocation
       "created_at": "2026-11-29T19:31:02Z",
       "cell": {... Cell.to_dict() (kv_connector included), "id": "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1"},
@@ -31,7 +31,9 @@ Schema (version 2) — every key is always present; unknown values are null:
           "prompt_tokens_total": 15000,
           "kv_bytes": 123456, "kv_transfers": 50, "failed_transfers": 0,
           "failed_notifications": 0, "expired_requests": 0
-        }
+        },
+        "weather": {...} | absent                    # a weather cell's rows, events and checks;
+                                                     # "series": its request series' windows
       },
       "verdict": {"status": "PASS"|"FAIL"|"INCONCLUSIVE"|"ERROR",
                   "reason": "one line",
@@ -56,7 +58,8 @@ treat it as null), so it is not in RECORD_KEYS.
 Paths in "artifacts" are relative to the record's own directory when they lie below it.
 
 Version 1 (before the connector seam) named the transfer counters and the byte check after its
-only connector; `load_records` reads such records with today's names (harness.core.schema_one).
+only connector; version 2 named a weather's request series after the one weather that sent one
+then. `load_records` reads both with today's names (harness.core.old_records).
 """
 from __future__ import annotations
 
@@ -70,14 +73,14 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 from harness.core.atomic import atomic_write_json
 from harness.core.redact import redact_data
 from harness.core.safe_paths import under
-from harness.core.schema_one import with_todays_names
+from harness.core.old_records import with_todays_names
 from harness.core.cell import Cell
 from harness.core.options import RunOptions
 from harness.run.evidence.provenance import hardware, versions
 from harness.serve.supervision.registry import raise_if_interrupted
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 RECORD_KEYS = (
     "schema_version", "run_id", "created_at", "cell", "versions", "hardware", "options",
     "metrics", "verdict", "timings", "artifacts",

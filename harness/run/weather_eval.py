@@ -21,7 +21,7 @@ from harness.judge.weather import (MISSING, NOT_DIGESTED, InjectedEvent, Request
 from harness.run.evidence.kv_digest_evidence import parent_id, request_digests
 from harness.run.evidence.transfer_evidence import DigestFiles, read_proxy_records
 from harness.run.weather import weather_for
-from harness.run.weather.base import SoakQuestion, Weather, WeatherRun, Workload
+from harness.run.weather.base import SeriesQuestion, Weather, WeatherRun, Workload
 from harness.serve.deploy import Deployment
 
 _STATUS = re.compile(r"HTTP (\d{3})")
@@ -123,19 +123,19 @@ def with_events(rows: tuple[RequestRow, ...], events: tuple[InjectedEvent, ...]
                  for r in rows)
 
 
-def soak_questions(pd_run: EvalRun, base_run: EvalRun) -> list[SoakQuestion]:
-    """The questions a soak asks again: every question of the look whose request lm-eval sent
+def series_questions(pd_run: EvalRun, base_run: EvalRun) -> list[SeriesQuestion]:
+    """The questions a series asks again: every question of the look whose request lm-eval sent
     is known (one that failed there too: a fault by prompt hash must meet it again), each with
     the baseline's answer (the baseline is not asked again)."""
     baseline = base_run.by_doc()
-    return [SoakQuestion(q.doc_id, pd_run.payloads[q.prompt_hash],
+    return [SeriesQuestion(q.doc_id, pd_run.payloads[q.prompt_hash],
                          baseline[q.doc_id].answer_strict)
             for q in pd_run.questions if q.prompt_hash in pd_run.payloads and q.doc_id in baseline]
 
 
-def with_digests(soak: tuple[RequestRow, ...], digests: dict[str, tuple[str, str]],
+def with_digests(series: tuple[RequestRow, ...], digests: dict[str, tuple[str, str]],
                  records: list[dict]) -> tuple[RequestRow, ...]:
-    """The soak's rows with each request's digest and prompt hash (from the proxy's record)."""
+    """The series' rows with each request's digest and prompt hash (from the proxy's record)."""
     hashes = {str(r.get("request_id")): r.get("prompt_hash") for r in records}
 
     def digest(row: RequestRow) -> tuple[str, str]:
@@ -147,7 +147,7 @@ def with_digests(soak: tuple[RequestRow, ...], digests: dict[str, tuple[str, str
 
     return tuple(dataclasses.replace(
         row, prompt_hash=hashes.get(parent_id(row.request_id)),
-        digest=digest(row)[0], digest_detail=digest(row)[1]) for row in soak)
+        digest=digest(row)[0], digest_detail=digest(row)[1]) for row in series)
 
 
 class WeatherWitness:
@@ -162,8 +162,8 @@ class WeatherWitness:
         self.disturbance = self.weather.disturbance(cell, self.params)
         self.sustain = self.weather.sustain(cell, self.params)
         self.proxy_url = ""
-        self.soak: tuple[RequestRow, ...] | None = None   # sent once, after the first look
-        self.soak_s = 0.0
+        self.series: tuple[RequestRow, ...] | None = None   # sent once, after the first look
+        self.series_s = 0.0
 
     @property
     def workload(self) -> Workload:
@@ -187,10 +187,10 @@ class WeatherWitness:
     def judge(self, pd_run: EvalRun, base_run: EvalRun) -> WeatherJudgement:
         timeline = (self.disturbance.finish(DISTURBANCE_TIMEOUT_S)
                     if self.disturbance is not None else ())
-        if self.sustain is not None and self.soak is None:
+        if self.sustain is not None and self.series is None:
             started = time.monotonic()
-            self.soak = self.sustain.run(self.proxy_url, soak_questions(pd_run, base_run))
-            self.soak_s = time.monotonic() - started
+            self.series = self.sustain.run(self.proxy_url, series_questions(pd_run, base_run))
+            self.series_s = time.monotonic() - started
         time.sleep(self.weather.settle_s(self.params))   # what must hold "afterwards"
         records = self.records()
         if self.digests.skipped:   # nothing proves a 200 right: each says why
@@ -200,10 +200,10 @@ class WeatherWitness:
             digests = request_digests(records, self.digests.prefill, self.digests.decode,
                                       self.digests.decode_block_size)
         # a child's row (OpenAI n > 1) names its parent request: "<proxy id>#<i>"
-        soak_ids = {parent_id(r.request_id) for r in self.soak or () if r.request_id}
+        series_ids = {parent_id(r.request_id) for r in self.series or () if r.request_id}
         rows = request_rows(pd_run, base_run, [r for r in records if r.get("request_id")
-                                               not in soak_ids], digests)
-        rows += with_digests(self.soak or (), digests, records)
+                                               not in series_ids], digests)
+        rows += with_digests(self.series or (), digests, records)
         run = WeatherRun(cell=self.cell, params=self.params, rows=rows,
                          proxy_records=tuple(records), metrics_before=self.before,
                          metrics_after=samples_of(self.pair),
@@ -216,9 +216,9 @@ class WeatherWitness:
             failure_budget=self.weather.failure_budget(run, events),
             unhealthy=unhealthy(self.pair),
             accounted_checks=self.weather.accounted_checks(self.params),
-            soak_window=self.sustain.window if self.sustain is not None else 0,
+            series_window=self.sustain.window if self.sustain is not None else 0,
             **({"series_noun": self.sustain.noun} if self.sustain is not None else {}),
-            soak_wall_s=self.soak_s)
+            series_wall_s=self.series_s)
 
 
 __all__ = ["WeatherWitness", "answered_only", "client_status", "request_rows", "weather_plan",

@@ -73,8 +73,8 @@ for p in sorted(pathlib.Path(sys.argv[1]).glob("*/*.json")):
     r = json.loads(p.read_text())
     if "verdict" not in r:
         continue
-    soak = ((r.get("metrics") or {}).get("weather") or {}).get("soak") or {}
-    line = f"<br>soak ({soak.get('wall_s', 0):.0f} s): {soak['line']}" if soak else ""
+    series = ((r.get("metrics") or {}).get("weather") or {}).get("series") or {}
+    line = f"<br>series ({series.get('wall_s', 0):.0f} s): {series['line']}" if series else ""
     print(f"| `{r['cell']['id']}` | {r['verdict']['outcome']} | {r['verdict']['reason'][:400]}{line} |")
 PY
 cat "$OUT/$TAG-summary.md"

@@ -299,7 +299,8 @@ def test_cli_report_writes_only_its_out_dir_unless_asked(tmp_path, capsys, monke
                  "--out-dir", str(out)]) == 2
 
 
-def test_a_soak_record_gets_its_plot_over_the_request_index(tmp_path):
+@pytest.mark.parametrize("key", ["series", "soak"])   # today's name, and a schema-2 record's
+def test_a_series_record_gets_its_plot_over_the_request_index(tmp_path, key):
     records = tmp_path / "runs"
     shutil.copytree(RECORDS / RUN_2, records / RUN_2)
     path = records / RUN_2 / f"{FAIL_CELL}.json"
@@ -307,7 +308,7 @@ def test_a_soak_record_gets_its_plot_over_the_request_index(tmp_path):
     windows = [{"index": w, "first": 100 * w, "requests": 100, "answered": 100,
                 "agree": 100 if w < 4 else 10, "differs": 0 if w < 4 else 90, "failed": 0,
                 "agreement": 1.0 if w < 4 else 0.1} for w in range(8)]
-    record.setdefault("metrics", {})["weather"] = {"soak": {
+    record.setdefault("metrics", {})["weather"] = {key: {
         "window": 100, "windows": windows,
         "line": "360 of 800 soak requests differ over 8 windows of 100, the first at soak "
                 "request 400"}}
@@ -316,12 +317,12 @@ def test_a_soak_record_gets_its_plot_over_the_request_index(tmp_path):
     append_results_dir(db, records)
     index = render_report(db, tmp_path / "r")
     html = index.read_text()
-    soaks = html.split('id="soaks"')[1].split('id="cells"')[0]
-    src = re.search(r'<img src="(img/soak-[^"]+\.svg)"', soaks).group(1)
+    section = html.split('id="series"')[1].split('id="cells"')[0]
+    src = re.search(r'<img src="(img/series-[^"]+\.svg)"', section).group(1)
     svg = (index.parent / src).read_text()
     assert svg.lstrip().startswith("<?xml") and "<svg" in svg
-    assert "request index (soak)" in svg and "agreement with the baseline" in svg
-    assert FAIL_CELL in soaks and "the first at soak request 400" in soaks
+    assert "request index (series)" in svg and "agreement with the baseline" in svg
+    assert FAIL_CELL in section and "the first at soak request 400" in section
 
 
 def test_release_squares_hold_each_cells_newest_outcome_per_release():

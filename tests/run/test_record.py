@@ -175,4 +175,4 @@ def test_a_schema_1_record_reads_with_the_connector_neutral_names(tmp_path):
     assert loaded["metrics"]["transfer"] == {"kv_bytes": 52_428_800, "failed_transfers": 0,
                                              "kv_transfers": 50, "requests": 50}
     assert loaded["verdict"]["checks"][0]["name"] == "kv-bytes-exact"
-    assert SCHEMA_VERSION == 2
+    assert SCHEMA_VERSION == 3

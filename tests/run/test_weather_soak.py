@@ -11,7 +11,7 @@ from harness.core.cell import Cell
 from harness.weathers import resolved_params
 from harness.judge.weather import IDENTICAL
 from harness.run.weather import weather_for
-from harness.run.weather.base import SoakQuestion
+from harness.run.weather.base import SeriesQuestion
 from harness.weathers.soak.driver import SoakDriver, soak_requests, strict_answer
 from harness.run.weather_eval import with_digests
 from harness.protocol.faults import AFTER_ENV, SHARE_ENV, request_tag_for
@@ -65,13 +65,13 @@ def test_the_driver_cycles_questions_salts_each_request_and_compares_answers():
         return 200, {"choices": [{"text": f"so #### {'7' if prompt == 'q1' else '9'}",
                                   "finish_reason": "stop"}]}
 
-    questions = [SoakQuestion(1, {"model": "m", "prompt": "q1", "max_tokens": 8}, "7"),
-                 SoakQuestion(2, {"model": "m", "prompt": "q2", "max_tokens": 8}, "8"),
-                 SoakQuestion(3, {"model": "m", "prompt": "broken", "max_tokens": 8}, "1")]
+    questions = [SeriesQuestion(1, {"model": "m", "prompt": "q1", "max_tokens": 8}, "7"),
+                 SeriesQuestion(2, {"model": "m", "prompt": "q2", "max_tokens": 8}, "8"),
+                 SeriesQuestion(3, {"model": "m", "prompt": "broken", "max_tokens": 8}, "1")]
     with FakeHttp(respond) as fake:
         rows = SoakDriver(requests=9, in_flight=4, window=3).run(fake.url, questions)
         bodies = fake.bodies("/v1/completions")
-    assert [r.soak_index for r in rows] == list(range(9))
+    assert [r.series_index for r in rows] == list(range(9))
     assert [r.doc_id for r in rows] == [1, 2, 3] * 3
     assert [r.agrees for r in rows] == [True, False, None] * 3
     assert [r.status for r in rows] == [200, 200, 500] * 3 and "HTTP 500" in rows[2].error
@@ -92,15 +92,15 @@ def test_the_soak_asks_every_question_of_the_look_with_the_baselines_answer():
 
     from harness.core.prompts import prompt_hash
     from harness.judge.weather import RequestRow
-    from harness.run.weather_eval import soak_questions
+    from harness.run.weather_eval import series_questions
     from tests.run.test_weather_eval import q, run
 
     pd = run(q(1), q(2, error="HTTP 500 x"))
     pd = replace(pd, payloads={prompt_hash("Q1"): {"prompt": "Q1"}, prompt_hash("Q2"): {"prompt": "Q2"}})
-    asked = soak_questions(pd, run(q(1), q(2, correct=False)))
+    asked = series_questions(pd, run(q(1), q(2, correct=False)))
     # the failed one too: a fault by prompt hash (fail_share) must meet it again in the soak
     assert [(s.doc_id, s.payload["prompt"]) for s in asked] == [(1, "Q1"), (2, "Q2")]
-    row = RequestRow("pdacc-s", 1, None, 200, None, "missing", soak_index=0, agrees=True)
+    row = RequestRow("pdacc-s", 1, None, 200, None, "missing", series_index=0, agrees=True)
     joined = with_digests((row,), {"pdacc-s": (IDENTICAL, "")},
                           [{"request_id": "pdacc-s", "prompt_hash": "h1"}])
     assert (joined[0].digest, joined[0].prompt_hash) == (IDENTICAL, "h1")
@@ -120,7 +120,7 @@ def test_the_soak_blew_when_every_block_recycled_tenfold_and_every_request_went(
         logs[name] = str(tmp_path / name)
     sample = "vllm:kv_block_lifetime_seconds_count"
     after = {"prefill-0": {sample: 48 * 12}, "decode-0": {sample: 48 * 5}}   # 12x and 5x
-    rows = tuple(RequestRow(f"s{i}", 1, None, 200, None, IDENTICAL, soak_index=i) for i in range(3))
+    rows = tuple(RequestRow(f"s{i}", 1, None, 200, None, IDENTICAL, series_index=i) for i in range(3))
     records = tuple({**_record(0.01 * i, 2000), "request_id": f"pdacc-fault.fail-transfer.first.zero.{i}",
                      "decode_status": 500 if i else 200} for i in range(64))
     run = WeatherRun(cell, params, rows, records, {}, after, logs)

@@ -7,7 +7,7 @@ from harness.judge.weather import IDENTICAL, MISSING, RequestRow, silent_wrong
 from harness.protocol.kv_digest import KVDigest, record_line
 from harness.run.evidence.kv_digest_evidence import (child_of, digest_evidence, parent_id,
                                                     request_digests)
-from harness.run.weather.base import SoakQuestion, WeatherRun
+from harness.run.weather.base import SeriesQuestion, WeatherRun
 from harness.run.weather_eval import with_digests
 from harness.serve.proxy.hops import build_prefill_body
 from harness.weathers import WEATHERS, resolved_params
@@ -16,7 +16,7 @@ from harness.weathers.parallel_sampling.driver import (WEATHER, agreement_condit
 
 PROXY_ID = "pdacc-" + "ab" * 16
 LAYER = "model.layers.0.self_attn.attn"
-QUESTION = SoakQuestion(doc_id=3, payload={"prompt": "Q", "seed": 1234, "temperature": 0.0,
+QUESTION = SeriesQuestion(doc_id=3, payload={"prompt": "Q", "seed": 1234, "temperature": 0.0,
                                            "max_tokens": 64}, baseline_answer="42")
 
 
@@ -41,7 +41,7 @@ def test_each_child_is_a_row_named_by_its_parent_and_index():
                            {"index": 0, "text": "so #### 42", "finish_reason": "stop"}]}
     rows = child_rows(PROXY_ID, payload, 200, 3, QUESTION, first_index=6)
     assert [r.request_id for r in rows] == [f"{PROXY_ID}#0", f"{PROXY_ID}#1", f"{PROXY_ID}#2"]
-    assert [r.agrees for r in rows[:2]] == [True, False] and [r.soak_index for r in rows] == [6, 7, 8]
+    assert [r.agrees for r in rows[:2]] == [True, False] and [r.series_index for r in rows] == [6, 7, 8]
     assert rows[2].error == "no such child in the answer" and not rows[2].answered
     assert parent_id(rows[1].request_id) == PROXY_ID and parent_id(PROXY_ID) == PROXY_ID
 
@@ -92,7 +92,7 @@ def test_a_child_that_read_no_transfer_is_a_silent_wrong_answer(tmp_path):
 def agreeing(n: int, differ: int) -> tuple[RequestRow, ...]:
     return tuple(RequestRow(request_id=child_id(f"r{i // 2}", i % 2), doc_id=i // 2,
                             prompt_hash=None, status=200, error=None, digest=IDENTICAL,
-                            answer="1", agrees=i >= differ, soak_index=i) for i in range(n))
+                            answer="1", agrees=i >= differ, series_index=i) for i in range(n))
 
 
 def test_children_are_judged_statistically_not_by_identity():

@@ -98,8 +98,8 @@ class WeatherRun:
 
 
 @dataclass(frozen=True)
-class SoakQuestion:
-    """A question a soak asks again: the request lm-eval sent for it, and the baseline's
+class SeriesQuestion:
+    """A question a weather's series asks again: the request lm-eval sent for it, and the baseline's
     answer to it (extracted by the task's strict-match filter)."""
 
     doc_id: int
@@ -108,14 +108,16 @@ class SoakQuestion:
 
 
 class Sustain:
-    """What a weather sends on its own after the first look (a soak): `run` sends its requests
-    through the proxy and returns one row per request (soak_index, status, answer, agrees with
-    the baseline's; the witness adds each one's digest)."""
+    """What a weather sends on its own after the first look, its request series: `run` sends
+    its requests through the proxy and returns one row per request (series_index, status, answer,
+    agrees with the baseline's; the witness adds each one's digest). The judge reads the series
+    in windows (harness.judge.weather's agreement-trend) and the record keeps it under
+    metrics.weather.series."""
 
     window: int = 100     # requests per window of the series the judge reads
-    noun: tuple[str, str] = ("soak request", "soak requests")   # what the verdict calls one, many
+    noun: tuple[str, str] = ("request", "requests")   # what the verdict calls one, many
 
-    def run(self, proxy_url: str, questions: list[SoakQuestion]) -> tuple[RequestRow, ...]:
+    def run(self, proxy_url: str, questions: list[SeriesQuestion]) -> tuple[RequestRow, ...]:
         raise NotImplementedError
 
 
@@ -189,4 +191,4 @@ class Weather:
         return {}
 
 
-__all__ = ["Disturbance", "SoakQuestion", "Sustain", "Weather", "WeatherRun", "Workload"]
+__all__ = ["Disturbance", "SeriesQuestion", "Sustain", "Weather", "WeatherRun", "Workload"]

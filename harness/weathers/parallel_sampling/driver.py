@@ -26,7 +26,7 @@ from scipy import stats as sps
 from harness.core.cell import Cell
 from harness.judge.weather import MISSING, RequestRow, WeatherCondition
 from harness.run.evidence.kv_digest_evidence import CHILD_MARK, parent_id
-from harness.run.weather.base import SoakQuestion, Sustain, Weather, WeatherRun
+from harness.run.weather.base import SeriesQuestion, Sustain, Weather, WeatherRun
 from harness.run.weather.tagged import counted
 from harness.serve.proxy.upstream import REQUEST_ID_HEADER
 from harness.zoo.probe import STRICT_RE
@@ -54,14 +54,14 @@ def sampled_body(payload: Mapping, n: int, top_k: int, salt: str) -> dict:
 
 
 def child_rows(request_id: str | None, payload: dict | None, status: int, n: int,
-               question: SoakQuestion, first_index: int) -> list[RequestRow]:
+               question: SeriesQuestion, first_index: int) -> list[RequestRow]:
     """One row per child of an answered request (by the choice's index); a child missing from
     the answer is a failed row of its own."""
     choices = {int(c.get("index", 0)): c for c in (payload or {}).get("choices") or ()}
     rows = []
     for i in range(n):
         base = dict(request_id=child_id(request_id or "?", i), doc_id=question.doc_id,
-                    prompt_hash=None, status=status, digest=MISSING, soak_index=first_index + i)
+                    prompt_hash=None, status=status, digest=MISSING, series_index=first_index + i)
         choice = choices.get(i)
         if choice is None or choice.get("finish_reason") == "error":
             rows.append(RequestRow(error="no such child in the answer" if choice is None
@@ -81,7 +81,7 @@ class ChildrenDriver(Sustain):
         self.window = 1    # one window of every child: judged together (children-agree)
         self.noun = ("child", "children")
 
-    def run(self, proxy_url: str, questions: list[SoakQuestion]) -> tuple[RequestRow, ...]:
+    def run(self, proxy_url: str, questions: list[SeriesQuestion]) -> tuple[RequestRow, ...]:
         if not questions:
             return ()
         rows = tuple(asyncio.run(self._all(proxy_url.rstrip("/") + "/v1/completions",
@@ -89,20 +89,20 @@ class ChildrenDriver(Sustain):
         self.window = max(1, len(rows))
         return rows
 
-    async def _all(self, url: str, questions: list[SoakQuestion]) -> list[RequestRow]:
+    async def _all(self, url: str, questions: list[SeriesQuestion]) -> list[RequestRow]:
         import aiohttp
 
         salt, gate = uuid.uuid4().hex[:12], asyncio.Semaphore(self.in_flight)
         timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
         async with aiohttp.ClientSession(timeout=timeout) as session:
-            async def one(k: int, q: SoakQuestion) -> list[RequestRow]:
+            async def one(k: int, q: SeriesQuestion) -> list[RequestRow]:
                 body = sampled_body(q.payload, self.n, self.top_k, f"children-{salt}-{k}")
                 async with gate:
                     return await self._ask(session, url, body, q, k * self.n)
             done = await asyncio.gather(*(one(k, q) for k, q in enumerate(questions)))
         return [row for rows in done for row in rows]
 
-    async def _ask(self, session, url: str, body: dict, q: SoakQuestion,
+    async def _ask(self, session, url: str, body: dict, q: SeriesQuestion,
                    first: int) -> list[RequestRow]:
         import aiohttp
 
@@ -113,12 +113,12 @@ class ChildrenDriver(Sustain):
                     error = f"HTTP {response.status} {(await response.text())[:200]}"
                     return [RequestRow(request_id=rid, doc_id=q.doc_id, prompt_hash=None,
                                        status=response.status, error=error, digest=MISSING,
-                                       soak_index=first)]
+                                       series_index=first)]
                 payload = await response.json(content_type=None)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
             return [RequestRow(request_id=None, doc_id=q.doc_id, prompt_hash=None, status=None,
                                error=f"{type(exc).__name__}: {str(exc)[:200]}",
-                               digest=MISSING, soak_index=first)]
+                               digest=MISSING, series_index=first)]
         return child_rows(rid, payload, 200, self.n, q, first)
 
 

@@ -27,7 +27,7 @@ from typing import Mapping
 from harness.core.cell import Cell
 from harness.weathers.facts import ServerChanges
 from harness.judge.weather import MISSING, InjectedEvent, RequestRow, WeatherCondition
-from harness.run.weather.base import SoakQuestion, Sustain, WeatherRun, Workload
+from harness.run.weather.base import SeriesQuestion, Sustain, WeatherRun, Workload
 from harness.weathers.load.driver import EVICTED_SAMPLE, Load
 from harness.run.weather.tagged import SERVER_FAULT_ENV, counted, events_of, share_tag, tagged_records
 from harness.protocol.faults import FAIL_TRANSFER, FaultSpec, request_fault_tag
@@ -54,17 +54,19 @@ def soak_requests(cell: Cell, params: Mapping[str, float]) -> int:
 class SoakDriver(Sustain):
     """`requests` requests through the proxy, `in_flight` at a time, cycling the questions."""
 
+    noun = ("soak request", "soak requests")
+
     def __init__(self, requests: int, in_flight: int, window: int,
                  timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         self.requests, self.in_flight, self.window = requests, in_flight, window
         self.timeout_s = timeout_s
 
-    def run(self, proxy_url: str, questions: list[SoakQuestion]) -> tuple[RequestRow, ...]:
+    def run(self, proxy_url: str, questions: list[SeriesQuestion]) -> tuple[RequestRow, ...]:
         if not questions:
             return ()
         return tuple(asyncio.run(self._all(proxy_url.rstrip("/"), questions)))
 
-    async def _all(self, url: str, questions: list[SoakQuestion]) -> list[RequestRow]:
+    async def _all(self, url: str, questions: list[SeriesQuestion]) -> list[RequestRow]:
         import aiohttp
 
         salt = uuid.uuid4().hex[:12]
@@ -81,11 +83,11 @@ class SoakDriver(Sustain):
             return list(await asyncio.gather(*(one(i) for i in range(self.requests))))
 
 
-async def ask(session, url: str, body: dict, index: int, question: SoakQuestion) -> RequestRow:
+async def ask(session, url: str, body: dict, index: int, question: SeriesQuestion) -> RequestRow:
     """One soak request's row (its digest is the witness's to add)."""
     import aiohttp
 
-    base = dict(doc_id=question.doc_id, prompt_hash=None, digest=MISSING, soak_index=index)
+    base = dict(doc_id=question.doc_id, prompt_hash=None, digest=MISSING, series_index=index)
     try:
         async with session.post(url, json=body) as response:
             request_id = response.headers.get(REQUEST_ID_HEADER)
@@ -142,7 +144,7 @@ class Soak(Load):
         load = [c if not c.name.startswith("blocks-recycled") else recycled(run, c, blocks)
                 for c in super().conditions(run)]
         wanted = soak_requests(run.cell, run.params)
-        sent = sum(r.soak_index is not None for r in run.rows)
+        sent = sum(r.series_index is not None for r in run.rows)
         out = load + [counted("soak-requests", "happened", sent, wanted,
                               "requests the soak sent after the first look")]
         if run.params["fail_share"] > 0:
