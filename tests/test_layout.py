@@ -372,11 +372,13 @@ def test_run_is_split_by_stage():
 
 
 def test_the_design_doc_names_every_package_and_run_and_protocol_entry():
-    """docs/design.md's layout table follows the tree: a package or a room of run/ or protocol/
-    that it does not name is one a newcomer cannot find there."""
+    """docs/design.md's layout table follows the tree: a package, a module of core/, a room of
+    run/ or protocol/, or a connector's or weather's package that it does not name is one a
+    newcomer cannot find there."""
     text = (ROOT.parent / "docs" / "design.md").read_text()
     names = [f"harness/{pkg}/" for pkg in LAYERS + CONCEPTS]
-    for pkg in ("run", "protocol"):
+    names += [p.stem for p in (ROOT / "core").glob("*.py") if p.stem != "__init__"]
+    for pkg in ("run", "protocol") + CONCEPTS:
         folder = ROOT / pkg
         names += [p.stem for p in folder.glob("*.py") if p.stem != "__init__"]
         names += [f"{p.name}/" for p in folder.iterdir() if (p / "__init__.py").exists()]

@@ -10,7 +10,6 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from harness.cli.values import writable_dir_problem, writable_file_problem  # noqa: F401 (callers')
 from harness.core.safe_paths import safe_name_problem
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -86,5 +85,4 @@ def print_problems(problems: Sequence[str], stream) -> None:
         print(f"pd-accuracy: error: {redact(line)}", file=stream)
 
 
-__all__ = ["cell_problems", "print_problems", "task_problem",
-           "writable_dir_problem", "writable_file_problem"]
+__all__ = ["cell_problems", "print_problems", "task_problem"]

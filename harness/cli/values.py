@@ -150,7 +150,7 @@ def writable(kind: str, what: str) -> Value:
         if not value.strip():
             raise ValueError(f"{what} is empty")
         try:
-            problem = (writable_file_problem if kind == "file" else writable_dir_problem)(value, what)
+            problem = writable_problem(value, what, kind)
         except OSError as exc:
             problem = f"{shown(value)}: {exc.strerror or exc}"
         if problem:
@@ -159,37 +159,25 @@ def writable(kind: str, what: str) -> Value:
     return Value(f"writable-{kind}", parse, path_kind=kind)
 
 
-def writable_file_problem(path: str, what: str) -> str | None:
-    """One line unless a regular file can be written at `path`."""
+def writable_problem(path: str, what: str, kind: str = "file") -> str | None:
+    """One line unless a regular file (kind "file") or a directory ("dir") can be written at
+    `path`: not under a pseudo file system, not something else already, and its nearest
+    existing ancestor (for a file: its directory's) a directory this user may write."""
+    file = kind == "file"
     if "\x00" in path:
         return f"{what} holds a NUL byte"
     target = Path(path).expanduser().resolve()
     if any(str(target) == root or str(target).startswith(root + "/") for root in UNWRITABLE_ROOTS):
-        return f"{what} {path!r} is not on a file system for results"
-    if target.exists() and not target.is_file():
-        return f"{what} {path!r} exists and is not a regular file"
-    parent = target.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        return f"{what} {path!r}: {parent} is not a writable directory"
-    return None
-
-
-def writable_dir_problem(path: str, what: str) -> str | None:
-    if "\x00" in path:
-        return f"{what} holds a NUL byte"
-    target = Path(path).expanduser().resolve()
-    if any(str(target) == root or str(target).startswith(root + "/") for root in UNWRITABLE_ROOTS):
-        return f"{what} {path!r} is not a directory for results"
-    if target.exists() and not target.is_dir():
-        return f"{what} {path!r} exists and is not a directory"
-    existing = target
+        return f"{what} {path!r} is not {'on a file system' if file else 'a directory'} for results"
+    if target.exists() and not (target.is_file() if file else target.is_dir()):
+        return f"{what} {path!r} exists and is not {'a regular file' if file else 'a directory'}"
+    existing = target.parent if file else target
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         return f"{what} {path!r}: {existing} is not a writable directory"
     return None
+
 
 
 def pair(inner: Value, what: str) -> Value:
@@ -331,4 +319,4 @@ def compare_on() -> Value:
 __all__ = ["MAX_GPUS", "MAX_TEXT", "Value", "choice", "compare_on", "count_or_auto",
            "env_name", "existing", "fault_block", "keyword", "number", "pair", "platform",
            "queues", "release", "releases", "safe_name", "shard", "shown", "split_pair", "text",
-           "weather_param", "whole", "writable"]
+           "weather_param", "whole", "writable", "writable_problem"]

@@ -25,35 +25,23 @@ is never imported here.
 """
 from __future__ import annotations
 
-import importlib
-import importlib.metadata
-import pkgutil
 from types import ModuleType
 from typing import Any
 
 from harness.connectors.driver import KvConnector
 from harness.connectors.facts import ConnectorRow
 from harness.connectors.vllm_registry import DEFAULT_KV_CONNECTOR, LISTED, NOT_DRIVEN
+from harness.core.registration import Registration
 
 ENTRY_POINTS = "pd_accuracy.connectors"
 # what the table is made of, and the table itself: filled below, refilled by register()
 _PACKAGES: list[ModuleType] = []
-_REGISTERED: list[ModuleType] = []
 KV_CONNECTORS: dict[str, ConnectorRow] = {}
 CONNECTORS: dict[str, KvConnector] = {}
 _LOG_PATTERNS: dict[str, str | None] = {}
 
 
-def _found() -> list[ModuleType]:
-    """The packages under this one, then those of installed distributions' entry points."""
-    here = [importlib.import_module(f"{__name__}.{info.name}")
-            for info in pkgutil.iter_modules(__path__) if info.ispkg]
-    installed = [entry.load() for entry in importlib.metadata.entry_points(group=ENTRY_POINTS)]
-    return here + installed
-
-
-def _refill() -> None:
-    packages = _found() + _REGISTERED
+def _refill(packages: list[ModuleType]) -> None:
     rows = {**NOT_DRIVEN, **{v: r for p in packages for v, r in p.ROWS.items()}}
     order = {value: i for i, value in enumerate(LISTED)}
     ranked = sorted(rows, key=lambda v: order.get(v, len(order)))   # stable: found order after
@@ -72,18 +60,9 @@ def variable_parsers() -> dict[str, Any]:
             getattr(p, "SERVER_VARIABLES", {}).items()}
 
 
-def register(package: ModuleType) -> None:
-    """Add a connector package from outside harness/connectors/ (its ``ROWS``, ``DRIVERS``...)."""
-    if package not in _REGISTERED:
-        _REGISTERED.append(package)
-        _refill()
-
-
-def unregister(package: ModuleType) -> None:
-    """Take back a package :func:`register` added."""
-    if package in _REGISTERED:
-        _REGISTERED.remove(package)
-        _refill()
+_REGISTRATION = Registration(__name__, __path__, ENTRY_POINTS, _refill)
+# add a connector package from outside harness/connectors/ (its ROWS, DRIVERS...); take it back
+register, unregister = _REGISTRATION.register, _REGISTRATION.unregister
 
 
 def packages() -> tuple[ModuleType, ...]:
@@ -131,7 +110,7 @@ def package_hooks() -> tuple[tuple[ModuleType, Any], ...]:
     return tuple((p, hook) for p in _PACKAGES for hook in getattr(p, "HOOKS", ()))
 
 
-_refill()
+_REGISTRATION.fill()
 
 __all__ = ["CONNECTORS", "DEFAULT_KV_CONNECTOR", "ENTRY_POINTS", "KV_CONNECTORS", "connector_for", "variable_parsers",
            "connector_row", "driven_connectors", "log_patterns", "package_hooks", "packages",

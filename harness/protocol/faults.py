@@ -105,28 +105,27 @@ class FaultLogLine:
     reason: str
 
 
+def _positive(env: Mapping[str, str], name: str, default: float, what: str) -> float:
+    """The positive number variable `name` of ``env`` holds (`default` when unset or empty);
+    ValueError names the variable and the `what` it expected."""
+    raw = env.get(name, "").strip()
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected a {what}") from None
+    if not value > 0:
+        raise ValueError(f"{name}={raw!r}: expected a positive {what}")
+    return value
+
+
 def perturb_scale(env: Mapping[str, str]) -> float:
     """perturb-kv's relative noise scale from ``env`` (PD_ACCURACY_FAULT_SCALE, default 1e-3)."""
-    raw = env.get(SCALE_ENV, "").strip()
-    try:
-        scale = float(raw) if raw else DEFAULT_PERTURB_SCALE
-    except ValueError:
-        raise ValueError(f"{SCALE_ENV}={raw!r}: expected a number") from None
-    if not scale > 0:
-        raise ValueError(f"{SCALE_ENV}={raw!r}: expected a positive scale")
-    return scale
+    return _positive(env, SCALE_ENV, DEFAULT_PERTURB_SCALE, "scale")
 
 
 def hold_seconds(env: Mapping[str, str]) -> float:
     """early-release's hold from ``env`` (PD_ACCURACY_FAULT_HOLD_S, default 0.5 s)."""
-    raw = env.get(HOLD_ENV, "").strip()
-    try:
-        hold = float(raw) if raw else DEFAULT_HOLD_S
-    except ValueError:
-        raise ValueError(f"{HOLD_ENV}={raw!r}: expected seconds") from None
-    if not hold > 0:
-        raise ValueError(f"{HOLD_ENV}={raw!r}: expected a positive number of seconds")
-    return hold
+    return _positive(env, HOLD_ENV, DEFAULT_HOLD_S, "number of seconds")
 
 
 def parse_fault_env(env: Mapping[str, str]) -> FaultSpec | None:

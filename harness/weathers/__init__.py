@@ -27,13 +27,11 @@ cell ids. Every other weather is judged by the verdict under weather (harness.ju
 """
 from __future__ import annotations
 
-import importlib
-import importlib.metadata
-import pkgutil
 from types import ModuleType
 from typing import Any, Mapping
 
 from harness.connectors import KV_CONNECTORS, connector_row
+from harness.core.registration import Registration
 from harness.weathers.facts import WeatherRow, WeatherRule
 
 ENTRY_POINTS = "pd_accuracy.weathers"
@@ -44,20 +42,11 @@ LISTED = ("calm", "load", "preemption", "expiry", "load-failures", "aborts", "re
           "block-boundary", "soak")
 # what the table is made of, and the table itself: filled below, refilled by register()
 _PACKAGES: dict[str, ModuleType] = {}
-_REGISTERED: list[ModuleType] = []
 WEATHERS: dict[str, WeatherRow] = {}
 
 
-def _found() -> list[ModuleType]:
-    """The packages under this one, then those of installed distributions' entry points."""
-    here = [importlib.import_module(f"{__name__}.{info.name}")
-            for info in pkgutil.iter_modules(__path__) if info.ispkg]
-    installed = [entry.load() for entry in importlib.metadata.entry_points(group=ENTRY_POINTS)]
-    return here + installed
-
-
-def _refill() -> None:
-    found = {p.NAME: p for p in _found() + _REGISTERED}
+def _refill(packages: list[ModuleType]) -> None:
+    found = {p.NAME: p for p in packages}
     order = {name: i for i, name in enumerate(LISTED)}
     ranked = sorted(found, key=lambda name: order.get(name, len(order)))   # stable: found order
     _PACKAGES.clear()
@@ -66,18 +55,9 @@ def _refill() -> None:
     WEATHERS.update((name, found[name].ROW) for name in ranked)
 
 
-def register(package: ModuleType) -> None:
-    """Add a weather package from outside harness/weathers/ (its ``NAME``, ``ROW``...)."""
-    if package not in _REGISTERED:
-        _REGISTERED.append(package)
-        _refill()
-
-
-def unregister(package: ModuleType) -> None:
-    """Take back a package :func:`register` added."""
-    if package in _REGISTERED:
-        _REGISTERED.remove(package)
-        _refill()
+_REGISTRATION = Registration(__name__, __path__, ENTRY_POINTS, _refill)
+# add a weather package from outside harness/weathers/ (its NAME, ROW...); take it back
+register, unregister = _REGISTRATION.register, _REGISTRATION.unregister
 
 
 def packages() -> tuple[ModuleType, ...]:
@@ -159,7 +139,7 @@ def _number_token(value: Any) -> str:
     return str(value)[:40]
 
 
-_refill()
+_REGISTRATION.fill()
 
 __all__ = ["DEFAULT_WEATHER", "ENTRY_POINTS", "LISTED", "WEATHERS", "package_hooks", "package_of",
            "packages", "params_token", "register", "resolved_params", "runs_with", "unregister",

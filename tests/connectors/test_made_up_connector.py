@@ -4,6 +4,7 @@ rules' outcomes, what the weathers set and count, provenance, the verdict's word
 servers' connector interface finds for its class."""
 from __future__ import annotations
 
+import importlib.metadata
 from pathlib import Path
 
 import pytest
@@ -56,14 +57,14 @@ def test_unregistering_takes_it_back():
 
 def test_an_installed_distributions_entry_point_is_a_package_too(monkeypatch):
     entry = type("Entry", (), {"load": staticmethod(lambda: fake_connector)})()
-    monkeypatch.setattr(connectors.importlib.metadata, "entry_points",
+    monkeypatch.setattr(importlib.metadata, "entry_points",
                         lambda group: [entry] if group == connectors.ENTRY_POINTS else [])
-    connectors._refill()
+    connectors._REGISTRATION.fill()
     try:
         assert connector_row(VALUE).word == "MadeUp"
     finally:
         monkeypatch.undo()
-        connectors._refill()
+        connectors._REGISTRATION.fill()
     assert VALUE not in connectors.KV_CONNECTORS
 
 
