@@ -183,6 +183,11 @@ def test_a_draft_model_needs_a_zoo_target_and_says_where_it_runs():
     assert "1 speculative token" in zoo[0].message and "with 3" in zoo[0].message
     hub = _problem(gpu(model="dense", spec_decode="draft_p1_d3"), "draft-model-zoo-target")
     assert hub.kind == "invalid" and "use a zoo model, or ngram" in hub.message
+    eagle = check_cell(Cell(model="tiny-llama-gsm", spec_decode="eagle_p1_d3"), CPU, CATALOG)
+    assert [(p.kind, p.rule) for p in eagle] == [("note", "draft-model-on-both-sides")]
+    other = _problem(gpu(model="tiny-llama-swa-gsm", spec_decode="eagle_p1_d3"),
+                     "eagle-head-target")
+    assert other.kind == "invalid" and "use tiny-llama-gsm" in other.message
     assert not [p for p in check_cell(gpu(spec_decode="ngram"), GPU2, CATALOG)
                 if p.rule.startswith("draft-model")]
 
@@ -212,6 +217,10 @@ def test_cpu_full_runs_the_cpu_engine_settings_and_says_why_not_the_others():
         "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_ngram-fault-wrong-drafts",
         "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_draft_p1_d3-fault-wrong-drafts",
         "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_draft_p1_d3-fault-corrupt-draft-kv",
+        # the zoo's EAGLE head on both sides, and the same two canaries
+        "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_eagle_p1_d3",
+        "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_eagle_p1_d3-fault-wrong-drafts",
+        "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_eagle_p1_d3-fault-corrupt-draft-kv",
     }
     xfail = {c.cell_id for c in e.cells if ENGINE_TOKENS.search(c.cell_id) and c.expected_failure}
     assert xfail == {"v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_draft_p0_d3"}
