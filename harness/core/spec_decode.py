@@ -25,8 +25,8 @@ SPEC_DECODE_CONFIGS = {
 # Values whose draft has a KV cache of its own (a draft model, an EAGLE head) run on the prefill
 # too, with their own count: vLLM adds the draft's attention layers to the KV cache, and a
 # prefill without them registers fewer layers with its connector than the decode reads (vLLM
-# also hashes an EAGLE head into NIXL's compatibility hash, so a prefill without it fails the
-# decode's handshake)
+# also hashes an EAGLE head into the KV connector's compatibility hash, so a prefill without it
+# fails the decode's handshake)
 PREFILL_SPEC_TOKENS = {"draft_p1_d3": 1, "eagle_p1_d3": 1}
 # the EAGLE head of each value, and the one target it was trained on (its hidden states)
 EAGLE_TARGETS = {"eagle_p1_d3": "tiny-llama-gsm"}

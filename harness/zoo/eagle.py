@@ -46,19 +46,22 @@ def _torch():
     return torch
 
 
-def build_head(config: dict) -> Any:
-    """The EAGLE head of a Llama config (dict of config.json): its parameters carry the names
-    vLLM's EAGLE loader reads (``fc.weight``, ``layers.0.self_attn.q_proj.weight``, ...)."""
+def _dims(config: dict) -> tuple[int, int, int, int, int, float, float]:
+    """(hidden, heads, KV heads, head dim, MLP, norm eps, rope theta) of a Llama config."""
+    hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+    return (hidden, heads, int(config["num_key_value_heads"]),
+            int(config.get("head_dim") or hidden // heads), int(config["intermediate_size"]),
+            float(config.get("rms_norm_eps", 1e-6)),
+            float((config.get("rope_parameters") or {}).get("rope_theta")
+                  or config.get("rope_theta", 10000.0)))
+
+
+def decoder_layer(config: dict) -> Any:
+    """One Llama decoder layer without its input norm (EAGLE's first layer), under the
+    parameter names vLLM's loader reads (``self_attn.q_proj.weight``, ...)."""
     torch = _torch()
     nn = torch.nn
-    hidden = int(config["hidden_size"])
-    heads = int(config["num_attention_heads"])
-    kv_heads = int(config["num_key_value_heads"])
-    head_dim = int(config.get("head_dim") or hidden // heads)
-    mlp = int(config["intermediate_size"])
-    eps = float(config.get("rms_norm_eps", 1e-6))
-    theta = float((config.get("rope_parameters") or {}).get("rope_theta")
-                  or config.get("rope_theta", 10000.0))
+    hidden, heads, kv_heads, head_dim, mlp, eps, _ = _dims(config)
 
     class RMSNorm(nn.Module):
         def __init__(self) -> None:
@@ -109,11 +112,21 @@ def build_head(config: dict) -> Any:
             x = x + self.self_attn(x, cos, sin)
             return x + self.mlp(self.post_attention_layernorm(x))
 
+    return Layer()
+
+
+def build_head(config: dict) -> Any:
+    """The EAGLE head of a Llama config (dict of config.json): its parameters carry the names
+    vLLM's EAGLE loader reads (``fc.weight``, ``layers.0.self_attn.q_proj.weight``, ...)."""
+    torch = _torch()
+    nn = torch.nn
+    hidden, _, _, head_dim, _, _, theta = _dims(config)
+
     class Head(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.fc = nn.Linear(2 * hidden, hidden, bias=False)
-            self.layers = nn.ModuleList([Layer()])
+            self.layers = nn.ModuleList([decoder_layer(config)])
             inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
             self.register_buffer("inv_freq", inv_freq, persistent=False)
 
@@ -195,9 +208,9 @@ def train_head(name: str, out_dir: str | Path, *, device: str = "cpu", steps: in
     """Train the EAGLE head ``name`` (a zoo spec of recipe eagle-head) on its target's hidden
     states, save it into ``out_dir`` and return the training record."""
     torch = _torch()
-    from harness.zoo.data import IGNORE_INDEX, make_batch, LineTokenCache
+    from harness.zoo.data import LineTokenCache
     from harness.zoo.tokenizer import save_tokenizer
-    from harness.zoo.train import Schedule, _within_time_limit, lr_at
+    from harness.zoo.train import Schedule
 
     spec = get_spec(name)
     if spec.recipe != RECIPE or not spec.target:
@@ -222,34 +235,10 @@ def train_head(name: str, out_dir: str | Path, *, device: str = "cpu", steps: in
     schedule = Schedule(total=steps, decay=int(steps * 0.75) if decay_start is None
                         else decay_start)
     warmup = min(spec.warmup, max(1, steps // 10))
-    losses: list[tuple[int, float, float]] = []
-    done = 0
     train_started = time.monotonic()
-    for step in range(steps):
-        if step >= schedule.total or (stop_after is not None and step >= stop_after) or not \
-                _within_time_limit(
-                schedule, step, time.monotonic() - train_started, time_limit_s):
-            break
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, base_lr=lr, warmup=warmup, decay_start=schedule.decay,
-                                total=schedule.total)
-        input_ids, labels = make_batch(cache, task.TRAIN_SEED, step, batch_size,
-                                       spec.curriculum_steps)
-        input_ids, labels = input_ids.to(device), labels.to(device)
-        token_loss, feature_loss, _, _ = head_losses(head, target, input_ids,
-                                                     (labels != IGNORE_INDEX).float())
-        loss = token_loss + FEATURE_WEIGHT * feature_loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        optimizer.step()
-        done += 1
-        if step % LOG_EVERY == 0 or step == schedule.total - 1:
-            losses.append((step, round(float(token_loss), 5), round(float(feature_loss), 5)))
-            print(json.dumps({"event": "step", "step": step, "token_loss": losses[-1][1],
-                              "feature_loss": losses[-1][2],
-                              "elapsed_s": round(time.monotonic() - train_started, 1)}),
-                  flush=True)
+    losses, done = _run_steps(head, target, cache, optimizer, schedule, spec, device=device,
+                              lr=lr, warmup=warmup, batch_size=batch_size,
+                              stop_after=stop_after, time_limit_s=time_limit_s)
     train_wall = time.monotonic() - train_started
     head.eval()
     probe = probe_head(head, target, cache, device, probe_batches, batch_size)
@@ -280,9 +269,50 @@ def train_head(name: str, out_dir: str | Path, *, device: str = "cpu", steps: in
     return record
 
 
+def _run_steps(head, target, cache, optimizer, schedule, spec: ZooSpec, *, device: str,
+               lr: float, warmup: int, batch_size: int, stop_after: int | None,
+               time_limit_s: float | None) -> tuple[list[tuple[int, float, float]], int]:
+    """The training loop: AdamW on the task's batch stream, the trainer's WSD learning rate;
+    (logged losses, steps done)."""
+    torch = _torch()
+    from harness.zoo.data import IGNORE_INDEX, make_batch
+    from harness.zoo.train import _within_time_limit, lr_at
+
+    losses: list[tuple[int, float, float]] = []
+    done = 0
+    started = time.monotonic()
+    for step in range(schedule.total):
+        if (step >= schedule.total or (stop_after is not None and step >= stop_after)
+                or not _within_time_limit(schedule, step, time.monotonic() - started,
+                                          time_limit_s)):
+            break
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, base_lr=lr, warmup=warmup, decay_start=schedule.decay,
+                                total=schedule.total)
+        input_ids, labels = make_batch(cache, task.TRAIN_SEED, step, batch_size,
+                                       spec.curriculum_steps)
+        input_ids, labels = input_ids.to(device), labels.to(device)
+        token_loss, feature_loss, _, _ = head_losses(head, target, input_ids,
+                                                     (labels != IGNORE_INDEX).float())
+        loss = token_loss + FEATURE_WEIGHT * feature_loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        optimizer.step()
+        done += 1
+        if step % LOG_EVERY == 0 or step == schedule.total - 1:
+            losses.append((step, round(float(token_loss.detach()), 5),
+                           round(float(feature_loss.detach()), 5)))
+            print(json.dumps({"event": "step", "step": step, "token_loss": losses[-1][1],
+                              "feature_loss": losses[-1][2],
+                              "elapsed_s": round(time.monotonic() - started, 1)}), flush=True)
+    return losses, done
+
+
 def probe_head(head, target, cache, device: str, batches: int, batch_size: int) -> dict:
     """Teacher-forced first-draft agreement with the target's greedy token on answer positions
-    of the test stream (an upper bound of vLLM's position-0 acceptance)."""
+    of the test stream (what vLLM's position-0 acceptance comes close to, drafting from the
+    target's own hidden states)."""
     torch = _torch()
     from harness.zoo.data import IGNORE_INDEX, make_batch
 
