@@ -21,6 +21,9 @@ SPEC_DECODE_CONFIGS = {
     # layers: model.layers.4 for tiny-llama-gsm's 4)
     "eagle_p1_d3": {"method": "eagle", "model": "tiny-llama-gsm-eagle",
                     "num_speculative_tokens": 3},
+    # the head on the decode only (the prefill without it): a pair the connector refuses
+    "eagle_p0_d3": {"method": "eagle", "model": "tiny-llama-gsm-eagle",
+                    "num_speculative_tokens": 3},
 }
 # Values whose draft has a KV cache of its own (a draft model, an EAGLE head) run on the prefill
 # too, with their own count: vLLM adds the draft's attention layers to the KV cache, and a
@@ -29,7 +32,7 @@ SPEC_DECODE_CONFIGS = {
 # fails the decode's handshake)
 PREFILL_SPEC_TOKENS = {"draft_p1_d3": 1, "eagle_p1_d3": 1}
 # the EAGLE head of each value, and the one target it was trained on (its hidden states)
-EAGLE_TARGETS = {"eagle_p1_d3": "tiny-llama-gsm"}
+EAGLE_TARGETS = {"eagle_p1_d3": "tiny-llama-gsm", "eagle_p0_d3": "tiny-llama-gsm"}
 ROLES_GENERATING = ("baseline", "decode")   # where speculative decoding runs (and, for a
 # draft with KV of its own, the prefill: PREFILL_SPEC_TOKENS)
 

@@ -16,7 +16,8 @@ from harness.core.cell import (ASYNC_SCHEDULING, CUDAGRAPH_MODES, DRAFT_MODEL_SP
                                SPEC_DECODE_METHODS, Cell)
 from harness.core.spec_decode import EAGLE_TARGETS, SPEC_DECODE_CONFIGS
 from harness.connectors import KV_CONNECTORS
-from harness.connectors.facts import KV_DTYPE_MIX, KV_LAYERS_MIX, PERMUTE_HYBRID, Refusal
+from harness.connectors.facts import (KV_DTYPE_MIX, KV_HEAD_MIX, KV_LAYERS_MIX, PERMUTE_HYBRID,
+                                      Refusal)
 from harness.matrix.rule_types import RuleContext, RuleList
 from harness.matrix.rules_models import NO_PREFIX_CACHING
 from harness.zoo import registry
@@ -29,6 +30,8 @@ rule = RULES.rule
 # the draft on the decode only (the prefill without it), and how a pair of it must end: the
 # decode's handshake refuses the prefill's fewer KV layers and every request errors
 DRAFT_DECODE_ONLY = "draft_p0_d3"
+# the EAGLE head on the decode only: the decode's handshake refuses it (the connector's facts)
+EAGLE_DECODE_ONLY = "eagle_p0_d3"
 
 
 def refusal(cell: Cell, kind: str) -> Refusal | None:
@@ -155,7 +158,7 @@ def _draft_both_sides(cell: Cell, ctx: RuleContext) -> str | None:
     """A draft model or EAGLE head runs on the prefill too (1 token), the decode and the
     baseline (3)."""
     if (cell.spec_decode not in DRAFT_MODEL_SPEC_DECODE + EAGLE_SPEC_DECODE
-            or cell.spec_decode == DRAFT_DECODE_ONLY):
+            or cell.spec_decode in (DRAFT_DECODE_ONLY, EAGLE_DECODE_ONLY)):
         return None
     return ("the prefill runs the draft with 1 speculative token, the decode and the baseline "
             "with 3 (vLLM's P/D CI): vLLM adds the draft's attention layers to each server's KV "
@@ -170,6 +173,17 @@ def _draft_decode_only(cell: Cell, ctx: RuleContext) -> str | None:
     return ("the decode runs the draft and the prefill does not, so the decode's KV cache has the "
             f"draft's attention layers too (tiny-llama-gsm: 6 against 4); "
             f"{refusal_reason(cell, KV_LAYERS_MIX)}. That refusal is the expected outcome; "
+            "serving any answer is not")
+
+
+@rule("eagle-decode-only", "xfail", fails_with=refusal_pattern(KV_HEAD_MIX))
+def _eagle_decode_only(cell: Cell, ctx: RuleContext) -> str | None:
+    """An EAGLE head on the decode only must be refused loudly: the prefill lacks it."""
+    if cell.spec_decode != EAGLE_DECODE_ONLY:
+        return None
+    return ("the decode runs the EAGLE head and the prefill does not, so the decode's KV cache "
+            f"has the head's layer too (tiny-llama-gsm: 5 against 4); "
+            f"{refusal_reason(cell, KV_HEAD_MIX)}. That refusal is the expected outcome; "
             "serving any answer is not")
 
 
