@@ -50,7 +50,15 @@ def _build(args: argparse.Namespace) -> int:
     # Train beside the target and swap at the end, so a failed build keeps the old checkpoint.
     work = Path(tempfile.mkdtemp(prefix=f".{args.name}.", dir=target.parent))
     try:
-        if spec.recipe == "sliding-fine-tune":
+        if spec.recipe == "eagle-head":
+            from harness.zoo import eagle
+
+            eagle.train_head(args.name, work, device=args.device or _default_device(),
+                             steps=args.steps,
+                             decay_start=None if args.steps else spec.decay_start,
+                             stop_after=None if args.steps else spec.stop_after,
+                             time_limit_s=args.time_limit)
+        elif spec.recipe == "sliding-fine-tune":
             from harness.zoo import sliding
 
             sliding.fine_tune(work, device=args.device or _default_device(),
@@ -161,6 +169,11 @@ def _eval(args: argparse.Namespace) -> int:
 
     if args.name not in registry.zoo_names():
         print(f"{args.name!r} is not a zoo model; known: {', '.join(registry.zoo_names())}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    if registry.SPECS[args.name].recipe == "eagle-head":
+        print(f"{args.name} is an EAGLE head: vLLM serves it only as a draft of "
+              f"{registry.SPECS[args.name].target} (spec_decode eagle_p1_d3), not alone",
               file=sys.stderr)
         return EXIT_USAGE
     if args.limit < 1:

@@ -28,8 +28,9 @@ ANY_BLOCKS = "any"                     # any pair
 # what can differ between a pair's servers that a connector refuses (ConnectorRow.refusals)
 KV_DTYPE_MIX = "kv-dtype-mix"            # prefill and decode KV cache dtypes differ
 KV_LAYERS_MIX = "kv-layers-mix"          # the decode has KV layers the prefill lacks (a draft)
+KV_HEAD_MIX = "kv-head-mix"              # the decode runs a draft head (EAGLE, MTP) the prefill lacks
 PERMUTE_HYBRID = "permute-hybrid"        # an NHD decode permuting a hybrid model's blocks
-REFUSAL_KINDS = (KV_DTYPE_MIX, KV_LAYERS_MIX, PERMUTE_HYBRID)
+REFUSAL_KINDS = (KV_DTYPE_MIX, KV_LAYERS_MIX, KV_HEAD_MIX, PERMUTE_HYBRID)
 
 
 @dataclass(frozen=True)
@@ -88,5 +89,6 @@ class ConnectorRow:
         return self.label or self.vllm_name
 
 
-__all__ = ["ANY_BLOCKS", "ANY_DEVICE", "DECODE_MULTIPLE", "KV_DTYPE_MIX", "KV_LAYERS_MIX",
+__all__ = ["ANY_BLOCKS", "ANY_DEVICE", "DECODE_MULTIPLE", "KV_DTYPE_MIX", "KV_HEAD_MIX",
+           "KV_LAYERS_MIX",
            "PERMUTE_HYBRID", "REFUSAL_KINDS", "SAME_BLOCKS", "VLLM_V1", "ConnectorRow", "Refusal"]

@@ -42,7 +42,8 @@ latent (FlashMLA's fp8_ds_mla), so an fp8 latent cache is not modelled.
 A draft model for speculative decoding (vLLM's draft_model method) adds its own attention
 layers to the server's KV cache; with the target's page size they share its KV cache group, so
 a P/D pair whose both sides run the draft moves the draft's KV of the same blocks too
-(`with_draft`).
+(`with_draft`). An EAGLE head (vLLM's eagle method) does the same with its own decoder layer(s),
+read from the head's config.json like a draft model's.
 
 Pure: no vLLM import. Models whose geometry this does not model (an fp8 latent cache, a window
 without per-layer types, a hybrid with a window, a --kv-cache-dtype in extra_args) raise
@@ -208,8 +209,8 @@ def geometry_from_config(config: Mapping[str, Any], dtype: str,
 
 
 def with_draft(target: KvGeometry, draft: KvGeometry) -> KvGeometry:
-    """``target`` served with a draft model (vLLM's draft_model method): the draft's attention
-    layers join the target's KV cache group when their page is the same (same KV heads, head
+    """``target`` served with a draft model (vLLM's draft_model method) or an EAGLE head (eagle):
+    the draft's attention layers join the target's KV cache group when their page is the same (same KV heads, head
     dim and cache dtype), so the same blocks of them cross; another page is not modelled."""
     same_page = ((draft.kv_heads, draft.head_dim, draft.dtype_bytes, draft.latent)
                  == (target.kv_heads, target.head_dim, target.dtype_bytes, target.latent))

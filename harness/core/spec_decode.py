@@ -16,13 +16,25 @@ SPEC_DECODE_CONFIGS = {
                     "num_speculative_tokens": 3},
     "draft_p0_d3": {"method": "draft_model", "model": "tiny-llama-gsm-draft",
                     "num_speculative_tokens": 3},
+    # the zoo's EAGLE head for tiny-llama-gsm (harness/zoo/eagle.py): one decoder layer over the
+    # target's hidden states, with a KV cache layer of its own (named after the target's
+    # layers: model.layers.4 for tiny-llama-gsm's 4)
+    "eagle_p1_d3": {"method": "eagle", "model": "tiny-llama-gsm-eagle",
+                    "num_speculative_tokens": 3},
+    # the head on the decode only (the prefill without it): a pair the connector refuses
+    "eagle_p0_d3": {"method": "eagle", "model": "tiny-llama-gsm-eagle",
+                    "num_speculative_tokens": 3},
 }
-# Draft-model values run on the prefill too, with their own count: vLLM adds the draft's
-# attention layers to the KV cache, and a prefill without them registers fewer layers with
-# its connector than the decode reads
-PREFILL_SPEC_TOKENS = {"draft_p1_d3": 1}
+# Values whose draft has a KV cache of its own (a draft model, an EAGLE head) run on the prefill
+# too, with their own count: vLLM adds the draft's attention layers to the KV cache, and a
+# prefill without them registers fewer layers with its connector than the decode reads (vLLM
+# also hashes an EAGLE head into the KV connector's compatibility hash, so a prefill without it
+# fails the decode's handshake)
+PREFILL_SPEC_TOKENS = {"draft_p1_d3": 1, "eagle_p1_d3": 1}
+# the EAGLE head of each value, and the one target it was trained on (its hidden states)
+EAGLE_TARGETS = {"eagle_p1_d3": "tiny-llama-gsm", "eagle_p0_d3": "tiny-llama-gsm"}
 ROLES_GENERATING = ("baseline", "decode")   # where speculative decoding runs (and, for a
-# draft model, the prefill: PREFILL_SPEC_TOKENS)
+# draft with KV of its own, the prefill: PREFILL_SPEC_TOKENS)
 
 
 def speculative_expectation(spec_decode: str | None, role: str) -> tuple[str, int] | None:

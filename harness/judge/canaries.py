@@ -34,9 +34,11 @@ CANARY_REASONS = {
     # prefill's, named per request (or, loudly, a failure no weather event explains)
     # the decode's drafts replaced, its KV and answers untouched: acceptance alone can see it
     "wrong-drafts": r"P/D's drafts are accepted less than the baseline's \[spec-acceptance\]",
-    # the draft model's received KV zeroed: the digest names a draft layer first; without the
+    # the draft's received KV zeroed: the digest names a draft layer first (a draft model's
+    # draft_model.*, or a layer its servers named the draft's: an EAGLE head's); without the
     # digest (--no-kv-digest) the acceptance must see it
-    "corrupt-draft-kv": (r"\[kv-digest\]: prompt KV differs.*first at layer draft_model\.|"
+    "corrupt-draft-kv": (r"\[kv-digest\]: prompt KV differs.*first at layer "
+                         r"(draft_model\.|\S+ \(the draft's\))|"
                          r"P/D's drafts are accepted less than the baseline's \[spec-acceptance\]"),
     "early-release": (r"silent wrong answers under weather|"
                       r"P/D failed under weather beyond what was injected"),

@@ -29,7 +29,8 @@ def describe(evidence: dict) -> tuple[bool, str]:
             return False, (f"decode received prompt tokens {low}-{high - 1} of {total} on "
                            f"{f['request_id']} ({e['differing']}/{compared} requests differ)"
                            f"{missing}")
-        where = (f"layer {f['layer']} {f['kv']} head {f['head']} tokens "
+        draft = " (the draft's)" if f.get("draft") else ""
+        where = (f"layer {f['layer']}{draft} {f['kv']} head {f['head']} tokens "
                  f"{f['token_range'][0]}-{f['token_range'][1] - 1} (decode block "
                  f"{f['decode_block']})" if f["token_range"] else f"layer {f['layer']} state")
         return False, (f"prompt KV differs on {e['differing']}/{compared} requests "
@@ -42,7 +43,9 @@ def describe(evidence: dict) -> tuple[bool, str]:
         return False, (f"KV digests compared on {compared}/{n} requests only{missing}"
                        + (f"; not digested: {e['not_digested']}" if e["not_digested"] else "")
                        + (f" ({why})" if e["not_digested"] and why else ""))
-    return True, f"identical on {compared}/{n} requests"
+    drafts = e.get("draft_layers")
+    return True, (f"identical on {compared}/{n} requests"
+                  + (f", the draft's layers among them ({', '.join(drafts)})" if drafts else ""))
 
 
 def entered(e: dict, first: dict) -> str:

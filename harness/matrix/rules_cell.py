@@ -130,7 +130,7 @@ def _known_fault(cell: Cell, ctx: RuleContext) -> str | None:
         return (f"fault {cell.fault} replaces the drafts of model runner V1's proposer; runner "
                 f"{cell.runner} drafts in speculators of its own, which the canary does not hook")
     if cell.fault == DRAFT_KV and cell.spec_decode not in PREFILL_SPEC_TOKENS:
-        return (f"fault {cell.fault} zeroes the draft model's KV the decode received; only a "
+        return (f"fault {cell.fault} zeroes the draft's KV the decode received; only a "
                 f"draft on both sides ({', '.join(PREFILL_SPEC_TOKENS)}) has one that crosses")
     row = KV_CONNECTORS.get(cell.kv_connector)
     if cell.fault in PARAM_FAULTS and row is not None and row.no_params:

@@ -12,9 +12,12 @@ Registered in the order they are checked (harness.matrix.rules runs these after 
 from __future__ import annotations
 
 from harness.core.cell import (ASYNC_SCHEDULING, CUDAGRAPH_MODES, DRAFT_MODEL_SPEC_DECODE,
-                               KV_CACHE_DTYPES, KV_LAYOUTS, SPEC_DECODE_METHODS, Cell)
+                               EAGLE_SPEC_DECODE, KV_CACHE_DTYPES, KV_LAYOUTS,
+                               SPEC_DECODE_METHODS, Cell)
+from harness.core.spec_decode import EAGLE_TARGETS, SPEC_DECODE_CONFIGS
 from harness.connectors import KV_CONNECTORS
-from harness.connectors.facts import KV_DTYPE_MIX, KV_LAYERS_MIX, PERMUTE_HYBRID, Refusal
+from harness.connectors.facts import (KV_DTYPE_MIX, KV_HEAD_MIX, KV_LAYERS_MIX, PERMUTE_HYBRID,
+                                      Refusal)
 from harness.matrix.rule_types import RuleContext, RuleList
 from harness.matrix.rules_models import NO_PREFIX_CACHING
 from harness.zoo import registry
@@ -27,6 +30,8 @@ rule = RULES.rule
 # the draft on the decode only (the prefill without it), and how a pair of it must end: the
 # decode's handshake refuses the prefill's fewer KV layers and every request errors
 DRAFT_DECODE_ONLY = "draft_p0_d3"
+# the EAGLE head on the decode only: the decode's handshake refuses it (the connector's facts)
+EAGLE_DECODE_ONLY = "eagle_p0_d3"
 
 
 def refusal(cell: Cell, kind: str) -> Refusal | None:
@@ -73,7 +78,8 @@ _vocabulary("known-async-scheduling", "async_scheduling", ASYNC_SCHEDULING,
             "Async scheduling is vLLM's default, on (--async-scheduling) or off (--no-async-scheduling).")
 _vocabulary("known-spec-decode", "spec_decode", SPEC_DECODE_METHODS,
             "Speculative decoding is off (null) or a method the harness configures (ngram, or "
-            "the zoo's draft model with P and D token counts: draft_p1_d3).",
+            "the zoo's draft model or EAGLE head with P and D token counts: draft_p1_d3, "
+            "eagle_p1_d3).",
             nullable=True)
 _vocabulary("known-cudagraph-mode", "cudagraph_mode", CUDAGRAPH_MODES,
             "The CUDA-graph mode is vLLM's default or one of FULL, PIECEWISE, NONE.")
@@ -135,10 +141,24 @@ def _draft_target(cell: Cell, ctx: RuleContext) -> str | None:
             "model, or ngram")
 
 
+@rule("eagle-head-target", "invalid")
+def _eagle_target(cell: Cell, ctx: RuleContext) -> str | None:
+    """An EAGLE head reads its target's hidden states: it drafts for that one model only."""
+    target = EAGLE_TARGETS.get(cell.spec_decode or "")
+    if target is None or cell.model == target:
+        return None
+    head = SPEC_DECODE_CONFIGS[cell.spec_decode]["model"]
+    return (f"spec_decode {cell.spec_decode} drafts with the zoo's {head}, an EAGLE head trained "
+            f"on {target}'s hidden states (its width, its lm_head and embedding); {cell.model} "
+            f"is another model: use {target}, or a draft model (draft_p1_d3) or ngram")
+
+
 @rule("draft-model-on-both-sides", "note")
 def _draft_both_sides(cell: Cell, ctx: RuleContext) -> str | None:
-    """A draft model runs on the prefill too (1 token), the decode and the baseline (3)."""
-    if cell.spec_decode not in DRAFT_MODEL_SPEC_DECODE or cell.spec_decode == DRAFT_DECODE_ONLY:
+    """A draft model or EAGLE head runs on the prefill too (1 token), the decode and the
+    baseline (3)."""
+    if (cell.spec_decode not in DRAFT_MODEL_SPEC_DECODE + EAGLE_SPEC_DECODE
+            or cell.spec_decode in (DRAFT_DECODE_ONLY, EAGLE_DECODE_ONLY)):
         return None
     return ("the prefill runs the draft with 1 speculative token, the decode and the baseline "
             "with 3 (vLLM's P/D CI): vLLM adds the draft's attention layers to each server's KV "
@@ -153,6 +173,17 @@ def _draft_decode_only(cell: Cell, ctx: RuleContext) -> str | None:
     return ("the decode runs the draft and the prefill does not, so the decode's KV cache has the "
             f"draft's attention layers too (tiny-llama-gsm: 6 against 4); "
             f"{refusal_reason(cell, KV_LAYERS_MIX)}. That refusal is the expected outcome; "
+            "serving any answer is not")
+
+
+@rule("eagle-decode-only", "xfail", fails_with=refusal_pattern(KV_HEAD_MIX))
+def _eagle_decode_only(cell: Cell, ctx: RuleContext) -> str | None:
+    """An EAGLE head on the decode only must be refused loudly: the prefill lacks it."""
+    if cell.spec_decode != EAGLE_DECODE_ONLY:
+        return None
+    return ("the decode runs the EAGLE head and the prefill does not, so the decode's KV cache "
+            f"has the head's layer too (tiny-llama-gsm: 5 against 4); "
+            f"{refusal_reason(cell, KV_HEAD_MIX)}. That refusal is the expected outcome; "
             "serving any answer is not")
 
 

@@ -13,13 +13,14 @@ The decode server's environment picks the fault (:func:`parse_fault_env`):
 * ``PD_ACCURACY_FAULT_BLOCK=first|last|<int>`` picks the block by its position in the request's
   received (kernel) block list; an int is 0-based, negative counts from the end. Default first
   (:func:`select_block_positions`).
-* ``PD_ACCURACY_FAULT=corrupt-draft-kv``: every received block of the *draft model's* attention
-  layers (speculative decoding with a draft that has a KV cache of its own: ``draft_model.*``
-  layer names) is zeroed (``PD_ACCURACY_FAULT_VALUE=noise``: noise), as if the draft's KV had
+* ``PD_ACCURACY_FAULT=corrupt-draft-kv``: every received block of the *draft's* attention
+  layers (speculative decoding with a draft that has a KV cache of its own: a draft model's
+  ``draft_model.*`` layers, an EAGLE head's layers after the target's: :func:`draft_layer_names`)
+  is zeroed (``PD_ACCURACY_FAULT_VALUE=noise``: noise), as if the draft's KV had
   not crossed; the target's layers are untouched, so the answers are the same (speculative
   decoding is lossless) and only the draft's proposals suffer. Block "all" unless asked.
 * ``PD_ACCURACY_FAULT=wrong-drafts``: the KV is left alone; every draft token the decode's
-  proposer (ngram or draft model) makes for a request is replaced by another token
+  proposer (ngram, draft model or EAGLE head) makes for a request is replaced by another token
   (:func:`wrong_draft_token`), so the target rejects the drafts and answers the same: only the
   acceptance of speculative decoding can see it
   (:mod:`harness.serve.plugins.faults.wrong_drafts`). Block and value do not apply.
@@ -52,8 +53,12 @@ SHARE_ENV = "PD_ACCURACY_FAULT_SHARE"   # by-request only: break this share of t
 AFTER_ENV = "PD_ACCURACY_FAULT_AFTER"   # by-request only: break no request before the (N+1)-th
 KV_FAULT_KINDS = ("corrupt-block", "swap-blocks", "perturb-kv", "corrupt-draft-kv")  # break the
 # received KV
-DRAFT_KV = "corrupt-draft-kv"       # the draft model's layers only
-DRAFT_LAYER_MARK = "draft_model."   # vLLM names the draft's attention layers draft_model.<...>
+DRAFT_KV = "corrupt-draft-kv"       # the draft's layers only
+DRAFT_LAYER_MARK = "draft_model."   # vLLM names a draft model's attention layers draft_model.<...>
+# vLLM's speculative methods whose head numbers its layers after the target's (an EAGLE head of a
+# 4-layer target caches model.layers.4.self_attn.attn)
+HEAD_DRAFT_METHODS = ("eagle", "eagle3", "mtp")
+_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 WRONG_DRAFTS = "wrong-drafts"       # the decode's proposer's draft tokens, not its KV
 FAIL_TRANSFER = "fail-transfer"                      # report an intact read as failed
 EARLY_RELEASE = "early-release"     # the prefill holds a request's blocks for HOLD_ENV s only
@@ -243,8 +248,23 @@ def wrong_draft_token(token: int, vocab_size: int) -> int:
 
 
 def is_draft_layer(name: str) -> bool:
-    """Whether a KV cache layer is the draft model's (corrupt-draft-kv's layers)."""
+    """Whether a KV cache layer is a draft model's by its name alone (``draft_model.*``)."""
     return name.startswith(DRAFT_LAYER_MARK)
+
+
+def draft_layer_names(names: Any, method: str | None, target_layers: int | None) -> frozenset:
+    """The KV cache layers among ``names`` that belong to the server's drafter (corrupt-draft-kv's
+    layers, the digest's draft layers): a draft model's ``draft_model.*`` layers; under an EAGLE
+    or MTP ``method``, the layers numbered from the target's layer count ``target_layers`` on
+    (vLLM's EAGLE heads continue the target's numbering: ``model.layers.4.*`` after a 4-layer
+    target's 0-3)."""
+    found = {name for name in names if is_draft_layer(name)}
+    if method in HEAD_DRAFT_METHODS and target_layers is not None:
+        for name in names:
+            index = _LAYER_INDEX.search(name)
+            if index and int(index.group(1)) >= target_layers:
+                found.add(name)
+    return frozenset(found)
 
 
 def _compact(value: Any) -> str:

@@ -140,14 +140,18 @@ def record_line(side: str, request_id: str, *, remote_request_id: str | None, to
                 raw: Mapping[str, dict] | None = None,
                 host_layers: Mapping[str, Any] | None = None,
                 hash_function: str = HASH_FUNCTIONS["blake2b"],
-                timings: Mapping[str, float] | None = None) -> str:
+                timings: Mapping[str, float] | None = None,
+                draft_layers: Iterable[str] = ()) -> str:
     """One request's digest line. ``raw``: per layer, ``{"block_tokens", "pieces"}``: hashes of
     the request's blocks' physical bytes in RAW_PIECE_TOKENS pieces, as sent (prefill) or as the
     connector wrote them, before any post-processing (decode); through a host buffer, the
     buffer's bytes. ``host_layers`` (prefill, host buffer only): the digests of the buffer the
     connector sends from. ``hash_function`` names the function every hash of the line is of
     (two sides are compared only when they name the same); ``elapsed_s`` is the digest's whole
-    cost, ``timings`` its parts (COST_PARTS)."""
+    cost, ``timings`` its parts (COST_PARTS). ``draft_layers``: which of the layers are the
+    server's speculative drafter's (a draft model's, an EAGLE head's), named only when there
+    are any."""
+    drafts = sorted(name for name in draft_layers if name in layers)
     return json.dumps({
         "side": side, "request_id": request_id, "remote_request_id": remote_request_id,
         "tp_rank": tp_rank, "token_offset": token_offset, "num_tokens": num_tokens,
@@ -158,6 +162,7 @@ def record_line(side: str, request_id: str, *, remote_request_id: str | None, to
         "raw": dict(raw or {}),
         **({"host_layers": {name: d.to_dict() for name, d in host_layers.items()
                             if isinstance(d, KVDigest)}} if host_layers else {}),
+        **({"draft_layers": drafts} if drafts else {}),
         "elapsed_s": round(elapsed_s, 6),
         **{name: round(value, 6) for name, value in (timings or {}).items()},
         "error": error},

@@ -193,8 +193,14 @@ def _differs_from_recipe(name: str, config: dict) -> list[str]:
 
 def write_card(checkpoint: str | Path, cards_dir: str | Path = CARDS_DIR) -> Path:
     """Render the card of `checkpoint` into cards_dir/<name>.md and return its path."""
-    text = render_card(checkpoint)
-    name = json.loads((Path(checkpoint) / TRAINING_JSON).read_text())["model"]
+    train = json.loads((Path(checkpoint) / TRAINING_JSON).read_text())
+    if train.get("recipe") == "eagle-head":     # a draft head: harness/zoo/eagle.py's card
+        from harness.zoo import eagle
+
+        text = eagle.render_card(checkpoint)
+    else:
+        text = render_card(checkpoint)
+    name = train["model"]
     return atomic_write_text(Path(cards_dir) / f"{name}.md", text)
 
 

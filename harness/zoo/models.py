@@ -39,6 +39,8 @@ MLA_MLP = 512
 DRAFT_HIDDEN = 128
 DRAFT_LAYERS = 2
 DRAFT_MLP = 256
+# The EAGLE head (tiny-llama-gsm-eagle): one decoder layer over the target's hidden states
+EAGLE_LAYERS = 1
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,9 @@ class ZooSpec:
     stop_after: int | None = None    # stop early (the schedule still spans `steps`)
     curriculum_steps: int = 1500     # steps on short price lists first (harness/zoo/data.py)
     init: str = "default"            # "prev-token": harness/zoo/init.py (Llama, DeepseekV2)
-    recipe: str = "from-scratch"     # "sliding-fine-tune": harness/zoo/sliding.py
+    recipe: str = "from-scratch"     # "sliding-fine-tune": harness/zoo/sliding.py; "eagle-head":
+    # harness/zoo/eagle.py (a speculative-decoding head trained on `target`'s hidden states)
+    target: str | None = None        # the zoo model an EAGLE head drafts for
 
     def make_config(self):
         """The transformers config object for this spec."""
@@ -216,6 +220,23 @@ SPECS: dict[str, ZooSpec] = {
             # limit on the shared 2-core host (decay from 90), all on the short-list curriculum
             steps=116, decay_start=90, batch_size=16, lr=3e-3, warmup=30, curriculum_steps=200,
             init="prev-token",
+        ),
+        ZooSpec(
+            # An EAGLE head for tiny-llama-gsm (vLLM's eagle method, harness/zoo/eagle.py): fc
+            # over [embedding, target hidden state] and one Llama decoder layer of the target's
+            # width, heads and MLP; the embedding and lm_head are the target's (not in the
+            # checkpoint). Its one attention layer has the target's KV page, so a P/D pair moves
+            # it with the target's layers. Trained with the target frozen (docs/zoo.md).
+            name="tiny-llama-gsm-eagle",
+            architecture="LlamaForCausalLM",
+            hybrid=False,
+            config_kwargs=dict(_COMMON, num_hidden_layers=EAGLE_LAYERS, head_dim=HEAD_DIM,
+                               intermediate_size=MLP,
+                               rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+            # the schedule the committed weights ran on the 2-core CPU host: 240 planned, cut
+            # to 229 by the 420 s time limit (decay from 180); short price lists until step 180
+            steps=240, decay_start=180, stop_after=229, batch_size=16, lr=2e-3, warmup=20,
+            curriculum_steps=180, recipe="eagle-head", target="tiny-llama-gsm",
         ),
     )
 }

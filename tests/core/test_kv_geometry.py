@@ -98,6 +98,16 @@ def test_a_draft_model_of_the_same_page_adds_its_layers():
         with_draft(geometry_from_config(zoo_config("tiny-mla-gsm"), "bfloat16"), draft)
 
 
+def test_an_eagle_head_adds_its_one_layer():
+    """tiny-llama-gsm-eagle: one decoder layer of the target's 2 KV heads x 64, read from the
+    head's config.json like a draft model's: 5 layers a token, 2,560 bytes in bf16."""
+    from harness.core.kv_geometry import with_draft
+
+    head = geometry_from_config(zoo_config("tiny-llama-gsm-eagle"), "bfloat16")
+    g = with_draft(geometry_from_config(zoo_config("tiny-llama-gsm"), "bfloat16"), head)
+    assert (g.attention_layers, g.draft_layers, g.attention_bytes_per_token) == (5, 1, 2560)
+
+
 # ---- vLLM's KV cache groups (uniform page size) ---------------------------------------------
 
 def slots(groups) -> list[tuple[str, int, int]]:

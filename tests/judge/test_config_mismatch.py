@@ -126,6 +126,16 @@ def test_a_draft_cell_holds_each_server_to_its_own_count_of_speculative_tokens()
     assert mismatches(CELL.replace(spec_decode="ngram"), ngram) == []
 
 
+def test_an_eagle_cell_holds_every_server_to_the_eagle_method():
+    cell = CELL.replace(spec_decode="eagle_p1_d3")
+    ran = {"prefill-0": parse_server_log("prefill-0", _speculating(DECODE, "eagle", 1)),
+           "decode-0": parse_server_log("decode-0", _speculating(DECODE, "eagle", 3))}
+    assert mismatches(cell, ran) == []
+    ran["decode-0"] = parse_server_log("decode-0", _speculating(DECODE, "draft_model", 3))
+    assert mismatches(cell, ran) == [
+        "decode ran speculative decoding draft_model, the cell says eagle"]
+
+
 def test_the_recorder_stores_the_verdict_it_is_given_judged_once_before(tmp_path):
     logs = raised_block_logs(tmp_path)
     recorder = Recorder(RunOptions(results_dir=str(tmp_path)), {"margin": 0.05}, "run-1",

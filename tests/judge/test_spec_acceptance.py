@@ -188,3 +188,19 @@ def test_the_record_keeps_each_questions_counts_and_a_re_judge_reads_them_back()
                                                           "summed only, not per question"}
     assert _spec({"spec_acceptance": None, "spec_acceptance_skipped": None}) == {
         "spec": None, "spec_skipped": None}
+
+
+def test_corrupt_draft_kv_is_caught_where_the_digest_names_a_draft_layer():
+    """A draft model's layers are named draft_model.*; an EAGLE head's continue the target's
+    numbering, and the digest says which are the draft's: either is the canary's reason, a
+    target layer is not."""
+    from harness.core.outcomes import FAIL, MISSED
+    from harness.judge.canaries import canary_outcome
+
+    said = ("[kv-digest]: prompt KV differs on 50/50 requests (100%); first at layer {} K head 0 "
+            "tokens 0-31 (decode block 0) of cmpl-x, 1/2 entries differ")
+    for layer in ("draft_model.model.layers.0.self_attn.attn",
+                  "model.layers.4.self_attn.attn (the draft's)"):
+        assert canary_outcome("corrupt-draft-kv", FAIL, said.format(layer)) == CAUGHT
+    assert canary_outcome("corrupt-draft-kv", FAIL,
+                          said.format("model.layers.1.self_attn.attn")) == MISSED

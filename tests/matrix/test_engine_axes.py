@@ -176,6 +176,26 @@ def test_a_draft_on_the_decode_only_expects_the_measured_refusal():
     assert not re.search(DRAFT_LAYERS_REFUSAL, measured.replace("Number of KV layers", "NIXL_ERR"))
 
 
+def test_an_eagle_head_on_the_decode_only_expects_the_measured_refusal():
+    """The reason of the CPU run of 2026-12-07 (results/reference/cpu-eagle-20261207): all 50
+    requests HTTP 500, the decode's handshake refusing the prefill on NIXL's compatibility hash
+    (vLLM hashes an EAGLE head into it); a draft model's refusal pattern does not take it."""
+    import json
+
+    from harness.connectors.facts import KV_HEAD_MIX, KV_LAYERS_MIX
+    from harness.connectors.nixl import NIXL_REFUSALS
+
+    cell = Cell(model="tiny-llama-gsm", compile="eager", spec_decode="eagle_p0_d3")
+    problems = check_cell(cell, CPU, CATALOG)
+    assert [(p.kind, p.rule) for p in problems] == [("xfail", "eagle-decode-only")]
+    record = json.loads((Path(__file__).resolve().parents[2] / "results/reference/"
+                         "cpu-eagle-20261207/20261207T220052Z-75dc35/"
+                         f"{cell.cell_id}.json").read_text())
+    measured = record["verdict"]["reason"]
+    assert re.search(NIXL_REFUSALS[KV_HEAD_MIX].fails_with, measured)
+    assert not re.search(NIXL_REFUSALS[KV_LAYERS_MIX].fails_with, measured)
+
+
 def test_a_draft_model_needs_a_zoo_target_and_says_where_it_runs():
     """Both ways: a zoo target is valid (with the note on P 1 / D 3), a hub model is not."""
     zoo = check_cell(Cell(model="tiny-llama-gsm", spec_decode="draft_p1_d3"), CPU, CATALOG)
@@ -183,6 +203,11 @@ def test_a_draft_model_needs_a_zoo_target_and_says_where_it_runs():
     assert "1 speculative token" in zoo[0].message and "with 3" in zoo[0].message
     hub = _problem(gpu(model="dense", spec_decode="draft_p1_d3"), "draft-model-zoo-target")
     assert hub.kind == "invalid" and "use a zoo model, or ngram" in hub.message
+    eagle = check_cell(Cell(model="tiny-llama-gsm", spec_decode="eagle_p1_d3"), CPU, CATALOG)
+    assert [(p.kind, p.rule) for p in eagle] == [("note", "draft-model-on-both-sides")]
+    other = _problem(gpu(model="tiny-llama-swa-gsm", spec_decode="eagle_p1_d3"),
+                     "eagle-head-target")
+    assert other.kind == "invalid" and "use tiny-llama-gsm" in other.message
     assert not [p for p in check_cell(gpu(spec_decode="ngram"), GPU2, CATALOG)
                 if p.rule.startswith("draft-model")]
 
@@ -212,9 +237,15 @@ def test_cpu_full_runs_the_cpu_engine_settings_and_says_why_not_the_others():
         "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_ngram-fault-wrong-drafts",
         "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_draft_p1_d3-fault-wrong-drafts",
         "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_draft_p1_d3-fault-corrupt-draft-kv",
+        # the zoo's EAGLE head on both sides, and the same two canaries
+        "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_eagle_p1_d3",
+        "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_eagle_p0_d3",
+        "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_eagle_p1_d3-fault-wrong-drafts",
+        "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_eagle_p1_d3-fault-corrupt-draft-kv",
     }
     xfail = {c.cell_id for c in e.cells if ENGINE_TOKENS.search(c.cell_id) and c.expected_failure}
-    assert xfail == {"v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_draft_p0_d3"}
+    assert xfail == {"v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_draft_p0_d3",
+                     "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_eagle_p0_d3"}
     why = {x.cell.cell_id: x.rule for x in e.excluded if ENGINE_TOKENS.search(x.cell.cell_id)}
     assert sorted(set(why.values())) == ["async-scheduling-not-on-cpu", "cudagraph-mode-cuda-only",
                                          "kv-layout-cuda-only"]

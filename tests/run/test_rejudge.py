@@ -115,3 +115,20 @@ def test_the_committed_ngram_canary_of_drafts_stays_caught_on_acceptance_alone()
                        "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_ngram-fault-wrong-drafts.json")
     assert rejudged.verdict.outcome == CAUGHT, rejudged.verdict.reason
     assert [c.name for c in rejudged.verdict.checks if not c.passed] == ["spec-acceptance"]
+
+
+EAGLE_RUN = (REPO / "results/reference/cpu-eagle-20261207/20261207T214425Z-e674ce/"
+             "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_eagle_p1_d3")
+
+
+@pytest.mark.parametrize("suffix,outcome,failed", [
+    ("", PASS, []),
+    ("-fault-wrong-drafts", CAUGHT, ["spec-acceptance"]),
+    ("-fault-corrupt-draft-kv", CAUGHT, ["kv-digest", "spec-acceptance"])])
+def test_the_committed_eagle_cells_are_judged_again_with_the_heads_layer(suffix, outcome, failed):
+    """The EAGLE head's cells re-judged from their records: the head's layer in the byte
+    account (its config.json), the digest's draft layer kept, the canaries caught again."""
+    rejudged = rejudge(f"{EAGLE_RUN}{suffix}.json")
+    assert rejudged.verdict.outcome == outcome, rejudged.verdict.reason
+    assert [c.name for c in rejudged.verdict.checks if not c.passed] == failed
+    assert rejudged.comparison.spec is not None and len(rejudged.comparison.spec.pairs) >= 50

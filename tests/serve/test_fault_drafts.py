@@ -3,6 +3,7 @@ draft tokens in the model runner's proposer output (lists from ngram, tensors fr
 model); corrupt-draft-kv zeroes only the draft model's received KV layers."""
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import torch
@@ -94,6 +95,38 @@ def test_corrupt_draft_kv_zeroes_the_draft_layers_only():
     for name in list(caches)[1:]:
         assert torch.count_nonzero(caches[name][2]) == 0 and torch.count_nonzero(caches[name][5]) == 0
         assert torch.equal(caches[name][3], before[name][3])
+
+
+def test_corrupt_draft_kv_zeroes_an_eagle_heads_layer_named_after_the_targets():
+    """An EAGLE head's layer continues the target's numbering (model.layers.4 after 0-3): the
+    view names it the drafter's, and only it is zeroed."""
+    caches = {f"model.layers.{i}.self_attn.attn": cpu_attn_cache(8) for i in range(5)}
+    drafts = protocol.draft_layer_names(caches, "eagle", 4)
+    assert drafts == {"model.layers.4.self_attn.attn"}
+    view = dataclasses.replace(
+        fake_view(caches, [FakeGroup(list(caches), FullAttentionSpec())]), draft_layers=drafts)
+    before = {name: cache.clone() for name, cache in caches.items()}
+    outcome = faults.apply_fault(view, [[2, 5]], FaultSpec(protocol.DRAFT_KV, "all"))
+    assert outcome == FaultOutcome(applied=True, block_ids=((2, 5),), num_layers=1)
+    for i in range(4):
+        name = f"model.layers.{i}.self_attn.attn"
+        assert torch.equal(caches[name], before[name])
+    assert torch.count_nonzero(caches["model.layers.4.self_attn.attn"][2]) == 0
+    # the same names without the view's drafter: nothing is the draft's
+    view = fake_view(caches, [FakeGroup(list(caches), FullAttentionSpec())])
+    outcome = faults.apply_fault(view, [[2, 5]], FaultSpec(protocol.DRAFT_KV, "all"))
+    assert not outcome.applied and outcome.reason == "no-draft-layers"
+
+
+def test_which_layers_are_the_drafters():
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(5)]
+    draft_model = ["draft_model.model.layers.0.self_attn.attn"]
+    assert protocol.draft_layer_names(names + draft_model, "draft_model", 4) == set(draft_model)
+    assert protocol.draft_layer_names(names, "eagle", 4) == {names[4]}
+    assert protocol.draft_layer_names(names, "mtp", 3) == set(names[3:])
+    assert protocol.draft_layer_names(names, "ngram", 4) == set()
+    assert protocol.draft_layer_names(names, None, None) == set()
+    assert protocol.draft_layer_names(names, "eagle", None) == set()   # target count unknown
 
 
 def test_corrupt_draft_kv_without_a_draft_breaks_nothing_and_says_why():

@@ -40,7 +40,7 @@ def worker(block_size: int, num_blocks: int = 16, ratio: int = 1, seed: int = 0)
 def view_of(w) -> KVView:
     return KVView(caches=w.caches, groups=w.groups, layer_specs={}, kernel_block_size=w.block_size,
                   blocks_per_logical=w.ratio, backend="FLASH_ATTN", tp_rank=w.tp_rank,
-                  moved=w.host)
+                  moved=w.host, draft_layers=getattr(w, "draft_layers", frozenset()))
 
 
 def write_prompt(w, ids, logical_bs, kv):
@@ -116,9 +116,10 @@ def kv():
 
 
 def run_pair(tmp_path, kv, *, p_bs=32, d_bs=64, d_ratio=1, tamper=None, cached=0,
-             post_process=None, host=None):
+             post_process=None, host=None, drafts=frozenset()):
     tmp_path.mkdir(parents=True, exist_ok=True)
     p, d = worker(p_bs, seed=1), worker(d_bs // d_ratio, ratio=d_ratio, seed=2)
+    p.draft_layers = d.draft_layers = frozenset(drafts)
     p.path, d.path = tmp_path / "p.jsonl", tmp_path / "d.jsonl"
     p_ids, d_ids = [5, 2, 9, 0], [3, 1]
     write_prompt(p, p_ids, p_bs, kv)
@@ -174,6 +175,30 @@ def test_one_changed_value_is_found_at_its_layer_head_tokens_and_block(tmp_path,
     assert first["token_range"] == [64, 96] and first["decode_block"] == 1
     assert first["differing_entries"] == 1
     assert "layer layers.1.attn V head 1 tokens 64-95 (decode block 1)" in line
+
+
+def test_the_drafters_layers_are_named_in_the_lines_and_the_verdict(tmp_path, kv):
+    """A server with a drafter of its own KV (an EAGLE head's layer after the target's) names
+    it in each digest line: a clean pair says the draft's layers were compared, and a
+    difference in one is told as the draft's."""
+    evidence, p_path, d_path = run_pair(tmp_path, kv, drafts={LAYERS[1]})
+    assert json.loads(p_path.read_text())["draft_layers"] == [LAYERS[1]]
+    assert json.loads(d_path.read_text())["draft_layers"] == [LAYERS[1]]
+    assert evidence["draft_layers"] == [LAYERS[1]]
+    assert describe(evidence) == (
+        True, "identical on 1/1 requests, the draft's layers among them (layers.1.attn)")
+
+    def zero_draft(d):
+        d.caches[LAYERS[1]][1] = 0
+
+    evidence, _, _ = run_pair(tmp_path / "z", kv, tamper=zero_draft, drafts={LAYERS[1]})
+    assert evidence["first_mismatch"]["draft"] is True
+    assert "first at layer layers.1.attn (the draft's) K head 0" in describe(evidence)[1]
+    # a target layer's difference is not the draft's, and a server without a drafter names none
+    evidence, p_path, _ = run_pair(tmp_path / "t", kv, tamper=zero_draft)
+    assert "draft" not in evidence["first_mismatch"] and "draft_layers" not in evidence
+    assert "draft_layers" not in json.loads(p_path.read_text())
+    assert "(the draft's)" not in describe(evidence)[1]
 
 
 def test_where_the_corruption_entered_is_told_from_the_raw_bytes(tmp_path, kv):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness.core.cell import Cell
+from harness.core.spec_decode import speculative_expectation
 from harness.serve.deploy import DeployContext, Placement, plan_server
 from harness.serve.host.ports import PortAllocator
 from harness.serve.launch.server_spec import (ROLES, SPEC_DECODE_CONFIGS, ServerSpec, build_argv, build_env,
@@ -164,6 +165,17 @@ def test_where_tokens_are_drafted_each_answer_carries_its_acceptance(role, asked
 def test_ngram_stays_off_the_prefill_while_a_draft_model_runs_there():
     assert engine_settings(ALL_SET, "prefill")["spec_decode"] is None
     assert engine_settings(DRAFT, "prefill")["spec_decode"] == "draft_p1_d3"
+
+
+@pytest.mark.parametrize("role,tokens", [("baseline", 3), ("prefill", 1), ("decode", 3)])
+def test_an_eagle_head_runs_on_every_server_with_its_roles_count(role, tokens):
+    """eagle_p1_d3 runs the zoo's EAGLE head like draft_p1_d3 runs the draft: on the prefill
+    with 1 token (its KV layer exists on both sides), on the decode and the baseline with 3."""
+    cell = DRAFT.replace(spec_decode="eagle_p1_d3")
+    config = json.loads(flag(build_argv(served(cell, role)), "--speculative-config"))
+    assert config["method"] == "eagle" and config["num_speculative_tokens"] == tokens
+    assert config["model"].endswith("harness/zoo/checkpoints/tiny-llama-gsm-eagle")
+    assert speculative_expectation("eagle_p1_d3", role) == ("eagle", tokens)
 
 
 @pytest.mark.parametrize("role,tokens", [("baseline", 3), ("prefill", None), ("decode", 3)])

@@ -11,7 +11,7 @@ hooks into vLLM and in-server part, found by harness.connectors' scan of its pac
 """
 from __future__ import annotations
 
-from harness.connectors.facts import (DECODE_MULTIPLE, KV_DTYPE_MIX, KV_LAYERS_MIX,
+from harness.connectors.facts import (DECODE_MULTIPLE, KV_DTYPE_MIX, KV_HEAD_MIX, KV_LAYERS_MIX,
                                       PERMUTE_HYBRID, ConnectorRow, Refusal)
 from harness.connectors.nixl import multi, pull, push
 from harness.connectors.nixl.variables import DELAY_ENV, parse_delay_us
@@ -42,6 +42,12 @@ NIXL_REFUSALS = {
             "(kv_load_failure_policy fail)",
         fails_with=_ALL_REQUESTS_FAILED
         + ".*Number of KV layers must match between prefill and decode"),
+    KV_HEAD_MIX: Refusal(
+        how="vLLM hashes an EAGLE/MTP head (its method, model and KV dtype) into the NIXL "
+            "compatibility hash, so the decode's handshake refuses a prefill without it ('NIXL "
+            "compatibility hash mismatch') and every request errors (kv_load_failure_policy "
+            "fail)",
+        fails_with=_ALL_REQUESTS_FAILED + ".*NIXL compatibility hash mismatch"),
     PERMUTE_HYBRID: Refusal(
         how="an NHD decode permutes the HND blocks it receives (enable_permute_local_kv), and "
             "NIXL asserts 'HMA does not support block size post processing' for a hybrid model "

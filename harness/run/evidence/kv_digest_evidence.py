@@ -111,6 +111,7 @@ def side_of(lines: list[dict]) -> dict:
             "parts_s": {part: sum(float(line.get(part) or 0) for line in ordered)
                         for part in COST_PARTS},
             "skipped": skipped, "error": error,
+            "draft_layers": sorted({n for line in ordered for n in line.get("draft_layers") or ()}),
             "digests": digests, "raw": first.get("raw") if len(ordered) == 1 else {},
             "host_digests": (layers_of({"layers": first["host_layers"]})
                              if len(ordered) == 1 and first.get("host_layers") else None),
@@ -231,6 +232,7 @@ def digest_evidence(records: list[dict], prefill_files: Iterable[str],
     cost = {"prefill_s": 0.0, "decode_s": 0.0}
     parts = dict.fromkeys(COST_PARTS, 0.0)
     functions: Counter = Counter()
+    drafts: set[str] = set()     # the drafter's layers the compared digests held
     for record in records:
         counts["requests"] += 1
         ours, theirs = _sides(record, index)
@@ -257,6 +259,8 @@ def digest_evidence(records: list[dict], prefill_files: Iterable[str],
             counts["not_digested"] += 1
             continue
         counts["compared"] += 1
+        draft_layers = set(ours.get("draft_layers") or ()) | set(theirs.get("draft_layers") or ())
+        drafts |= draft_layers
         mismatch = compare_digests(p_layers, d_layers, received_only=True)
         covered = int(theirs.get("token_offset") or 0) + int(theirs.get("num_tokens") or 0)
         if mismatch is None and covered != int(ours.get("num_tokens") or 0):
@@ -280,12 +284,13 @@ def digest_evidence(records: list[dict], prefill_files: Iterable[str],
                      "token_range": list(mismatch.token_range) if mismatch.token_range else None,
                      "decode_block": None if start is None else start // decode_block_size,
                      "differing_entries": mismatch.differing, "entries": mismatch.total,
-                     "raw": raw}
+                     "raw": raw, **({"draft": True} if mismatch.layer in draft_layers else {})}
     return {**{k: counts[k] for k in ("requests", "compared", "identical", "differing",
                                       "missing_prefill", "missing_decode", "not_digested",
                                       "raw_identical", "raw_differing", "raw_unknown",
                                       "host_copy_differing")},
             "first_mismatch": first, "skipped_layers": dict(skipped), "connector": connector,
+            **({"draft_layers": sorted(drafts)} if drafts else {}),
             "cost_s": {k: round(v, 4) for k, v in cost.items()},
             "cost_parts_s": {k: round(v, 4) for k, v in parts.items()},
             "hash_functions": dict(functions)}

@@ -157,7 +157,7 @@ def apply_fault(view: KVView, block_ids: Sequence[Sequence[int]], spec: FaultSpe
             name for name in group.layer_names
             if name in view.caches and is_attention_layer(
                 view.layer_specs.get(name, group.kv_cache_spec))
-            and (spec.kind != DRAFT_KV or is_draft_layer(name))]
+            and (spec.kind != DRAFT_KV or name in view.draft_layers or is_draft_layer(name))]
         if not attention_layers:
             continue
         positions = select_block_positions(len(group_blocks), spec)

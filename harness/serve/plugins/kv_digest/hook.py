@@ -291,7 +291,8 @@ def _emit(path: str, view: KVView, side: str, request_id: str, remote_id: str | 
                            skipped=skipped, raw=own_raw if side == "prefill" else arrived or {},
                            host_layers=host_digests, elapsed_s=elapsed_s,
                            tp_rank=view.tp_rank, error=error or late_error,
-                           hash_function=hasher.name, timings=timings)
+                           hash_function=hasher.name, timings=timings,
+                           draft_layers=view.draft_layers)
 
     job = functools.partial(_finish, path, line_of, hashers,
                             (digests, own_raw, host_digests, arrived),

@@ -18,7 +18,8 @@ class KVView:
     """The KV caches a worker's connector was given and how to read them: ``caches`` per layer,
     ``groups`` (``layer_names``, ``kv_cache_spec`` per transfer group), per-layer specs, the
     attention kernel's block size and kernel blocks per scheduler block, the backend's name, the
-    TP rank; ``moved``: the buffers the connector moves KV through when not the caches."""
+    TP rank; ``moved``: the buffers the connector moves KV through when not the caches;
+    ``draft_layers``: which of the caches are the speculative drafter's."""
 
     caches: Mapping[str, Any]
     groups: Sequence[Any]
@@ -29,6 +30,9 @@ class KVView:
     tp_rank: int = 0
     num_kernel_blocks: int | None = None
     moved: Mapping[str, Any] | None = None
+    # the layers of the server's speculative drafter (a draft model's, an EAGLE head's):
+    # harness.protocol.faults.draft_layer_names
+    draft_layers: frozenset = frozenset()
 
     def kernel_ids(self, logical_ids: Sequence[int]) -> list[int]:
         """The kernel blocks (what dim 0 of a cache indexes) under scheduler blocks."""
@@ -85,6 +89,22 @@ def layer_specs(groups: Sequence[Any]) -> dict[str, Any]:
     return specs
 
 
+def drafter_layers(vllm_config: Any, names: Sequence[str]) -> frozenset:
+    """The drafter's layers among ``names`` under ``vllm_config``'s speculative config (none
+    without one): an EAGLE head's layers are numbered after the target's
+    (``model_config.get_num_layers``, what vLLM's EAGLE models start their numbering at)."""
+    from harness.protocol.faults import draft_layer_names
+
+    speculative = getattr(vllm_config, "speculative_config", None)
+    method = getattr(speculative, "method", None) if speculative is not None else None
+    target_layers = None
+    try:
+        target_layers = int(vllm_config.model_config.get_num_layers(vllm_config.parallel_config))
+    except Exception:  # noqa: BLE001  (an older vLLM, a config without layers: names alone)
+        pass
+    return draft_layer_names(names, method, target_layers)
+
+
 def build_view(connector: Any, caches: Mapping[str, Any]) -> KVView:
     """The view of a worker connector's caches (``KVConnectorBase_V1`` keeps its configs as
     ``_vllm_config`` and ``_kv_cache_config``)."""
@@ -108,4 +128,5 @@ def build_view(connector: Any, caches: Mapping[str, Any]) -> KVView:
                   backend=str(backends[0].get_name()),
                   tp_rank=int(get_tensor_model_parallel_rank()),
                   num_kernel_blocks=None if num_blocks is None else
-                  int(num_blocks) * (logical // int(kernel)))
+                  int(num_blocks) * (logical // int(kernel)),
+                  draft_layers=drafter_layers(vllm_config, list(caches)))
