@@ -391,19 +391,11 @@ def render_card(checkpoint: str | Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from harness.zoo.train import schedule_arguments
+
     parser = argparse.ArgumentParser(prog="python -m harness.zoo.eagle", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--batch-size", type=int, default=None)
-    parser.add_argument("--lr", type=float, default=None)
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--decay-start", type=int, default=None)
-    parser.add_argument("--stop-after", type=int, default=None,
-                        help="stop after this many steps (the schedule still spans --steps)")
-    parser.add_argument("--time-limit", type=float, default=None, help="seconds of training")
+    schedule_arguments(parser)
     parser.add_argument("--probe-batches", type=int, default=8)
     args = parser.parse_args(argv)
     record = train_head(args.model, args.out, device=args.device, steps=args.steps,

@@ -311,9 +311,9 @@ def _probe_into(record: dict, model: Any, out: Path, device: str, probe_n: int) 
                                            record["probe"].items()}}), flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.zoo.train", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def schedule_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every zoo trainer takes (this one, harness.zoo.eagle's): what to train,
+    where, and its schedule; unset ones take the model's ZooSpec."""
     parser.add_argument("--model", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -325,6 +325,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stop-after", type=int, default=None,
                         help="stop after this many steps (the schedule still spans --steps)")
     parser.add_argument("--time-limit", type=float, default=None, help="seconds of training")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.zoo.train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    schedule_arguments(parser)
     parser.add_argument("--probe-n", type=int, default=0,
                         help="test docs for the PyTorch accuracy / zeroed-block probe (0: skip)")
     parser.add_argument("--workers", type=int, default=2, help="data-loader processes")
