@@ -130,12 +130,16 @@ PLUGIN_HOOKS: tuple[Hook, ...] = (
          requires=("kv-events",),
          canaries=("corrupt-block", "swap-blocks", "perturb-kv", "corrupt-draft-kv"),
          what="breaks the decode's received KV before its first step"),
-    # model runner V1's proposer output (every proposer returns its drafts there); runner V2
-    # (vLLM 0.34: the only one) drafts on the GPU in its own speculators: not hooked
+    # the proposer's output: runner V2's speculator (vLLM 0.34's only runner) returns its
+    # drafts from propose(input_batch, ...); runner V1's proposers all return theirs from
+    # propose_draft_token_ids
     Hook("wrong-drafts",
          ("canary wrong-drafts",),
-         needs=(Need("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.propose_draft_token_ids",
-                     ("scheduler_output", "sampled_token_ids")),),
+         needs=(any_of(Need("vllm.v1.worker.gpu.spec_decode.speculator", "BaseSpeculator.propose",
+                            ("input_batch", "dummy_run")),
+                       Need("vllm.v1.worker.gpu_model_runner",
+                            "GPUModelRunner.propose_draft_token_ids",
+                            ("scheduler_output", "sampled_token_ids"))),),
          canaries=("wrong-drafts",),
          what="replaces a tagged request's draft tokens before the scheduler sees them"),
     Hook("compile-key",

@@ -126,9 +126,6 @@ def _known_fault(cell: Cell, ctx: RuleContext) -> str | None:
     if cell.fault in DRAFT_FAULTS and not cell.spec_decode:
         return (f"fault {cell.fault} breaks the decode's speculative decoding; the cell runs "
                 f"none: give it a spec_decode")
-    if cell.fault == WRONG_DRAFTS and cell.runner != "v1":
-        return (f"fault {cell.fault} replaces the drafts of model runner V1's proposer; runner "
-                f"{cell.runner} drafts in speculators of its own, which the canary does not hook")
     if cell.fault == DRAFT_KV and cell.spec_decode not in PREFILL_SPEC_TOKENS:
         return (f"fault {cell.fault} zeroes the draft's KV the decode received; only a "
                 f"draft on both sides ({', '.join(PREFILL_SPEC_TOKENS)}) has one that crosses")

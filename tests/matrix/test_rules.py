@@ -77,12 +77,12 @@ CASES = [
      cpu_cell(kv_connector="example", fault="drop-transfer"), CPU),
     ("known-fault", cpu_cell(kv_connector="nixl-push", fault="foreign-params"),
      cpu_cell(kv_connector="example", fault="foreign-params"), CPU),
-    # the canaries of speculative decoding need drafts (wrong-drafts: runner V1's proposer;
-    # corrupt-draft-kv: a draft model on both sides, whose KV crosses)
+    # the canaries of speculative decoding need drafts (wrong-drafts: either runner's
+    # proposer; corrupt-draft-kv: a draft model on both sides, whose KV crosses)
     ("known-fault", cpu_cell(spec_decode="ngram", fault="wrong-drafts"),
      cpu_cell(fault="wrong-drafts"), CPU),
-    ("known-fault", gpu_cell(spec_decode="ngram", fault="wrong-drafts"),
-     gpu_cell(runner="v2", spec_decode="ngram", fault="wrong-drafts"), GPU2),
+    ("known-fault", gpu_cell(runner="v2", spec_decode="ngram", fault="wrong-drafts"),
+     gpu_cell(runner="v2", fault="wrong-drafts"), GPU2),
     ("known-fault", cpu_cell(spec_decode="draft_p1_d3", fault="corrupt-draft-kv"),
      cpu_cell(spec_decode="ngram", fault="corrupt-draft-kv"), CPU),
     # the routing canary leaves every instance but the first idle: it needs a second one

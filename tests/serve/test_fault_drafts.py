@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import types
 
+import pytest
+
 import torch
 
 from harness.protocol import faults as protocol
@@ -64,6 +66,50 @@ def test_the_runner_is_wrapped_once_and_logs_one_line_a_request(caplog):
     lines = protocol.parse_fault_log(caplog.text)
     assert [(line.kind, line.request_id, line.applied) for line in lines] == [
         (protocol.WRONG_DRAFTS, TAGGED, True)]
+
+
+def test_runner_v2s_speculator_proposes_wrongly_for_the_tagged_request_only(caplog):
+    """Model runner V2 (vLLM 0.33/0.34): the runner makes one speculator in __init__; its
+    propose(input_batch, ...) returns a [requests, k] tensor, row i for input_batch.req_ids[i]."""
+    class Speculator:
+        def propose(self, input_batch, attn_metadata=None, dummy_run=False, **kwargs):
+            return torch.tensor([[1, 2]] * len(input_batch.req_ids))
+
+    class RunnerV2:
+        def __init__(self, with_drafts=True):
+            self.vocab_size = 10
+            self.speculator = Speculator() if with_drafts else None
+
+    module = types.SimpleNamespace(GPUModelRunner=RunnerV2)
+    spec = FaultSpec(protocol.BY_REQUEST)
+    assert wrong_drafts.patch_runner_v2(module, spec) and wrong_drafts.patch_runner_v2(module, spec)
+    assert RunnerV2(with_drafts=False).speculator is None      # nothing to wrap, no error
+    runner = RunnerV2()
+    batch = types.SimpleNamespace(req_ids=[CLEAN, TAGGED])
+    with caplog.at_level("WARNING", logger="vllm.pd_accuracy.wrong_drafts"):
+        drafts = runner.speculator.propose(batch, {})
+        runner.speculator.propose(input_batch=batch)
+        dummy = runner.speculator.propose(input_batch=batch, dummy_run=True)
+    assert drafts.tolist() == [[1, 2], [6, 7]]
+    assert dummy.tolist() == [[1, 2], [1, 2]]                   # warm-up drafts left alone
+    lines = protocol.parse_fault_log(caplog.text)
+    assert [(line.kind, line.request_id, line.applied) for line in lines] == [
+        (protocol.WRONG_DRAFTS, TAGGED, True)]
+    assert "fault=wrong-drafts on Speculator.propose" in caplog.text
+
+
+def test_a_speculator_that_fails_leaves_the_drafts_as_proposed(caplog):
+    class Batch:
+        @property
+        def req_ids(self):
+            raise RuntimeError("no ids")
+
+    speculator = types.SimpleNamespace(propose=lambda input_batch, **kw: [[3]])
+    wanted = wrong_drafts.wants_wrong_drafts(FaultSpec(protocol.WRONG_DRAFTS))
+    assert wrong_drafts.wrap_speculator(speculator, wanted, 10, wrong_drafts._Lines())
+    with caplog.at_level("WARNING", logger="vllm.pd_accuracy.wrong_drafts"):
+        assert speculator.propose(Batch()) == [[3]]
+    assert protocol.SKIPPED_PREFIX in caplog.text
 
 
 def test_a_runner_without_the_proposer_method_is_not_patched():

