@@ -76,7 +76,8 @@ HARNESS = """
     from harness.serve.supervision import watchdog
     from harness.serve.supervision.process import ManagedProcess
     work, grace_s, fork_holder = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "1"
-    dog = watchdog._DEFAULT = watchdog.Watchdog(grace_s=grace_s, poll_s=0.2)
+    dog = watchdog.Watchdog(grace_s=grace_s, poll_s=0.2)
+    watchdog.default_watchdog.replace(dog)
     dog.announcer()  # start it now and wait until it runs its loop (its imports are done): on a
     while "_psutil_linux" not in open(f"/proc/{dog.pid}/maps").read():  # loaded machine its
         time.sleep(0.02)                     # start-up can outlast the orphan's parent below
@@ -91,7 +92,7 @@ HARNESS = """
     if holder == 0:
         time.sleep(300)
         os._exit(0)
-    print(json.dumps({"tree": trees, "watchdog": watchdog._DEFAULT.pid, "holder": holder}),
+    print(json.dumps({"tree": trees, "watchdog": dog.pid, "holder": holder}),
           flush=True)
     time.sleep(300)
 """
@@ -285,28 +286,27 @@ def test_sweep_stops_the_groups_of_dead_harnesses_only(tmp_path):
             proc.wait()
 
 
-def test_managed_process_is_in_the_ledger_while_it_runs(tmp_path, monkeypatch):
-    ledger = ProcessLedger(tmp_path)
-    monkeypatch.setattr(process_ledger, "_DEFAULT", ledger)
-    proc = ManagedProcess("recorded", ["sleep", "300"], tmp_path / "r.log").start()
-    try:
-        entry = ledger.entries()[str(proc.pid)]
-        assert entry["pid"] == entry["pgid"] == proc.pid and entry["name"] == "recorded"
-        assert entry["create_time"] == pytest.approx(process_create_time(proc.pid), abs=1)
-        assert entry["owner_pid"] == os.getpid()
-        assert proc in live_processes()
-    finally:
-        proc.stop()
-    assert ledger.entries() == {}
+def test_managed_process_is_in_the_ledger_while_it_runs(tmp_path):
+    with process_ledger.default_ledger.replaced(ProcessLedger(tmp_path)) as ledger:
+        proc = ManagedProcess("recorded", ["sleep", "300"], tmp_path / "r.log").start()
+        try:
+            entry = ledger.entries()[str(proc.pid)]
+            assert entry["pid"] == entry["pgid"] == proc.pid and entry["name"] == "recorded"
+            assert entry["create_time"] == pytest.approx(process_create_time(proc.pid), abs=1)
+            assert entry["owner_pid"] == os.getpid()
+            assert proc in live_processes()
+        finally:
+            proc.stop()
+        assert ledger.entries() == {}
 
 
-def test_ledger_failures_never_stop_a_server(tmp_path, monkeypatch):
+def test_ledger_failures_never_stop_a_server(tmp_path):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
-    monkeypatch.setattr(process_ledger, "_DEFAULT", ProcessLedger(blocker))
-    with ManagedProcess("unrecorded", ["sleep", "300"], tmp_path / "u.log") as proc:
-        assert proc.is_running()
-    assert process_registry.sweep_orphans() == []
+    with process_ledger.default_ledger.replaced(ProcessLedger(blocker)):
+        with ManagedProcess("unrecorded", ["sleep", "300"], tmp_path / "u.log") as proc:
+            assert proc.is_running()
+        assert process_registry.sweep_orphans() == []
 
 
 def test_a_group_registered_again_with_another_create_time_replaces_the_old_one():

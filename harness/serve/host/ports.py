@@ -26,6 +26,7 @@ import filelock
 import port_for
 import port_for.ephemeral
 
+from harness.core.process_wide import ProcessWide
 from harness.serve.host.liveness import owner_alive, process_create_time, this_host
 from harness.serve.host.store import HostStore, default_state_dir, problem_of_owner
 
@@ -216,14 +217,5 @@ class PortAllocator:
             return self._load_live()
 
 
-_default_allocator: PortAllocator | None = None
-_default_allocator_lock = threading.Lock()
-
-
-def default_allocator() -> PortAllocator:
-    """The process-wide allocator over DEFAULT_PORT_RANGE and default_lock_dir()."""
-    global _default_allocator
-    with _default_allocator_lock:
-        if _default_allocator is None:
-            _default_allocator = PortAllocator()
-        return _default_allocator
+default_allocator = ProcessWide(
+    PortAllocator, "The process-wide allocator over DEFAULT_PORT_RANGE and default_lock_dir().")

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import filelock
 
+from harness.core.process_wide import ProcessWide
 from harness.serve.host.liveness import process_create_time, this_host
 from harness.serve.host.store import (HostStore, drop_dead, problem_of_owner,
                                       problem_of_time)
@@ -161,14 +161,6 @@ class ProcessLedger:
         self._warned = True
 
 
-_DEFAULT: ProcessLedger | None = None
-_DEFAULT_LOCK = threading.Lock()
-
-
-def default_ledger() -> ProcessLedger:
-    """The ledger in this user's host state directory (one per host, user and temp dir)."""
-    global _DEFAULT
-    with _DEFAULT_LOCK:
-        if _DEFAULT is None:
-            _DEFAULT = ProcessLedger()
-        return _DEFAULT
+default_ledger = ProcessWide(
+    ProcessLedger,
+    "The ledger in this user's host state directory (one per host, user and temp dir).")

@@ -147,8 +147,8 @@ def stop_all(term_timeout_s: float = 15.0) -> None:
 
 
 # atexit runs handlers last-registered first: the watchdog's socket is closed after stop_all,
-# when nothing is registered with it any more (it then exits at once).
-atexit.register(lambda: default_watchdog().close(wait_s=0.5))
+# when nothing is registered with it any more (it then exits at once); none made, none to close.
+atexit.register(lambda: (dog := default_watchdog.made()) is not None and dog.close(wait_s=0.5))
 atexit.register(stop_all)
 
 _previous_handlers: dict[int, Any] = {}

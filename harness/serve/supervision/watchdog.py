@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from harness.core.process_wide import ProcessWide
 from harness.serve.host.liveness import CREATE_TIME_TOLERANCE_S, process_create_time
 from harness.serve.supervision.groups import TrackedGroup, process_table, terminate_groups
 
@@ -182,17 +183,7 @@ def _one_line(text: str) -> str:
     return " ".join(text.split()) or "-"
 
 
-_DEFAULT: Watchdog | None = None
-_DEFAULT_LOCK = threading.Lock()
-
-
-def default_watchdog() -> Watchdog:
-    """The watchdog of this harness process (one per process)."""
-    global _DEFAULT
-    with _DEFAULT_LOCK:
-        if _DEFAULT is None:
-            _DEFAULT = Watchdog()
-        return _DEFAULT
+default_watchdog = ProcessWide(Watchdog, "The watchdog of this harness process (one per process).")
 
 
 # ---------------------------------------------------------------------------------------------
