@@ -84,6 +84,20 @@ def _granite_prefix_caching(cell: Cell, ctx: RuleContext) -> str | None:
     return None
 
 
+@rule("hybrid-spec-decode-cpu-prefix-caching", "invalid")
+def _hybrid_spec_prefix_caching(cell: Cell, ctx: RuleContext) -> str | None:
+    """A hybrid with speculative decoding and prefix caching does not run on vLLM CPU 0.32."""
+    if (not ctx.model.is_hybrid or cell.device != "cpu" or not cell.spec_decode
+            or (NO_PREFIX_CACHING in cell.extra_args and not cell.prefix_reuse)):
+        return None
+    return (f"vLLM CPU 0.32 crashes on a hybrid's first request with speculative decoding and "
+            f"prefix caching on: prefix caching puts the {ctx.model.ssm or 'state'} cache in "
+            f"mamba_cache_mode 'align', whose step with a drafter copies states with a Triton "
+            f"kernel (v1/worker/mamba_utils.py, preprocess_mamba -> "
+            f"precopy_mamba_align_fused_kernel[grid]) that the CPU build lacks: \"TypeError: "
+            f"'function' object is not subscriptable\" (2026-12-08); add {NO_PREFIX_CACHING}")
+
+
 # ---- model shape ----------------------------------------------------------------------------
 
 @rule("tp-divides-kv-heads", "invalid")
