@@ -180,6 +180,10 @@ CASES = [
      cpu_cell(model="gdn", extra_env=DS, spec_decode="mtp_p1_d3"), CPU),
     ("hybrid-spec-decode-cpu-prefix-caching", cpu_cell(model="gdn", extra_env=DS),
      hybrid("gdn", spec_decode="ngram", prefix_reuse=True), CPU),
+    ("hybrid-spec-token-count-mix", hybrid("gdn", spec_decode="mtp_p3_d3"),
+     hybrid("gdn", spec_decode="mtp_p1_d3"), CPU),
+    ("hybrid-spec-token-count-mix", hybrid("gdn", spec_decode="ngram"),
+     hybrid("gdn", spec_decode="draft_p1_d3"), CPU),
     ("hybrid-spec-decode-cpu-prefix-caching", gpu_cell(model="gdn", extra_env=DS, spec_decode="ngram"),
      hybrid("gdn", spec_decode="ngram").replace(extra_args=()), CPU),
     ("tp-divides-kv-heads", gpu_cell(prefill_tp=2, decode_tp=4), gpu_cell(prefill_tp=3), PlatformInfo.from_spec("cuda:8")),
@@ -391,7 +395,8 @@ def test_rules_are_checked_and_listed_by_subject_in_a_fixed_order():
         # the model's facts (rules_models)
         "hybrid-conv-state-layout", "hybrid-homogeneous-block", "hybrid-min-block-size",
         "hybrid-tp-multiple", "granite-hybrid-cpu-prefix-caching",
-        "hybrid-spec-decode-cpu-prefix-caching", "tp-divides-kv-heads",
+        "hybrid-spec-decode-cpu-prefix-caching", "hybrid-spec-token-count-mix",
+        "tp-divides-kv-heads",
         "backend-head-size", "flashinfer-sliding-window", "mla-backend", "max-model-len",
         # this machine (rules_machine)
         "gpu-count", "netns-host", "kv-cache-fp8-cpu-isa", "cpu-mla-block", "vllm-device", "vllm-runner",
