@@ -121,7 +121,7 @@ def _hybrid_spec_count_mix(cell: Cell, ctx: RuleContext) -> str | None:
             f"layer and the drafter's identical) and the answers go wrong (tiny-qwen3next-hybrid-"
             f"gsm-mtp, mtp_p1_d3: 48 of 50 lost, 2026-12-08; P 3 / D 3 lost none). Each side "
             f"drops its own count of trailing speculative scratch slots from the state's blocks "
-            f"before they are paired (NIXL base_scheduler.get_exchange_clipped_blocks, "
+            f"before they are paired (the connector's get_exchange_clipped_blocks, "
             f"clip_ssm_state_blocks) and the handshake does not compare the counts, so nothing "
             f"refuses the pair. That failure is the expected outcome; use equal counts "
             f"(mtp_p3_d3)")
