@@ -111,8 +111,8 @@ def add_cell(p: argparse.ArgumentParser) -> None:
                    help="on: --async-scheduling, off: --no-async-scheduling, every server (GPU)")
     c.add_argument("--spec-decode", type=v.choice(SPEC_DECODE_METHODS, "spec decode method"),
                    help="speculative decoding on the decode and the baseline; a draft model "
-                        "(draft_p1_d3) or EAGLE head (eagle_p1_d3) on the prefill too, with "
-                        "its own count")
+                        "(draft_p1_d3), EAGLE head (eagle_p1_d3) or MTP head (mtp_p3_d3) on "
+                        "the prefill too, with its own count")
     c.add_argument("--prefix-reuse", action="store_true", default=None,
                    help="prompts share a long prefix that the decode holds in its prefix cache")
     c.add_argument("--chunked-prefill", type=v.whole(1, 10_000_000), metavar="TOKENS",

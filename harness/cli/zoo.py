@@ -50,10 +50,11 @@ def _build(args: argparse.Namespace) -> int:
     # Train beside the target and swap at the end, so a failed build keeps the old checkpoint.
     work = Path(tempfile.mkdtemp(prefix=f".{args.name}.", dir=target.parent))
     try:
-        if spec.recipe == "eagle-head":
-            from harness.zoo import eagle
+        if spec.recipe in ("eagle-head", "mtp-head"):
+            from harness.zoo import eagle, mtp
 
-            eagle.train_head(args.name, work, device=args.device or _default_device(),
+            kind = mtp.MTP if spec.recipe == mtp.RECIPE else eagle.EAGLE
+            eagle.train_head(args.name, work, kind=kind, device=args.device or _default_device(),
                              steps=args.steps,
                              decay_start=None if args.steps else spec.decay_start,
                              stop_after=None if args.steps else spec.stop_after,

@@ -43,10 +43,13 @@ ASYNC_SCHEDULING = ("default", "on", "off")     # --async-scheduling / --no-asyn
 # speculative tokens (draft_p1_d3: P 1, D 3, as vLLM's P/D CI runs it): the prefill runs the
 # draft too, so that both sides hold the draft's KV layers (harness.serve.launch.server_spec);
 # draft_p0_d3: the draft on the decode only, the prefill without it; eagle_p1_d3: the zoo's
-# EAGLE head for tiny-llama-gsm, on both sides like draft_p1_d3 (eagle_p0_d3: decode only)
+# EAGLE head for tiny-llama-gsm, on both sides like draft_p1_d3 (eagle_p0_d3: decode only);
+# mtp_p1_d3, mtp_p3_d3: the MTP head in tiny-qwen3next-hybrid-gsm-mtp's checkpoint, on both
+# sides too (the prefill with 1 or 3 tokens)
 DRAFT_MODEL_SPEC_DECODE = ("draft_p1_d3", "draft_p0_d3")
 EAGLE_SPEC_DECODE = ("eagle_p1_d3", "eagle_p0_d3")
-SPEC_DECODE_METHODS = ("ngram",) + DRAFT_MODEL_SPEC_DECODE + EAGLE_SPEC_DECODE
+MTP_SPEC_DECODE = ("mtp_p1_d3", "mtp_p3_d3")
+SPEC_DECODE_METHODS = ("ngram",) + DRAFT_MODEL_SPEC_DECODE + EAGLE_SPEC_DECODE + MTP_SPEC_DECODE
 CUDAGRAPH_MODES = ("default", "FULL", "PIECEWISE", "NONE")   # --compilation-config cudagraph_mode
 KV_LAYOUTS = ("default", "HND", "NHD")          # VLLM_KV_CACHE_LAYOUT of the decode server
 # --kv-cache-dtype of the prefill and of the decode (the baseline runs the decode's); "fp8" is

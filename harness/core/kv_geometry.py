@@ -43,7 +43,9 @@ A draft model for speculative decoding (vLLM's draft_model method) adds its own 
 layers to the server's KV cache; with the target's page size they share its KV cache group, so
 a P/D pair whose both sides run the draft moves the draft's KV of the same blocks too
 (`with_draft`). An EAGLE head (vLLM's eagle method) does the same with its own decoder layer(s),
-read from the head's config.json like a draft model's.
+read from the head's config.json like a draft model's. An MTP head (vLLM's mtp method) lives in
+the target's own checkpoint: its ``num_nextn_predict_layers`` full-attention layers, of the
+target's page (`draft_geometry`).
 
 Pure: no vLLM import. Models whose geometry this does not model (an fp8 latent cache, a window
 without per-layer types, a hybrid with a window, a --kv-cache-dtype in extra_args) raise
@@ -208,8 +210,23 @@ def geometry_from_config(config: Mapping[str, Any], dtype: str,
                                            state_layers=state, sliding_layers=sliding))
 
 
+def draft_geometry(config: Mapping[str, Any], dtype: str, extra_args: tuple[str, ...] = (),
+                   kv_cache_dtype: str = "auto") -> KvGeometry:
+    """The KV geometry of a checkpoint read as a server's draft: a checkpoint that declares MTP
+    layers (``num_nextn_predict_layers``, vLLM's mtp method reading the target's own checkpoint)
+    drafts with those, each one full-attention layer of the target's KV heads and head dim
+    (Qwen3-Next's MTP layer); any other is a draft model or EAGLE head of its own layers."""
+    mtp = config.get("num_nextn_predict_layers")
+    if not mtp:
+        return geometry_from_config(config, dtype, extra_args, kv_cache_dtype)
+    target = geometry_from_config(config, dtype, extra_args, kv_cache_dtype)
+    if target.latent or target.sliding_layers:
+        raise GeometryUnknown("MTP layers of an MLA or sliding-window model are not modelled")
+    return KvGeometry(int(mtp), target.kv_heads, target.head_dim, target.dtype_bytes)
+
+
 def with_draft(target: KvGeometry, draft: KvGeometry) -> KvGeometry:
-    """``target`` served with a draft model (vLLM's draft_model method) or an EAGLE head (eagle):
+    """``target`` served with a draft model (vLLM's draft_model method) or an EAGLE or MTP head:
     the draft's attention layers join the target's KV cache group when their page is the same (same KV heads, head
     dim and cache dtype), so the same blocks of them cross; another page is not modelled."""
     same_page = ((draft.kv_heads, draft.head_dim, draft.dtype_bytes, draft.latent)
@@ -224,4 +241,4 @@ def with_draft(target: KvGeometry, draft: KvGeometry) -> KvGeometry:
 
 
 __all__ = ["DTYPE_BYTES", "KV_CACHE_DTYPE_BYTES", "GeometryUnknown", "KvCacheGroup", "KvGeometry",
-           "geometry_from_config", "kv_cache_groups", "with_draft"]
+           "draft_geometry", "geometry_from_config", "kv_cache_groups", "with_draft"]

@@ -24,15 +24,28 @@ SPEC_DECODE_CONFIGS = {
     # the head on the decode only (the prefill without it): a pair the connector refuses
     "eagle_p0_d3": {"method": "eagle", "model": "tiny-llama-gsm-eagle",
                     "num_speculative_tokens": 3},
+    # the zoo's MTP head (harness/zoo/mtp.py): vLLM's mtp method names no model, it reads the
+    # head from the served checkpoint (mtp.* weights, num_nextn_predict_layers), so the cell's
+    # model is the head's checkpoint, tiny-qwen3next-hybrid-gsm-mtp; one Qwen3-Next decoder
+    # layer with a KV cache layer of its own (named mtp.layers.0.self_attn.attn); P 1 / D 3 as
+    # vLLM's P/D CI runs it (on the GDN hybrid a P/D pair whose counts differ loses the state:
+    # rule hybrid-spec-token-count-mix), and P 3 / D 3
+    "mtp_p1_d3": {"method": "mtp", "num_speculative_tokens": 3},
+    "mtp_p3_d3": {"method": "mtp", "num_speculative_tokens": 3},
 }
-# Values whose draft has a KV cache of its own (a draft model, an EAGLE head) run on the prefill
+# Values whose draft has a KV cache of its own (a draft model, an EAGLE or MTP head) run on the
+# prefill
 # too, with their own count: vLLM adds the draft's attention layers to the KV cache, and a
 # prefill without them registers fewer layers with its connector than the decode reads (vLLM
 # also hashes an EAGLE head into the KV connector's compatibility hash, so a prefill without it
 # fails the decode's handshake)
-PREFILL_SPEC_TOKENS = {"draft_p1_d3": 1, "eagle_p1_d3": 1}
+PREFILL_SPEC_TOKENS = {"draft_p1_d3": 1, "eagle_p1_d3": 1, "mtp_p1_d3": 1, "mtp_p3_d3": 3}
 # the EAGLE head of each value, and the one target it was trained on (its hidden states)
 EAGLE_TARGETS = {"eagle_p1_d3": "tiny-llama-gsm", "eagle_p0_d3": "tiny-llama-gsm"}
+# the checkpoint that holds each MTP value's head (the target's weights and the head's): the one
+# model such a cell serves
+MTP_MODELS = {"mtp_p1_d3": "tiny-qwen3next-hybrid-gsm-mtp",
+              "mtp_p3_d3": "tiny-qwen3next-hybrid-gsm-mtp"}
 ROLES_GENERATING = ("baseline", "decode")   # where speculative decoding runs (and, for a
 # draft with KV of its own, the prefill: PREFILL_SPEC_TOKENS)
 

@@ -12,9 +12,10 @@ Registered in the order they are checked (harness.matrix.rules runs these after 
 from __future__ import annotations
 
 from harness.core.cell import (ASYNC_SCHEDULING, CUDAGRAPH_MODES, DRAFT_MODEL_SPEC_DECODE,
-                               EAGLE_SPEC_DECODE, KV_CACHE_DTYPES, KV_LAYOUTS,
+                               EAGLE_SPEC_DECODE, KV_CACHE_DTYPES, KV_LAYOUTS, MTP_SPEC_DECODE,
                                SPEC_DECODE_METHODS, Cell)
-from harness.core.spec_decode import EAGLE_TARGETS, SPEC_DECODE_CONFIGS
+from harness.core.spec_decode import (EAGLE_TARGETS, MTP_MODELS, PREFILL_SPEC_TOKENS,
+                                      SPEC_DECODE_CONFIGS)
 from harness.connectors import KV_CONNECTORS
 from harness.connectors.facts import (KV_DTYPE_MIX, KV_HEAD_MIX, KV_LAYERS_MIX, PERMUTE_HYBRID,
                                       Refusal)
@@ -78,8 +79,8 @@ _vocabulary("known-async-scheduling", "async_scheduling", ASYNC_SCHEDULING,
             "Async scheduling is vLLM's default, on (--async-scheduling) or off (--no-async-scheduling).")
 _vocabulary("known-spec-decode", "spec_decode", SPEC_DECODE_METHODS,
             "Speculative decoding is off (null) or a method the harness configures (ngram, or "
-            "the zoo's draft model or EAGLE head with P and D token counts: draft_p1_d3, "
-            "eagle_p1_d3).",
+            "the zoo's draft model, EAGLE head or MTP head with P and D token counts: "
+            "draft_p1_d3, eagle_p1_d3, mtp_p1_d3, mtp_p3_d3).",
             nullable=True)
 _vocabulary("known-cudagraph-mode", "cudagraph_mode", CUDAGRAPH_MODES,
             "The CUDA-graph mode is vLLM's default or one of FULL, PIECEWISE, NONE.")
@@ -153,15 +154,32 @@ def _eagle_target(cell: Cell, ctx: RuleContext) -> str | None:
             f"is another model: use {target}, or a draft model (draft_p1_d3) or ngram")
 
 
+@rule("mtp-head-model", "invalid")
+def _mtp_model(cell: Cell, ctx: RuleContext) -> str | None:
+    """vLLM's mtp method reads the head from the served checkpoint: only the zoo model that holds
+    it (the target's weights and the head's) can run it."""
+    model = MTP_MODELS.get(cell.spec_decode or "")
+    if model is None or cell.model == model:
+        return None
+    return (f"spec_decode {cell.spec_decode} runs vLLM's mtp method, which reads the MTP head from "
+            f"the served checkpoint (mtp.* weights, num_nextn_predict_layers); the zoo's head, "
+            f"trained on tiny-qwen3next-hybrid-gsm's hidden states, is in {model} only; "
+            f"{cell.model} has none: use {model}, or ngram")
+
+
 @rule("draft-model-on-both-sides", "note")
 def _draft_both_sides(cell: Cell, ctx: RuleContext) -> str | None:
-    """A draft model or EAGLE head runs on the prefill too (1 token), the decode and the
+    """A draft model, EAGLE or MTP head runs on the prefill too (1 token), the decode and the
     baseline (3)."""
-    if (cell.spec_decode not in DRAFT_MODEL_SPEC_DECODE + EAGLE_SPEC_DECODE
+    if (cell.spec_decode not in DRAFT_MODEL_SPEC_DECODE + EAGLE_SPEC_DECODE + MTP_SPEC_DECODE
             or cell.spec_decode in (DRAFT_DECODE_ONLY, EAGLE_DECODE_ONLY)):
         return None
-    return ("the prefill runs the draft with 1 speculative token, the decode and the baseline "
-            "with 3 (vLLM's P/D CI): vLLM adds the draft's attention layers to each server's KV "
+    tokens = PREFILL_SPEC_TOKENS[cell.spec_decode]
+    counts = ("with 1 speculative token, the decode and the baseline with 3 (vLLM's P/D CI)"
+              if tokens == 1 else f"with {tokens} speculative tokens, as the decode and the "
+              "baseline do")
+    return (f"the prefill runs the draft {counts}: vLLM adds the draft's attention layers to "
+            "each server's KV "
             "cache, so the pair moves them with the target's and the byte account counts them")
 
 

@@ -84,6 +84,49 @@ def _granite_prefix_caching(cell: Cell, ctx: RuleContext) -> str | None:
     return None
 
 
+@rule("hybrid-spec-decode-cpu-prefix-caching", "invalid")
+def _hybrid_spec_prefix_caching(cell: Cell, ctx: RuleContext) -> str | None:
+    """A hybrid with speculative decoding and prefix caching does not run on vLLM CPU 0.32."""
+    if (not ctx.model.is_hybrid or cell.device != "cpu" or not cell.spec_decode
+            or (NO_PREFIX_CACHING in cell.extra_args and not cell.prefix_reuse)):
+        return None
+    return (f"vLLM CPU 0.32 crashes on a hybrid's first request with speculative decoding and "
+            f"prefix caching on: prefix caching puts the {ctx.model.ssm or 'state'} cache in "
+            f"mamba_cache_mode 'align', whose step with a drafter copies states with a Triton "
+            f"kernel (v1/worker/mamba_utils.py, preprocess_mamba -> "
+            f"precopy_mamba_align_fused_kernel[grid]) that the CPU build lacks: \"TypeError: "
+            f"'function' object is not subscriptable\" (2026-12-08); add {NO_PREFIX_CACHING}")
+
+
+# the verdict of a pair whose decode holds another recurrent state than the prefill sent: the
+# digest's first difference at a state layer (the MTP run of 2026-12-08: "first at layer
+# model.layers.0.linear_attn state of ...")
+STATE_DIFFERS = r"\[kv-digest\]: prompt KV differs on .* first at layer \S+ state of "
+
+
+@rule("hybrid-spec-token-count-mix", "xfail", fails_with=STATE_DIFFERS)
+def _hybrid_spec_count_mix(cell: Cell, ctx: RuleContext) -> str | None:
+    """A hybrid whose prefill drafts fewer tokens than its decode loses the recurrent state."""
+    from harness.core.spec_decode import PREFILL_SPEC_TOKENS, SPEC_DECODE_CONFIGS
+
+    prefill = PREFILL_SPEC_TOKENS.get(cell.spec_decode or "")
+    if not ctx.model.is_hybrid or cell.device != "cpu" or prefill is None:
+        return None
+    decode = SPEC_DECODE_CONFIGS[cell.spec_decode]["num_speculative_tokens"]
+    if prefill == decode:
+        return None
+    return (f"the prefill drafts {prefill} token(s), the decode {decode}: on vLLM CPU 0.32 the "
+            f"decode's {ctx.model.ssm or 'recurrent'} state slot then does not hold the "
+            f"prefill's state (kv-digest: the state differs on 50/50 requests, every attention "
+            f"layer and the drafter's identical) and the answers go wrong (tiny-qwen3next-hybrid-"
+            f"gsm-mtp, mtp_p1_d3: 48 of 50 lost, 2026-12-08; P 3 / D 3 lost none). Each side "
+            f"drops its own count of trailing speculative scratch slots from the state's blocks "
+            f"before they are paired (the connector's get_exchange_clipped_blocks, "
+            f"clip_ssm_state_blocks) and the handshake does not compare the counts, so nothing "
+            f"refuses the pair. That failure is the expected outcome; use equal counts "
+            f"(mtp_p3_d3)")
+
+
 # ---- model shape ----------------------------------------------------------------------------
 
 @rule("tp-divides-kv-heads", "invalid")

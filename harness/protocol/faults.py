@@ -58,6 +58,9 @@ DRAFT_LAYER_MARK = "draft_model."   # vLLM names a draft model's attention layer
 # vLLM's speculative methods whose head numbers its layers after the target's (an EAGLE head of a
 # 4-layer target caches model.layers.4.self_attn.attn)
 HEAD_DRAFT_METHODS = ("eagle", "eagle3", "mtp")
+# an MTP head whose model names its layers mtp.layers.<i> instead (vLLM 0.32's Qwen3NextMTP:
+# mtp.layers.0.self_attn.attn beside a 3-layer target's model.layers.1-2)
+MTP_LAYER_MARK = "mtp."
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 WRONG_DRAFTS = "wrong-drafts"       # the decode's proposer's draft tokens, not its KV
 FAIL_TRANSFER = "fail-transfer"                      # report an intact read as failed
@@ -257,8 +260,10 @@ def draft_layer_names(names: Any, method: str | None, target_layers: int | None)
     layers, the digest's draft layers): a draft model's ``draft_model.*`` layers; under an EAGLE
     or MTP ``method``, the layers numbered from the target's layer count ``target_layers`` on
     (vLLM's EAGLE heads continue the target's numbering: ``model.layers.4.*`` after a 4-layer
-    target's 0-3)."""
-    found = {name for name in names if is_draft_layer(name)}
+    target's 0-3), and under ``mtp`` the ``mtp.*`` layers (Qwen3-Next's MTP head numbers its
+    own: ``mtp.layers.0.*``)."""
+    found = {name for name in names if is_draft_layer(name)
+             or (method == "mtp" and name.startswith(MTP_LAYER_MARK))}
     if method in HEAD_DRAFT_METHODS and target_layers is not None:
         for name in names:
             index = _LAYER_INDEX.search(name)

@@ -128,9 +128,9 @@ def rejudge(record_path: str | Path) -> Rejudged:
     reference, model = _reference(cell, options)
     draft = None
     if cell.spec_decode in PREFILL_SPEC_TOKENS:   # a draft on both sides: its layers cross too
-        from harness.serve.launch.server_spec import speculative_config
+        from harness.serve.launch.server_spec import draft_checkpoint
 
-        draft = speculative_config(cell.spec_decode, "prefill").get("model")
+        draft = draft_checkpoint(cell.spec_decode, "prefill", model.path)
     # the decode reads the prefill's blocks: their dtype is the prefill's KV cache dtype
     geometry = ByteGeometry.of_pair(model.path, cell.dtype, cell.prefill_block_size,
                                     cell.extra_args, cell.prefill_kv_cache_dtype, draft)

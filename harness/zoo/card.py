@@ -198,6 +198,10 @@ def write_card(checkpoint: str | Path, cards_dir: str | Path = CARDS_DIR) -> Pat
         from harness.zoo import eagle
 
         text = eagle.render_card(checkpoint)
+    elif train.get("recipe") == "mtp-head":     # the target with an MTP head: harness/zoo/mtp.py
+        from harness.zoo import mtp
+
+        text = mtp.render_card(checkpoint)
     else:
         text = render_card(checkpoint)
     name = train["model"]

@@ -19,6 +19,9 @@ next token on the answer positions, plus a smooth-L1 regression of the head's ou
 target's next hidden state (what the next draft step reads). The checkpoint is a Llama config of
 one layer (vLLM maps LlamaForCausalLM to EagleLlamaForCausalLM under ``method: eagle``) and bf16
 weights under EAGLE's names (``fc.weight``, ``layers.0.*``).
+
+The losses, the loop, the probe and the options are shared with the zoo's MTP head
+(harness/zoo/mtp.py): a ``HeadKind`` says what differs (config, module, checkpoint, card).
 """
 from __future__ import annotations
 
@@ -27,8 +30,9 @@ import json
 import platform
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from harness.core.atomic import atomic_write_text
 from harness.zoo import task
@@ -38,6 +42,19 @@ RECIPE = "eagle-head"
 TRAINING_JSON = "training.json"
 FEATURE_WEIGHT = 1.0      # smooth-L1 on the next hidden state, next to the token loss
 LOG_EVERY = 50
+
+
+@dataclass(frozen=True)
+class HeadKind:
+    """What differs between the draft heads this trainer trains; the losses, the loop and the
+    probe are the same (the head maps [embedding of token i+1, the target's hidden state at i]
+    to the hidden state that drafts token i+2)."""
+    recipe: str                                  # ZooSpec.recipe
+    module: str                                  # python -m <module> rebuilds it
+    config: Callable[[ZooSpec], dict]            # the checkpoint's config.json
+    build: Callable[[dict], Any]                 # the head's module, from that config
+    save: Callable[[Any, dict, Path, ZooSpec], None]   # weights and config.json into a dir
+    probe_key: str                               # training.json's key of the probe
 
 
 def _torch():
@@ -183,7 +200,8 @@ def head_losses(head, target, input_ids, answer_mask):
     from harness.zoo.tokenizer import PAD_ID
 
     with torch.no_grad():
-        hidden = target.model(input_ids=input_ids).last_hidden_state        # post-norm
+        hidden = target.model(input_ids=input_ids,
+                              use_cache=False).last_hidden_state          # post-norm
         greedy = target.lm_head(hidden).argmax(-1)                          # target's next token
         embeds = target.model.embed_tokens(input_ids)
     out = head(embeds[:, 1:], hidden[:, :-1])                                # positions 0..n-2
@@ -204,17 +222,19 @@ def head_losses(head, target, input_ids, answer_mask):
 def train_head(name: str, out_dir: str | Path, *, device: str = "cpu", steps: int | None = None,
                batch_size: int | None = None, lr: float | None = None, seed: int | None = None,
                decay_start: int | None = None, stop_after: int | None = None,
-               time_limit_s: float | None = None, probe_batches: int = 8) -> dict:
-    """Train the EAGLE head ``name`` (a zoo spec of recipe eagle-head) on its target's hidden
-    states, save it into ``out_dir`` and return the training record."""
+               time_limit_s: float | None = None, probe_batches: int = 8,
+               kind: HeadKind | None = None) -> dict:
+    """Train the draft head ``name`` (a zoo spec of ``kind``'s recipe; default EAGLE's) on its
+    target's hidden states, save it into ``out_dir`` and return the training record."""
     torch = _torch()
     from harness.zoo.data import LineTokenCache
     from harness.zoo.tokenizer import save_tokenizer
     from harness.zoo.train import Schedule
 
+    kind = kind or EAGLE
     spec = get_spec(name)
-    if spec.recipe != RECIPE or not spec.target:
-        raise ValueError(f"{name} is not an EAGLE head spec")
+    if spec.recipe != kind.recipe or not spec.target:
+        raise ValueError(f"{name} is not a {kind.recipe} spec")
     steps = steps or spec.steps
     batch_size = batch_size or spec.batch_size
     lr = lr or spec.lr
@@ -225,8 +245,8 @@ def train_head(name: str, out_dir: str | Path, *, device: str = "cpu", steps: in
     save_tokenizer(out)
     torch.manual_seed(seed)
     target = load_target(spec.target, device)
-    config = head_config(spec)
-    head = build_head(config).to(device)
+    config = kind.config(spec)
+    head = kind.build(config).to(device)
     n_params = sum(p.numel() for p in head.parameters())
     optimizer = torch.optim.AdamW(head.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     cache = LineTokenCache(out / "tokenizer.json")
@@ -242,12 +262,12 @@ def train_head(name: str, out_dir: str | Path, *, device: str = "cpu", steps: in
     train_wall = time.monotonic() - train_started
     head.eval()
     probe = probe_head(head, target, cache, device, probe_batches, batch_size)
-    save_head(head, config, out)
+    kind.save(head, config, out, spec)
     import transformers
 
     record = {
-        "model": name, "recipe": RECIPE, "target": spec.target,
-        "architecture": spec.architecture, "hybrid": False, "parameters": n_params,
+        "model": name, "recipe": kind.recipe, "target": spec.target,
+        "architecture": spec.architecture, "hybrid": spec.hybrid, "parameters": n_params,
         "seed": seed, "task": task.TASK_NAME, "train_seed": task.TRAIN_SEED,
         "test_seed": task.TEST_SEED, "batch_size": batch_size, "lr": lr, "warmup": warmup,
         "curriculum_steps": spec.curriculum_steps, "steps_planned": steps, "steps_done": done,
@@ -258,8 +278,8 @@ def train_head(name: str, out_dir: str | Path, *, device: str = "cpu", steps: in
                         else platform.processor() or platform.machine()),
         "torch": torch.__version__, "transformers": transformers.__version__,
         "schedule_cut_by_time_limit": schedule.time_cut,
-        "loss_curve": losses, "eagle_probe": probe,
-        "rebuild": (f"python -m harness.zoo.eagle --model {name} --out DIR --device {device} "
+        "loss_curve": losses, kind.probe_key: probe,
+        "rebuild": (f"python -m {kind.module} --model {name} --out DIR --device {device} "
                     f"--steps {schedule.total} --decay-start {schedule.decay} "
                     + (f"--stop-after {done} " if done < schedule.total else "")
                     + f"--batch-size {batch_size} --lr {lr} --seed {seed}"),
@@ -353,7 +373,6 @@ def render_card(checkpoint: str | Path) -> str:
     rows += [(k, config[k]) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                                       "num_key_value_heads", "head_dim", "intermediate_size",
                                       "vocab_size") if k in config]
-    last = train["loss_curve"][-1] if train["loss_curve"] else ("n/a", "n/a", "n/a")
     target_layers = get_spec(train["target"]).config_kwargs["num_hidden_layers"]
     lines = [
         f"# {train['model']}", "",
@@ -367,6 +386,15 @@ def render_card(checkpoint: str | Path) -> str:
         "Its one attention layer has the target's KV page (2 KV heads of 64) and is numbered "
         f"after the target's layers (`model.layers.{target_layers}` after `{train['target']}`'s "
         f"{target_layers}).", "",
+        *training_section(train, probe),
+    ]
+    return "\n".join(lines)
+
+
+def training_section(train: dict, probe: dict) -> list[str]:
+    """The card's Training and Drafts sections, from a head's training.json (EAGLE's, MTP's)."""
+    last = train["loss_curve"][-1] if train["loss_curve"] else ("n/a", "n/a", "n/a")
+    return [
         "## Training", "", "| field | value |", "|---|---|",
         f"| data | gsm_synth stream, seed {train['train_seed']} (probe: test seed "
         f"{train['test_seed']}) |",
@@ -387,13 +415,15 @@ def render_card(checkpoint: str | Path) -> str:
         f"on {100 * probe['first_draft_agreement']:.1f} % of {probe['answer_positions']:,} "
         f"answer positions ({probe['batches']} test batches).", "",
     ]
-    return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, kind: HeadKind | None = None,
+         doc: str | None = None) -> int:
+    """``python -m harness.zoo.eagle`` (and, with MTP's kind, ``python -m harness.zoo.mtp``)."""
     from harness.zoo.train import schedule_arguments
 
-    parser = argparse.ArgumentParser(prog="python -m harness.zoo.eagle", description=__doc__,
+    kind = kind or EAGLE
+    parser = argparse.ArgumentParser(prog=f"python -m {kind.module}", description=doc or __doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     schedule_arguments(parser)
     parser.add_argument("--probe-batches", type=int, default=8)
@@ -402,10 +432,15 @@ def main(argv: list[str] | None = None) -> int:
                         batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                         decay_start=args.decay_start, stop_after=args.stop_after,
                         time_limit_s=args.time_limit,
-                        probe_batches=args.probe_batches)
+                        probe_batches=args.probe_batches, kind=kind)
     print(json.dumps({"event": "done", "out": str(args.out), "steps_done": record["steps_done"],
-                      "probe": record["eagle_probe"]}), flush=True)
+                      "probe": record[kind.probe_key]}), flush=True)
     return 0
+
+
+EAGLE = HeadKind(recipe=RECIPE, module="harness.zoo.eagle", config=head_config, build=build_head,
+                 save=lambda head, config, out, spec: save_head(head, config, out),
+                 probe_key="eagle_probe")
 
 
 if __name__ == "__main__":

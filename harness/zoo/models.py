@@ -41,6 +41,8 @@ DRAFT_LAYERS = 2
 DRAFT_MLP = 256
 # The EAGLE head (tiny-llama-gsm-eagle): one decoder layer over the target's hidden states
 EAGLE_LAYERS = 1
+# The MTP head (tiny-qwen3next-hybrid-gsm-mtp): one Qwen3-Next layer, in the target's checkpoint
+MTP_LAYERS = 1
 
 
 @dataclass(frozen=True)
@@ -60,8 +62,9 @@ class ZooSpec:
     curriculum_steps: int = 1500     # steps on short price lists first (harness/zoo/data.py)
     init: str = "default"            # "prev-token": harness/zoo/init.py (Llama, DeepseekV2)
     recipe: str = "from-scratch"     # "sliding-fine-tune": harness/zoo/sliding.py; "eagle-head":
-    # harness/zoo/eagle.py (a speculative-decoding head trained on `target`'s hidden states)
-    target: str | None = None        # the zoo model an EAGLE head drafts for
+    # harness/zoo/eagle.py (a speculative-decoding head trained on `target`'s hidden states);
+    # "mtp-head": harness/zoo/mtp.py (the same, inside a copy of `target`'s checkpoint)
+    target: str | None = None        # the zoo model an EAGLE or MTP head drafts for
 
     def make_config(self):
         """The transformers config object for this spec."""
@@ -86,6 +89,20 @@ _COMMON = dict(
     num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
     max_position_embeddings=MAX_POSITIONS, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
     pad_token_id=PAD_ID, tie_word_embeddings=False, rms_norm_eps=1e-6, initializer_range=0.02,
+)
+
+# Qwen3-Next's layout (Gated DeltaNet + gated full attention, MoE + shared expert), at toy size
+_QWEN3NEXT = dict(
+    _COMMON, num_hidden_layers=HYBRID_LAYERS, head_dim=HEAD_DIM, intermediate_size=MLP,
+    layer_types=["linear_attention", "full_attention", "full_attention"],
+    num_experts=2, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
+    mlp_only_layers=[], moe_intermediate_size=MLP // 3,
+    shared_expert_intermediate_size=MLP // 3,
+    # GDN head dims 64 (vLLM's CPU GDN kernel rejects 32); state 2*64*64 elements.
+    linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=64,
+    linear_value_head_dim=64, linear_conv_kernel_dim=4,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                     "partial_rotary_factor": 0.25},
 )
 
 SPECS: dict[str, ZooSpec] = {
@@ -143,18 +160,7 @@ SPECS: dict[str, ZooSpec] = {
             name="tiny-qwen3next-hybrid-gsm",
             architecture="Qwen3NextForCausalLM",
             hybrid=True,
-            config_kwargs=dict(
-                _COMMON, num_hidden_layers=HYBRID_LAYERS, head_dim=HEAD_DIM, intermediate_size=MLP,
-                layer_types=["linear_attention", "full_attention", "full_attention"],
-                num_experts=2, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
-                mlp_only_layers=[], moe_intermediate_size=MLP // 3,
-                shared_expert_intermediate_size=MLP // 3,
-                # GDN head dims 64 (vLLM's CPU GDN kernel rejects 32); state 2*64*64 elements.
-                linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=64,
-                linear_value_head_dim=64, linear_conv_kernel_dim=4,
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                 "partial_rotary_factor": 0.25},
-            ),
+            config_kwargs=_QWEN3NEXT,
             # No curriculum: with it the slower GDN path ran out of time before the lookups
             # formed (docs/zoo.md).
             steps=2400, batch_size=16, lr=2e-3, curriculum_steps=0,
@@ -237,6 +243,22 @@ SPECS: dict[str, ZooSpec] = {
             # to 229 by the 420 s time limit (decay from 180); short price lists until step 180
             steps=240, decay_start=180, stop_after=229, batch_size=16, lr=2e-3, warmup=20,
             curriculum_steps=180, recipe="eagle-head", target="tiny-llama-gsm",
+        ),
+        ZooSpec(
+            # tiny-qwen3next-hybrid-gsm with an MTP head (vLLM's mtp method,
+            # harness/zoo/mtp.py): the target's weights unchanged plus mtp.* (fc over the normed
+            # [embedding, target hidden state], one full-attention Qwen3-Next layer with the
+            # target's MoE, a final norm), num_nextn_predict_layers 1. vLLM's mtp method reads
+            # the head from the target's own checkpoint, so it is a model of its own; its one
+            # attention layer has the target's KV page. Trained with the target frozen.
+            name="tiny-qwen3next-hybrid-gsm-mtp",
+            architecture="Qwen3NextForCausalLM",
+            hybrid=True,
+            config_kwargs=dict(_QWEN3NEXT, num_nextn_predict_layers=MTP_LAYERS),
+            # the schedule the committed weights ran on the 2-core CPU host: 240 planned, cut
+            # to 225 by the 420 s time limit (decay from 180); short price lists until step 180
+            steps=240, decay_start=180, stop_after=225, batch_size=16, lr=2e-3, warmup=20,
+            curriculum_steps=180, recipe="mtp-head", target="tiny-qwen3next-hybrid-gsm",
         ),
     )
 }

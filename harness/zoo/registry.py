@@ -29,6 +29,9 @@ _REQUIRED_BLOCK_SIZE: dict[tuple[str, str], int] = {
     ("tiny-qwen3next-hybrid-gsm", "cpu"): 128,
     ("tiny-granite-hybrid-gsm", "cuda"): 128,
     ("tiny-qwen3next-hybrid-gsm", "cuda"): 128,
+    # the same target with its MTP head (one more attention layer, the same pages)
+    ("tiny-qwen3next-hybrid-gsm-mtp", "cpu"): 128,
+    ("tiny-qwen3next-hybrid-gsm-mtp", "cuda"): 128,
 }
 
 

@@ -108,6 +108,30 @@ def test_an_eagle_head_adds_its_one_layer():
     assert (g.attention_layers, g.draft_layers, g.attention_bytes_per_token) == (5, 1, 2560)
 
 
+def test_an_mtp_head_is_read_from_the_targets_own_checkpoint():
+    """tiny-qwen3next-hybrid-gsm-mtp: the hybrid's 2 attention + 1 GDN layers, and, read as
+    the drafter (vLLM's mtp method), its num_nextn_predict_layers = 1 full-attention layer of
+    the same 2 KV heads x 64: 3 attention layers a token, 1,536 bytes in bf16; the groups stay
+    unpadded (size 1: 3 full, 1 state)."""
+    from harness.core.kv_geometry import draft_geometry, with_draft
+
+    config = zoo_config("tiny-qwen3next-hybrid-gsm-mtp")
+    target = geometry_from_config(config, "bfloat16")
+    assert (target.attention_layers, target.state_layers) == (2, 1)
+    head = draft_geometry(config, "bfloat16")
+    assert (head.attention_layers, head.kv_heads, head.head_dim, head.state_layers) == (1, 2, 64, 0)
+    g = with_draft(target, head)
+    assert (g.attention_layers, g.draft_layers, g.state_layers) == (3, 1, 1)
+    assert g.attention_bytes_per_token == 1536 and not g.padded
+    assert [(x.kind, x.layers, x.slots) for x in g.cache_groups] == [("full", 1, 1)] * 3 + [
+        ("state", 1, 1)]
+    # a checkpoint without MTP layers is a draft of its own layers (a draft model, an EAGLE head)
+    eagle = zoo_config("tiny-llama-gsm-eagle")
+    assert draft_geometry(eagle, "bfloat16") == geometry_from_config(eagle, "bfloat16")
+    with pytest.raises(GeometryUnknown, match="MTP layers of an MLA"):
+        draft_geometry(dict(zoo_config("tiny-mla-gsm"), num_nextn_predict_layers=1), "bfloat16")
+
+
 # ---- vLLM's KV cache groups (uniform page size) ---------------------------------------------
 
 def slots(groups) -> list[tuple[str, int, int]]:

@@ -214,6 +214,10 @@ def test_a_draft_model_needs_a_zoo_target_and_says_where_it_runs():
 
 # ---- the shipped profiles -------------------------------------------------------------------
 
+MTP = "v1-CPU_ATTN-p128d128-tiny-qwen3next-hybrid-gsm-mtp-tp1x1-eager-spec_mtp_p3_d3"
+MTP_P1 = "v1-CPU_ATTN-p128d128-tiny-qwen3next-hybrid-gsm-mtp-tp1x1-eager-spec_mtp_p1_d3-x62f261"
+
+
 def engine_cells(cells) -> set[str]:
     return {c.cell_id for c in cells if ENGINE_TOKENS.search(c.cell_id)}
 
@@ -242,14 +246,47 @@ def test_cpu_full_runs_the_cpu_engine_settings_and_says_why_not_the_others():
         "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_eagle_p0_d3",
         "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_eagle_p1_d3-fault-wrong-drafts",
         "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_eagle_p1_d3-fault-corrupt-draft-kv",
+        # the zoo's MTP head (in the hybrid's own checkpoint), prefix caching off: P 3 / D 3 and
+        # the same two canaries, P 1 / D 3 (an expected failure: the GDN state)
+        MTP_P1,
+        # two canaries
+        f"{MTP}-x62f261",
+        f"{MTP}-x62f261-fault-wrong-drafts",
+        f"{MTP}-x62f261-fault-corrupt-draft-kv",
     }
     xfail = {c.cell_id for c in e.cells if ENGINE_TOKENS.search(c.cell_id) and c.expected_failure}
     assert xfail == {"v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_draft_p0_d3",
-                     "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_eagle_p0_d3"}
+                     "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_eagle_p0_d3", MTP_P1}
     why = {x.cell.cell_id: x.rule for x in e.excluded if ENGINE_TOKENS.search(x.cell.cell_id)}
     assert sorted(set(why.values())) == ["async-scheduling-not-on-cpu", "cudagraph-mode-cuda-only",
+                                         "hybrid-spec-decode-cpu-prefix-caching",
                                          "kv-layout-cuda-only"]
-    assert len(why) == 2 + 3 + 2
+    assert len(why) == 2 + 3 + 2 + 1
+    # the MTP cell with prefix caching on: vLLM CPU 0.32 crashes it on the first request
+    assert why[f"{MTP}-xa3ac39"] == "hybrid-spec-decode-cpu-prefix-caching"
+
+
+def test_the_mtp_head_runs_on_its_own_checkpoint_only_and_without_prefix_caching():
+    zoo = load_matrix().models          # the zoo's facts (config.json): the hybrid, its block
+    ok = check_cell(Cell(model="tiny-qwen3next-hybrid-gsm-mtp", spec_decode="mtp_p3_d3",
+                         compile="eager", extra_env=DS,
+                         extra_args=("--no-enable-prefix-caching",)), CPU, zoo)
+    assert [(p.kind, p.rule) for p in ok] == [("note", "draft-model-on-both-sides")]
+    other = _problem(Cell(model="tiny-qwen3next-hybrid-gsm", spec_decode="mtp_p1_d3"),
+                     "mtp-head-model")
+    assert other.kind == "invalid" and "use tiny-qwen3next-hybrid-gsm-mtp" in other.message
+    cached = next(p for p in check_cell(
+        Cell(model="tiny-qwen3next-hybrid-gsm-mtp", spec_decode="mtp_p3_d3", extra_env=DS),
+        CPU, zoo) if p.rule == "hybrid-spec-decode-cpu-prefix-caching")
+    assert cached.kind == "invalid" and "precopy_mamba_align_fused_kernel" in cached.message
+    assert "--no-enable-prefix-caching" in cached.message
+
+
+def test_nightlys_cpu_queue_runs_the_mtp_head_and_its_canaries():
+    e = expand(load_matrix(), "nightly", CPU)
+    assert {f"{MTP}-x62f261", f"{MTP}-x62f261-fault-wrong-drafts",
+            f"{MTP}-x62f261-fault-corrupt-draft-kv", MTP_P1} <= set(e.by_id())
+    assert e.by_id()[MTP_P1].expected_failure
 
 
 def test_pr_adds_the_two_cheapest_gpu_engine_cells_on_both_runners():
@@ -312,3 +349,26 @@ def test_adhoc_cells_a_cpu_cannot_run_are_one_line_exit_2(capsys, flags, rule):
     code = cli_main(["run", "--model", "tiny-llama-gsm", "--platform", "cpu", *flags, "--dry-run"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and f"({rule})" in err
+
+
+def test_an_mtp_head_drafting_fewer_tokens_on_the_prefill_is_an_expected_failure():
+    """mtp_p1_d3 on the hybrid (vLLM CPU 0.32): the decode's GDN state is not the prefill's and
+    the answers go wrong; the rule's pattern matches the reason of the record that measured it
+    (results/reference/cpu-mtp-20261208), which another failure's does not."""
+    import json
+
+    from harness.matrix.rules_models import STATE_DIFFERS
+
+    zoo = load_matrix().models
+    cell = Cell(model="tiny-qwen3next-hybrid-gsm-mtp", spec_decode="mtp_p1_d3", compile="eager",
+                extra_env=DS, extra_args=("--no-enable-prefix-caching",))
+    found = [p for p in check_cell(cell, CPU, zoo) if p.rule == "hybrid-spec-token-count-mix"]
+    assert [p.kind for p in found] == ["xfail"] and "48 of 50 lost" in found[0].message
+    assert not [p for p in check_cell(cell.replace(spec_decode="mtp_p3_d3"), CPU, zoo)
+                if p.rule == "hybrid-spec-token-count-mix"]
+    record = json.loads((Path(__file__).resolve().parents[2] / "results/reference/"
+                         "cpu-mtp-20261208/20261208T004417Z-327698" / f"{MTP_P1}.json").read_text())
+    assert re.search(STATE_DIFFERS, record["verdict"]["reason"])
+    assert not re.search(STATE_DIFFERS, "the decode's prompt KV is not the prefill's [kv-digest]: "
+                         "prompt KV differs on 50/50 requests (100%); first at layer "
+                         "mtp.layers.0.self_attn.attn (the draft's) K head 0 tokens 0-31")

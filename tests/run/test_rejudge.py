@@ -132,3 +132,24 @@ def test_the_committed_eagle_cells_are_judged_again_with_the_heads_layer(suffix,
     assert rejudged.verdict.outcome == outcome, rejudged.verdict.reason
     assert [c.name for c in rejudged.verdict.checks if not c.passed] == failed
     assert rejudged.comparison.spec is not None and len(rejudged.comparison.spec.pairs) >= 50
+
+
+MTP_RUN = (REPO / "results/reference/cpu-mtp-20261208/20261208T005116Z-322b70/"
+           "v1-CPU_ATTN-p128d128-tiny-qwen3next-hybrid-gsm-mtp-tp1x1-eager-spec_mtp")
+
+
+@pytest.mark.parametrize("suffix,outcome,failed", [
+    ("_p3_d3-x62f261", PASS, []),
+    ("_p3_d3-x62f261-fault-wrong-drafts", CAUGHT, ["spec-acceptance"]),
+    ("_p3_d3-x62f261-fault-corrupt-draft-kv", CAUGHT, ["kv-digest", "spec-acceptance"])])
+def test_the_committed_mtp_cells_are_judged_again_with_the_heads_layer(suffix, outcome, failed):
+    """The MTP head's cells re-judged from their records: the head's layer in the byte account
+    (read from the served checkpoint's num_nextn_predict_layers, the exact 164,761,600 bytes of
+    the clean cell), the digest's draft layer kept, the canaries caught again."""
+    rejudged = rejudge(f"{MTP_RUN}{suffix}.json")
+    assert rejudged.verdict.outcome == outcome, rejudged.verdict.reason
+    assert [c.name for c in rejudged.verdict.checks if not c.passed] == failed
+    assert rejudged.comparison.spec is not None and len(rejudged.comparison.spec.pairs) >= 50
+    bytes_check = next(c for c in rejudged.verdict.checks if c.name == "kv-bytes-exact")
+    assert bytes_check.passed and ("164,761,600" in bytes_check.detail if not failed
+                                   else "41,190,400" in bytes_check.detail)

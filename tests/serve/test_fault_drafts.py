@@ -173,6 +173,13 @@ def test_which_layers_are_the_drafters():
     assert protocol.draft_layer_names(names, "ngram", 4) == set()
     assert protocol.draft_layer_names(names, None, None) == set()
     assert protocol.draft_layer_names(names, "eagle", None) == set()   # target count unknown
+    # Qwen3-Next's MTP head numbers its own layers under mtp.* (vLLM 0.32's Qwen3NextMTP)
+    hybrid = ["model.layers.1.self_attn.attn", "model.layers.2.self_attn.attn",
+              "model.layers.0.linear_attn", "mtp.layers.0.self_attn.attn"]
+    assert protocol.draft_layer_names(hybrid, "mtp", 3) == {"mtp.layers.0.self_attn.attn"}
+    assert protocol.draft_layer_names(hybrid, "mtp", None) == {"mtp.layers.0.self_attn.attn"}
+    assert protocol.draft_layer_names(hybrid, "eagle", 3) == set()
+    assert protocol.draft_layer_names(hybrid, None, None) == set()
 
 
 def test_corrupt_draft_kv_without_a_draft_breaks_nothing_and_says_why():

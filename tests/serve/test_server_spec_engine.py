@@ -178,6 +178,26 @@ def test_an_eagle_head_runs_on_every_server_with_its_roles_count(role, tokens):
     assert speculative_expectation("eagle_p1_d3", role) == ("eagle", tokens)
 
 
+@pytest.mark.parametrize("value,role,tokens", [
+    ("mtp_p1_d3", "baseline", 3), ("mtp_p1_d3", "prefill", 1), ("mtp_p1_d3", "decode", 3),
+    ("mtp_p3_d3", "prefill", 3), ("mtp_p3_d3", "decode", 3)])
+def test_an_mtp_head_names_no_model_and_drafts_from_the_served_checkpoint(value, role, tokens):
+    """mtp_p1_d3: vLLM's mtp method with no model (vLLM reads the head from the served
+    checkpoint), on every server with its role's count; the byte account reads the drafter's
+    layers from that same checkpoint."""
+    from harness.serve.launch.server_spec import draft_checkpoint, draft_model_path
+
+    cell = Cell(model="tiny-qwen3next-hybrid-gsm-mtp", spec_decode=value)
+    spec = served(cell, role)
+    config = json.loads(flag(build_argv(spec), "--speculative-config"))
+    assert config == {"method": "mtp", "num_speculative_tokens": tokens}
+    assert speculative_expectation(value, role) == ("mtp", tokens)
+    assert draft_model_path(spec) == spec.model_path
+    assert draft_checkpoint("eagle_p1_d3", role, spec.model_path).endswith(
+        "harness/zoo/checkpoints/tiny-llama-gsm-eagle")
+    assert draft_checkpoint("ngram", role, spec.model_path) is None
+
+
 @pytest.mark.parametrize("role,tokens", [("baseline", 3), ("prefill", None), ("decode", 3)])
 def test_a_draft_on_the_decode_only_leaves_the_prefill_without_it(role, tokens):
     argv = build_argv(served(DRAFT.replace(spec_decode="draft_p0_d3"), role))

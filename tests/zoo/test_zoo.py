@@ -14,7 +14,7 @@ from harness.zoo.train import lr_at
 
 NAMES = ("tiny-llama-gsm", "tiny-llama-swa-gsm", "tiny-granite-hybrid-gsm",
          "tiny-qwen3next-hybrid-gsm", "tiny-mla-gsm", "tiny-mla-h128-gsm", "tiny-llama-gsm-draft",
-         "tiny-llama-gsm-eagle")
+         "tiny-llama-gsm-eagle", "tiny-qwen3next-hybrid-gsm-mtp")
 # specs whose checkpoint is not committed yet (trained on the GPU later; then move into NAMES)
 UNTRAINED: tuple[str, ...] = ()
 TASK_YAML = Path(__file__).resolve().parents[2] / "harness" / "eval" / "tasks" / "gsm_synth.yaml"
@@ -153,8 +153,9 @@ def test_checkpoints_share_one_tokenizer():
 def test_registry_facts(tmp_path):
     assert registry.zoo_names() == list(NAMES + UNTRAINED)
     assert [registry.is_hybrid(n) for n in NAMES] == [False, False, True, True, False, False, False,
-                                                      False]
+                                                      False, True]
     assert registry.required_block_size("tiny-llama-gsm") is None
+    assert registry.required_block_size("tiny-qwen3next-hybrid-gsm-mtp", "cpu") == 128
     assert registry.required_block_size("tiny-granite-hybrid-gsm", "cpu") == 128
     assert registry.required_block_size("tiny-qwen3next-hybrid-gsm", "cpu") == 128
     assert registry.resolve_model("/some/path") == "/some/path"

@@ -12,7 +12,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from harness.core.kv_geometry import GeometryUnknown, KvGeometry, geometry_from_config, with_draft
+from harness.core.kv_geometry import (GeometryUnknown, KvGeometry, draft_geometry,
+                                      geometry_from_config, with_draft)
 from harness.judge.byte_accounting import account
 
 from harness.connectors import DEFAULT_KV_CONNECTOR, connector_for, connector_row
@@ -104,14 +105,15 @@ class ByteGeometry:
     def of_pair(cls, model_path: str, dtype: str, prefill_block_size: int,
                 extra_args: tuple[str, ...] = (), kv_cache_dtype: str = "auto",
                 draft_model_path: str | None = None) -> "ByteGeometry":
-        """``draft_model_path``: the draft model both sides run (its layers' KV crosses too)."""
+        """``draft_model_path``: the draft model both sides run (its layers' KV crosses too);
+        for an MTP head, the served checkpoint itself (its MTP layers)."""
         try:
             config = json.loads((Path(model_path) / "config.json").read_text())
             geometry = geometry_from_config(config, dtype, extra_args, kv_cache_dtype)
             if draft_model_path:
                 draft = json.loads((Path(draft_model_path) / "config.json").read_text())
-                geometry = with_draft(geometry, geometry_from_config(draft, dtype, extra_args,
-                                                                     kv_cache_dtype))
+                geometry = with_draft(geometry, draft_geometry(draft, dtype, extra_args,
+                                                               kv_cache_dtype))
             return cls(geometry, prefill_block_size)
         except (OSError, json.JSONDecodeError) as exc:
             return cls(None, prefill_block_size, f"model config not readable: {exc}")

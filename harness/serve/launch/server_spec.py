@@ -16,7 +16,8 @@ from typing import Any, Mapping, Sequence
 from harness.core.cell import Cell
 from harness.connectors import DEFAULT_KV_CONNECTOR, connector_for
 from harness.weathers.facts import ServerChanges
-from harness.core.spec_decode import PREFILL_SPEC_TOKENS, ROLES_GENERATING, SPEC_DECODE_CONFIGS
+from harness.core.spec_decode import (PREFILL_SPEC_TOKENS, ROLES_GENERATING, SPEC_DECODE_CONFIGS,
+                                      speculative_expectation)
 from harness.serve.launch import thread_budget
 from harness.protocol.faults import BY_REQUEST, PREFILL_FAULT_ENV
 from harness.protocol.switches import COMPILE_KEY_ENV, FORK_START_ENV
@@ -207,7 +208,18 @@ def draft_model_path(spec: ServerSpec) -> str | None:
     """The draft model a server of ``spec`` runs (its checkpoint directory), or None."""
     if not spec.spec_decode:
         return None
-    return speculative_config(spec.spec_decode, spec.role).get("model")
+    return draft_checkpoint(spec.spec_decode, spec.role, spec.model_path)
+
+
+def draft_checkpoint(spec_decode: str, role: str, model_path: str) -> str | None:
+    """The checkpoint a server of ``role`` that serves ``model_path`` reads its drafter from: a
+    draft model's or EAGLE head's own; for vLLM's mtp method, which names no model, the served
+    checkpoint (its mtp.* weights); None for ngram or a server without a drafter."""
+    config = speculative_config(spec_decode, role) if speculative_expectation(
+        spec_decode, role) else {}
+    if config.get("method") == "mtp":
+        return model_path
+    return config.get("model")
 
 
 def engine_argv(spec: ServerSpec) -> list[str]:
