@@ -122,12 +122,15 @@ def _profile_cells(args: argparse.Namespace, platform) -> tuple[list[Cell], obje
         expansion = matrix.expand(spec, profile, platform)
         if not expansion.cells:
             raise UsageError(no_cells_here(spec, profile, platform, expansion))
-        cells = matrix.select(expansion.cells, args.only.split(",") if args.only else None,
-                              args.keyword)
-        cells = filter_cells(cells, args, profile)
+        # one selection over the runnable cells and those this release cannot run, so that
+        # --only, -k and the cell options pick both alike (a V1 id on 0.34 is not applicable,
+        # not unknown; cells left out of the selection are not listed)
         unrunnable = {e.cell.cell_id: e for e in matrix.not_applicable(expansion)}
-        picked = matrix.select([e.cell for e in unrunnable.values()], None, args.keyword)
-        not_applicable = [unrunnable[c.cell_id] for c in picked]
+        picked = matrix.select([*expansion.cells, *(e.cell for e in unrunnable.values())],
+                               args.only.split(",") if args.only else None, args.keyword)
+        picked = filter_cells(picked, args, profile)
+        cells = [c for c in picked if c.cell_id not in unrunnable]
+        not_applicable = [unrunnable[c.cell_id] for c in picked if c.cell_id in unrunnable]
         if getattr(args, "shard", None):
             cells = matrix.shard(cells, *matrix.parse_shard(args.shard))
     except matrix.MatrixError as exc:

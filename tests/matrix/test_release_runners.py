@@ -147,6 +147,30 @@ def test_a_v1_cell_on_034_starts_nothing(monkeypatch, tmp_path, capsys):
     assert "Model Runner V1 was removed in 0.34.0" in capsys.readouterr().err
 
 
+def test_on_034_the_selection_decides_which_cells_are_listed_not_applicable(monkeypatch):
+    """--only and -k pick runnable and not-applicable cells alike: a run of V2 cells lists none
+    of the profile's V1 cells, and a V1 id is named not applicable rather than unknown."""
+    from harness.cli.cells import select_cells
+    from harness.serve.launch import vllm_features
+
+    monkeypatch.setattr(vllm_features, "detect_platform", lambda *a, **k: one_gpu(V034))
+    v2, v1 = "v2-FLASH_ATTN-p64d64-tiny-llama-gsm-tp1x1", "v1-FLASH_ATTN-p64d64-tiny-llama-gsm-tp1x1"
+
+    def select(*argv: str):
+        parser = argparse.ArgumentParser()
+        sub = parser.add_subparsers(dest="cmd")
+        from harness.cli import run as run_cli
+        run_cli.register(sub)
+        cells, _, unrunnable = select_cells(parser.parse_args(["run", "--profile", "pr", *argv]))
+        return [c.cell_id for c in cells], [e.cell.cell_id for e in unrunnable]
+
+    assert select("--only", v2) == ([v2], [])
+    assert select("--only", f"{v2},{v1}") == ([v2], [v1])
+    assert select("-k", "FLASH_ATTN-p64d64 and tiny-llama and not fault") == ([v2], [v1])
+    runnable, unrunnable = select()
+    assert len(runnable) == 17 and len(unrunnable) == 15
+
+
 def test_not_applicable_cells_reach_the_history_as_their_own_state(tmp_path):
     from harness.report.history import append_results_dir, load_cells
     from harness.run.record import write_not_applicable
