@@ -47,3 +47,14 @@ def test_relative_links_resolve(page):
         if not (page.parent / target.split("#")[0]).exists():
             missing.append(target)
     assert missing == []
+
+
+@pytest.mark.parametrize("kind", ["reference", "benchmarks"])
+def test_every_results_folder_is_listed(kind):
+    """A committed run nobody can find from results/SUMMARY.md (or benchmarks/SUMMARY.md) is
+    as good as lost."""
+    index = (ROOT / "results/SUMMARY.md").read_text()
+    if kind == "benchmarks":
+        index += (ROOT / "results/benchmarks/SUMMARY.md").read_text()
+    folders = sorted(p.name for p in (ROOT / "results" / kind).iterdir() if p.is_dir())
+    assert [name for name in folders if f"{name}/" not in index and f"{name})" not in index] == []
