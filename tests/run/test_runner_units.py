@@ -124,3 +124,27 @@ def test_hardware_names_the_gpus_platform_detection_sees(monkeypatch):
     monkeypatch.setattr(provenance, "detect_gpus", lambda: devices)
     assert provenance.hardware("cuda")["gpus"] == ["NVIDIA H200", "NVIDIA H200"]
     assert provenance.hardware("cpu")["gpus"] == []
+
+
+def test_the_harness_commit_says_when_its_tree_differs_from_it(tmp_path):
+    """A record's versions.harness names the commit, and "+modified" when the harness's files
+    are not that commit's (a GPU machine's copy of a working tree once reported its stale HEAD)."""
+    import subprocess
+
+    from harness.run.evidence.provenance import harness_commit
+
+    package = tmp_path / "harness"
+    package.mkdir()
+    (package / "a.py").write_text("x = 1\n")
+    assert harness_commit(package) is None                       # no checkout: the version then
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    sha = subprocess.run([*git, "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    assert harness_commit(package) == sha
+    (tmp_path / "README").write_text("outside the package: not the harness\n")
+    assert harness_commit(package) == sha
+    (package / "a.py").write_text("x = 2\n")
+    assert harness_commit(package) == sha + "+modified"

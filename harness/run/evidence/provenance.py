@@ -22,18 +22,30 @@ def _distribution_version(*names: str) -> str | None:
     return None
 
 
+def harness_commit(package: Path) -> str | None:
+    """The git commit of the checkout holding ``package`` (the harness's folder), with
+    "+modified" when its files differ from that commit: a copied or edited tree must not pass
+    for the commit it started from. None outside a git checkout."""
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(package.parent), *args], capture_output=True,
+                              text=True, timeout=10)
+    try:
+        head = git("rev-parse", "--short=12", "HEAD")
+        if head.returncode != 0 or not head.stdout.strip():
+            return None
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", str(package))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+modified" if changed.stdout.strip() else "")
+
+
 def versions(kv_connector: str = DEFAULT_KV_CONNECTOR) -> dict[str, str | None]:
     """vLLM, the KV connector's transport (its row's distributions, under the first one's name;
     none for a connector that is vLLM's own code), lm-eval, torch and Python versions, and the
     harness's git commit (its package version outside a git checkout)."""
     import harness
 
-    repo = Path(__file__).resolve().parents[3]
-    try:
-        sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"],
-                             capture_output=True, text=True, timeout=5).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        sha = None
+    sha = harness_commit(Path(__file__).resolve().parents[2])
     shipped = connector_row(kv_connector).distributions
     transport = ({shipped[0].replace("-", "_"): _distribution_version(*shipped)}
                  if shipped else {})
