@@ -116,81 +116,75 @@ def _broken(drafts: Any, req_ids: Callable[[], Sequence[str]], wanted: Callable[
     return out
 
 
+_MARK = "_pd_accuracy_wrong_drafts"    # on every function this module put in vLLM's place
+
+
+def _wrap_once(owner: Any, name: str, wrap: Callable[[Any], Callable[..., Any]]) -> bool:
+    """Put ``wrap(original)`` in place of ``owner.name``, unless it is already this module's;
+    False when ``owner`` has no such attribute."""
+    original = getattr(owner, name, None) if owner is not None else None
+    if original is None:
+        return False
+    if not getattr(original, _MARK, False):
+        wrapped = functools.wraps(original)(wrap(original))
+        setattr(wrapped, _MARK, True)
+        setattr(owner, name, wrapped)
+    return True
+
+
 def patch_runner(module: Any, spec: FaultSpec) -> bool:
     """Wrap ``module``'s V1 GPUModelRunner.propose_draft_token_ids (once); False when it has
     none."""
-    cls = getattr(module, RUNNER_CLASS, None)
-    propose = getattr(cls, "propose_draft_token_ids", None)
-    if propose is None:
-        return False
-    if getattr(propose, "_pd_accuracy_wrong_drafts", False):
-        return True
-    wanted = wants_wrong_drafts(spec)
-    lines = _Lines()
+    def wrap(propose: Callable[..., Any]) -> Callable[..., Any]:
+        wanted, lines = wants_wrong_drafts(spec), _Lines()
 
-    @functools.wraps(propose)
-    def proposing_wrongly(self: Any, *args: Any, **kwargs: Any) -> Any:
-        drafts = propose(self, *args, **kwargs)
-        return _broken(drafts, lambda: self.input_batch.req_ids, wanted,
-                       self.model_config.get_vocab_size, lines)
+        def proposing_wrongly(self: Any, *args: Any, **kwargs: Any) -> Any:
+            drafts = propose(self, *args, **kwargs)
+            return _broken(drafts, lambda: self.input_batch.req_ids, wanted,
+                           self.model_config.get_vocab_size, lines)
+        return proposing_wrongly
 
-    proposing_wrongly._pd_accuracy_wrong_drafts = True  # type: ignore[attr-defined]
-    cls.propose_draft_token_ids = proposing_wrongly
-    return True
+    return _wrap_once(getattr(module, RUNNER_CLASS, None), "propose_draft_token_ids", wrap)
 
 
 def wrap_speculator(speculator: Any, wanted: Callable[[str], bool], vocab_size: int,
                     lines: _Lines) -> bool:
     """Wrap one V2 speculator's ``propose`` on the instance (once); False when it has none."""
-    propose = getattr(speculator, "propose", None)
-    if propose is None:
-        return False
-    if getattr(propose, "_pd_accuracy_wrong_drafts", False):
-        return True
+    def wrap(propose: Callable[..., Any]) -> Callable[..., Any]:
+        def proposing_wrongly(*args: Any, **kwargs: Any) -> Any:
+            drafts = propose(*args, **kwargs)
+            batch = kwargs.get("input_batch", args[0] if args else None)
+            if drafts is None or kwargs.get("dummy_run") or batch is None:
+                return drafts   # warm-up and graph capture: no request's drafts
+            return _broken(drafts, lambda: batch.req_ids, wanted, lambda: vocab_size, lines)
+        return proposing_wrongly
 
-    @functools.wraps(propose)
-    def proposing_wrongly(*args: Any, **kwargs: Any) -> Any:
-        drafts = propose(*args, **kwargs)
-        batch = kwargs.get("input_batch", args[0] if args else None)
-        if drafts is None or kwargs.get("dummy_run") or batch is None:
-            return drafts   # warm-up and graph capture: no request's drafts
-        return _broken(drafts, lambda: batch.req_ids, wanted, lambda: vocab_size, lines)
-
-    proposing_wrongly._pd_accuracy_wrong_drafts = True  # type: ignore[attr-defined]
-    speculator.propose = proposing_wrongly
-    return True
+    return _wrap_once(speculator, "propose", wrap)
 
 
 def patch_runner_v2(module: Any, spec: FaultSpec) -> bool:
     """Wrap ``module``'s V2 GPUModelRunner.__init__ (once) so that the speculator it makes
     proposes wrongly; False when the module has no such runner."""
-    cls = getattr(module, RUNNER_CLASS, None)
-    init = getattr(cls, "__init__", None)
-    if cls is None or init is None:
-        return False
-    if getattr(init, "_pd_accuracy_wrong_drafts", False):
-        return True
-    wanted = wants_wrong_drafts(spec)
-    lines = _Lines()
+    def wrap(init: Callable[..., None]) -> Callable[..., None]:
+        wanted, lines = wants_wrong_drafts(spec), _Lines()
 
-    @functools.wraps(init)
-    def init_then_wrap(self: Any, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
-        speculator = getattr(self, "speculator", None)
-        if speculator is None:
-            return
-        try:
-            wrapped = wrap_speculator(speculator, wanted, int(self.vocab_size), lines)
-        except Exception:  # noqa: BLE001 - a canary must never take the server down
-            logger.exception("%s fault=%s speculator left as made", SKIPPED_PREFIX, WRONG_DRAFTS)
-            return
-        if wrapped:
-            logger.warning("%s fault=%s on %s.propose pid=%d", ARMED_PREFIX, WRONG_DRAFTS,
-                           type(speculator).__name__, os.getpid())
+        def init_then_wrap(self: Any, *args: Any, **kwargs: Any) -> None:
+            init(self, *args, **kwargs)
+            speculator = getattr(self, "speculator", None)
+            if speculator is None:
+                return
+            try:
+                wrapped = wrap_speculator(speculator, wanted, int(self.vocab_size), lines)
+            except Exception:  # noqa: BLE001 - a canary must never take the server down
+                logger.exception("%s fault=%s speculator left as made", SKIPPED_PREFIX,
+                                 WRONG_DRAFTS)
+                return
+            if wrapped:
+                logger.warning("%s fault=%s on %s.propose pid=%d", ARMED_PREFIX, WRONG_DRAFTS,
+                               type(speculator).__name__, os.getpid())
+        return init_then_wrap
 
-    init_then_wrap._pd_accuracy_wrong_drafts = True  # type: ignore[attr-defined]
-    cls.__init__ = init_then_wrap
-    return True
+    return _wrap_once(getattr(module, RUNNER_CLASS, None), "__init__", wrap)
 
 
 def arm(spec: FaultSpec) -> None:
