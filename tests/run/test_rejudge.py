@@ -119,37 +119,28 @@ def test_the_committed_ngram_canary_of_drafts_stays_caught_on_acceptance_alone()
 
 EAGLE_RUN = (REPO / "results/reference/cpu-eagle-20261207/20261207T214425Z-e674ce/"
              "v1-CPU_ATTN-p128d128-tiny-llama-gsm-tp1x1-eager-spec_eagle_p1_d3")
-
-
-@pytest.mark.parametrize("suffix,outcome,failed", [
-    ("", PASS, []),
-    ("-fault-wrong-drafts", CAUGHT, ["spec-acceptance"]),
-    ("-fault-corrupt-draft-kv", CAUGHT, ["kv-digest", "spec-acceptance"])])
-def test_the_committed_eagle_cells_are_judged_again_with_the_heads_layer(suffix, outcome, failed):
-    """The EAGLE head's cells re-judged from their records: the head's layer in the byte
-    account (its config.json), the digest's draft layer kept, the canaries caught again."""
-    rejudged = rejudge(f"{EAGLE_RUN}{suffix}.json")
-    assert rejudged.verdict.outcome == outcome, rejudged.verdict.reason
-    assert [c.name for c in rejudged.verdict.checks if not c.passed] == failed
-    assert rejudged.comparison.spec is not None and len(rejudged.comparison.spec.pairs) >= 50
-
-
 MTP_RUN = (REPO / "results/reference/cpu-mtp-20261208/20261208T005116Z-322b70/"
-           "v1-CPU_ATTN-p128d128-tiny-qwen3next-hybrid-gsm-mtp-tp1x1-eager-spec_mtp")
+           "v1-CPU_ATTN-p128d128-tiny-qwen3next-hybrid-gsm-mtp-tp1x1-eager-spec_mtp_p3_d3-x62f261")
 
 
-@pytest.mark.parametrize("suffix,outcome,failed", [
-    ("_p3_d3-x62f261", PASS, []),
-    ("_p3_d3-x62f261-fault-wrong-drafts", CAUGHT, ["spec-acceptance"]),
-    ("_p3_d3-x62f261-fault-corrupt-draft-kv", CAUGHT, ["kv-digest", "spec-acceptance"])])
-def test_the_committed_mtp_cells_are_judged_again_with_the_heads_layer(suffix, outcome, failed):
-    """The MTP head's cells re-judged from their records: the head's layer in the byte account
-    (read from the served checkpoint's num_nextn_predict_layers, the exact 164,761,600 bytes of
-    the clean cell), the digest's draft layer kept, the canaries caught again."""
-    rejudged = rejudge(f"{MTP_RUN}{suffix}.json")
+@pytest.mark.parametrize("record,outcome,failed,exact_bytes", [
+    (f"{EAGLE_RUN}.json", PASS, [], None),
+    (f"{EAGLE_RUN}-fault-wrong-drafts.json", CAUGHT, ["spec-acceptance"], None),
+    (f"{EAGLE_RUN}-fault-corrupt-draft-kv.json", CAUGHT, ["kv-digest", "spec-acceptance"], None),
+    # the MTP layer read from the served checkpoint's num_nextn_predict_layers
+    (f"{MTP_RUN}.json", PASS, [], "164,761,600"),
+    (f"{MTP_RUN}-fault-wrong-drafts.json", CAUGHT, ["spec-acceptance"], "41,190,400"),
+    (f"{MTP_RUN}-fault-corrupt-draft-kv.json", CAUGHT, ["kv-digest", "spec-acceptance"],
+     "41,190,400")], ids=lambda v: v.rsplit("spec_", 1)[-1] if isinstance(v, str) else None)
+def test_the_committed_head_cells_are_judged_again_with_the_heads_layer(record, outcome, failed,
+                                                                         exact_bytes):
+    """The EAGLE and MTP heads' cells re-judged from their records: the head's layer in the
+    byte account (from its config.json, or the served checkpoint's for MTP), the digest's draft
+    layer kept, the canaries caught again."""
+    rejudged = rejudge(record)
     assert rejudged.verdict.outcome == outcome, rejudged.verdict.reason
     assert [c.name for c in rejudged.verdict.checks if not c.passed] == failed
     assert rejudged.comparison.spec is not None and len(rejudged.comparison.spec.pairs) >= 50
-    bytes_check = next(c for c in rejudged.verdict.checks if c.name == "kv-bytes-exact")
-    assert bytes_check.passed and ("164,761,600" in bytes_check.detail if not failed
-                                   else "41,190,400" in bytes_check.detail)
+    if exact_bytes is not None:
+        bytes_check = next(c for c in rejudged.verdict.checks if c.name == "kv-bytes-exact")
+        assert bytes_check.passed and exact_bytes in bytes_check.detail

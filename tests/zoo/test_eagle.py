@@ -77,15 +77,21 @@ def test_the_head_is_a_llama_layer_without_its_input_norm_over_fc():
     assert torch.allclose(head(embeds, changed)[:, :5], head(embeds, hidden)[:, :5], atol=1e-12)
 
 
-def test_the_losses_draft_two_ahead_towards_the_targets_own_choice():
-    from harness.zoo.data import IGNORE_INDEX, LineTokenCache, make_batch
+def assert_losses_on_one_test_batch(head, target_name: str, tokenizer_of: str) -> None:
+    """The shared trainer's losses of ``head`` over ``target_name`` on two test lines: finite,
+    and the acceptance counted over every labelled position two ahead. (The MTP head's test
+    uses it too.)"""
     from harness.zoo import task
+    from harness.zoo.data import IGNORE_INDEX, LineTokenCache, make_batch
 
-    target = eagle.load_target("tiny-llama-gsm", "cpu")
-    head = eagle.build_head(head_config())
-    cache = LineTokenCache(registry.checkpoint_dir(NAME) / "tokenizer.json")
+    target = eagle.load_target(target_name, "cpu")
+    cache = LineTokenCache(registry.checkpoint_dir(tokenizer_of) / "tokenizer.json")
     input_ids, labels = make_batch(cache, task.TEST_SEED, 0, 2, 1)
     token, feature, accepted, positions = eagle.head_losses(
         head, target, input_ids, (labels != IGNORE_INDEX).float())
     assert torch.isfinite(token) and torch.isfinite(feature) and token > 0
     assert 0 <= accepted <= positions == int((labels[:, 2:] != IGNORE_INDEX).sum())
+
+
+def test_the_losses_draft_two_ahead_towards_the_targets_own_choice():
+    assert_losses_on_one_test_batch(eagle.build_head(head_config()), "tiny-llama-gsm", NAME)

@@ -88,17 +88,9 @@ def test_the_head_normalises_both_inputs_and_is_causal():
 
 
 def test_the_losses_draft_two_ahead_with_the_shared_trainer():
-    from harness.zoo import task
-    from harness.zoo.data import IGNORE_INDEX, LineTokenCache, make_batch
+    from tests.zoo.test_eagle import assert_losses_on_one_test_batch
 
-    target = eagle.load_target(TARGET, "cpu")
-    head = mtp.build_head(config())
-    cache = LineTokenCache(registry.checkpoint_dir(NAME) / "tokenizer.json")
-    input_ids, labels = make_batch(cache, task.TEST_SEED, 0, 2, 1)
-    token, feature, accepted, positions = eagle.head_losses(
-        head, target, input_ids, (labels != IGNORE_INDEX).float())
-    assert torch.isfinite(token) and torch.isfinite(feature) and token > 0
-    assert 0 <= accepted <= positions == int((labels[:, 2:] != IGNORE_INDEX).sum())
+    assert_losses_on_one_test_batch(mtp.build_head(config()), TARGET, NAME)
     assert mtp.MTP.recipe == get_spec(NAME).recipe and mtp.MTP.probe_key == "mtp_probe"
 
 
