@@ -216,10 +216,10 @@ def draft_geometry(config: Mapping[str, Any], dtype: str, extra_args: tuple[str,
     layers (``num_nextn_predict_layers``, vLLM's mtp method reading the target's own checkpoint)
     drafts with those, each one full-attention layer of the target's KV heads and head dim
     (Qwen3-Next's MTP layer); any other is a draft model or EAGLE head of its own layers."""
+    target = geometry_from_config(config, dtype, extra_args, kv_cache_dtype)
     mtp = config.get("num_nextn_predict_layers")
     if not mtp:
-        return geometry_from_config(config, dtype, extra_args, kv_cache_dtype)
-    target = geometry_from_config(config, dtype, extra_args, kv_cache_dtype)
+        return target
     if target.latent or target.sliding_layers:
         raise GeometryUnknown("MTP layers of an MLA or sliding-window model are not modelled")
     return KvGeometry(int(mtp), target.kv_heads, target.head_dim, target.dtype_bytes)

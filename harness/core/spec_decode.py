@@ -34,8 +34,7 @@ SPEC_DECODE_CONFIGS = {
     "mtp_p3_d3": {"method": "mtp", "num_speculative_tokens": 3},
 }
 # Values whose draft has a KV cache of its own (a draft model, an EAGLE or MTP head) run on the
-# prefill
-# too, with their own count: vLLM adds the draft's attention layers to the KV cache, and a
+# prefill too, with their own count: vLLM adds the draft's attention layers to the KV cache, and a
 # prefill without them registers fewer layers with its connector than the decode reads (vLLM
 # also hashes an EAGLE head into the KV connector's compatibility hash, so a prefill without it
 # fails the decode's handshake)
