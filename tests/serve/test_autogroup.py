@@ -41,10 +41,18 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def shares(a: subprocess.Popen, b: subprocess.Popen, seconds: float = 1.0) -> tuple[float, float]:
-    before = cpu_s(a.pid), cpu_s(b.pid)
-    time.sleep(seconds)
-    return cpu_s(a.pid) - before[0], cpu_s(b.pid) - before[1]
+def shares(a: subprocess.Popen, b: subprocess.Popen, seconds: float = 1.0,
+           attempts: int = 5) -> tuple[float, float]:
+    """CPU seconds `a` and `b` got over `seconds`. A window in which the two together got under a
+    fifth of it says nothing about their shares (core 0 went to something else: in CI, another
+    worker's servers; seen as (0.0, 0.0)): it is measured again, up to `attempts` windows."""
+    for _ in range(attempts):
+        before = cpu_s(a.pid), cpu_s(b.pid)
+        time.sleep(seconds)
+        got = cpu_s(a.pid) - before[0], cpu_s(b.pid) - before[1]
+        if sum(got) >= 0.2 * seconds:
+            break
+    return got
 
 
 @needs_autogroups
